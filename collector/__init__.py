@@ -1,0 +1,1 @@
+"""Collectors: turn what devices speak into columnar sample batches (rocewatch.model)."""

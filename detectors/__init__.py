@@ -1,0 +1,1 @@
+"""Detectors: counters -> rates -> windows -> rules and models -> findings -> alerts."""

@@ -1,0 +1,72 @@
+"""What every detector shares: the step context it reads and the findings it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from detectors.windows import WindowEngine
+from rocewatch.topology import Topology
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A condition that holds at this step, for one entity.
+
+    ``ts`` is the telemetry time of the newest sample the condition needed: when the finding is
+    new, it becomes the alert's ``startsAt``.
+    """
+
+    alertname: str
+    labels: dict[str, str]
+    severity: str
+    ts: int
+    summary: str
+    evidence: str
+    description: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StepContext:
+    engine: WindowEngine
+    topology: Topology
+    start: int
+    end: int
+
+
+class Detector(Protocol):
+    name: str
+
+    def evaluate(self, ctx: StepContext) -> list[Finding]:
+        """Every condition that holds at the step that just closed."""
+        ...
+
+
+def node_labels(topology: Topology, node: str, nic: str | None = None) -> dict[str, str]:
+    """Entity labels for a node (and NIC), with job, tenant and rail where the topology knows."""
+    labels = {"node": node}
+    if nic is not None:
+        labels["nic"] = nic
+        rail = topology.nic_rail(node, nic)
+        if rail is not None:
+            labels["rail"] = str(rail)
+    jobs = topology.node_jobs.get(node)
+    if jobs:
+        labels["job"] = jobs[0]
+        tenant = topology.jobs[jobs[0]].tenant
+        if tenant:
+            labels["tenant"] = str(tenant)
+    return labels
+
+
+def port_labels(topology: Topology, switch: str, port: str) -> dict[str, str]:
+    labels = {"switch": switch, "port": port}
+    sw = topology.switches.get(switch)
+    if sw is not None and sw.rail is not None:
+        labels["rail"] = str(sw.rail)
+    return labels
+
+
+def pct(x: float) -> str:
+    return f"{100.0 * x:.1f}%"

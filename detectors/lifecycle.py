@@ -1,0 +1,72 @@
+"""The alert lifecycle: findings per step -> alerts that fire once, stay deduplicated, resolve.
+
+An alert's identity is its fingerprint (a hash of its labels). A finding seen again while its
+alert fires only refreshes it; a finding that stays absent for ``resolve_after_s`` of telemetry
+time resolves it (flap damping). A new firing after that is a new alert instance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from detectors.base import Finding
+from rocewatch.model import Alert, fingerprint
+
+
+@dataclass(frozen=True)
+class LifecycleConfig:
+    resolve_after_s: float = 1.0
+
+
+class AlertLifecycle:
+    def __init__(self, config: LifecycleConfig | None = None) -> None:
+        self.config = config or LifecycleConfig()
+        self.firing: dict[str, Alert] = {}
+        self.owner: dict[str, str] = {}
+        self.last_seen: dict[str, int] = {}
+        self.history: list[Alert] = []
+
+    def update(self, source: str, now_ns: int, findings: list[Finding]) -> list[Alert]:
+        """Apply one detector's findings for the step ending at ``now_ns``; return new events."""
+        events: list[Alert] = []
+        seen: set[str] = set()
+        for f in findings:
+            labels = {"alertname": f.alertname, "severity": f.severity, **f.labels}
+            fp = fingerprint(labels)
+            seen.add(fp)
+            self.last_seen[fp] = now_ns
+            if fp in self.firing:
+                continue
+            ann = {"summary": f.summary, "description": f.description or f.summary,
+                   "evidence": f.evidence, **f.extra}
+            alert = Alert(labels=labels, annotations=ann, starts_at=f.ts, fingerprint=fp)
+            self.firing[fp] = alert
+            self.owner[fp] = source
+            events.append(replace(alert, labels=dict(labels), annotations=dict(ann)))
+        hold = int(self.config.resolve_after_s * 1e9)
+        for fp in [fp for fp, o in self.owner.items() if o == source and fp not in seen]:
+            if now_ns - self.last_seen.get(fp, 0) >= hold:
+                events.append(self._resolve(fp, now_ns))
+        return events
+
+    def _resolve(self, fp: str, now_ns: int) -> Alert:
+        alert = self.firing.pop(fp)
+        self.owner.pop(fp, None)
+        self.last_seen.pop(fp, None)
+        alert.ends_at = max(now_ns, alert.starts_at + 1)
+        self.history.append(alert)
+        return replace(alert, labels=dict(alert.labels), annotations=dict(alert.annotations))
+
+    def add_external(self, alert: Alert) -> None:
+        """Record an alert raised outside the detectors (e.g. a FabricIncident by the policy)."""
+        if alert.ends_at:
+            self.firing.pop(alert.fingerprint, None)
+            self.history = [a for a in self.history if a.event_key()[:2] != alert.event_key()[:2]]
+            self.history.append(alert)
+        else:
+            self.firing[alert.fingerprint] = alert
+
+    def all_alerts(self) -> list[Alert]:
+        """Every alert instance that fired, in its current state, by start time."""
+        out = self.history + list(self.firing.values())
+        return sorted(out, key=lambda a: (a.starts_at, a.labels.get("alertname", ""), a.fingerprint))

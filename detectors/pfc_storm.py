@@ -1,0 +1,203 @@
+"""PFCStorm: queues stalled by sustained pause, and the culprit that started it.
+
+A queue is stalled when, over the detection time (200 ms, as SONiC's PFC watchdog), received
+pause time grew by at least ``pause_fraction`` of the interval while the queue held data and
+sent nothing. It stays stalled until its pause share falls below ``exit_fraction`` over the
+restoration time. A NIC counts as sending a storm from its own ``tx_prio<N>_pause_duration`` or
+pause-storm events.
+
+Origin vs victim follows the pause graph over the topology's cables: every stalled receiver
+names the sender at the other end of its cable; a sender that is not itself paused is the
+origin, every paused entity a victim. So an origin that runs no agent is still found from the
+switch port it pauses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from detectors.base import Finding, StepContext, node_labels, pct, port_labels
+from rocewatch.topology import NicEnd, PortEnd, Topology
+
+Key = tuple[str, str, str, str]  # (kind "port"|"nic", device, port-or-nic, priority)
+
+
+@dataclass(frozen=True)
+class PfcStormConfig:
+    detection_time_s: float = 0.2
+    restoration_time_s: float = 0.2
+    pause_fraction: float = 0.99
+    exit_fraction: float = 0.05
+    # a device pausing others counts as paused itself (so not an origin) from this share on,
+    # so that a switch that relays a storm is never blamed while its own stall is confirmed
+    relay_fraction: float = 0.5
+    min_coverage: float = 0.9  # samples must span this share of the detection time
+    require_stall: bool = True
+
+
+@dataclass
+class _Active:
+    ts: int
+    evidence: str
+
+
+@dataclass
+class PfcStormDetector:
+    topology: Topology
+    config: PfcStormConfig = field(default_factory=PfcStormConfig)
+    name: str = "pfc_storm"
+
+    def __post_init__(self) -> None:
+        self.paused: dict[Key, _Active] = {}  # stalled receivers
+        self.sending: dict[Key, _Active] = {}  # senders seen from their own telemetry
+        self.relaying: set[Key] = set()  # receivers paused at least relay_fraction right now
+
+    # --- per-entity states with hysteresis -------------------------------------------------------
+    def _fractions(self, ctx: StepContext, metric: str, seconds: float) -> pl.DataFrame:
+        w = ctx.engine.window(metric, seconds)
+        if w.height == 0:
+            return w.with_columns(pl.lit(0.0).alias("frac"))
+        return w.filter(pl.col("dt").is_not_null()).with_columns(
+            (pl.col("delta") / (pl.col("dt") * 1e6)).alias("frac")
+        )
+
+    def _update(
+        self, ctx: StepContext, metric: str, kind: str, table: dict[Key, _Active], stall: bool
+    ) -> None:
+        cfg = self.config
+        enter = self._fractions(ctx, metric, cfg.detection_time_s).filter(
+            (pl.col("frac") >= cfg.pause_fraction)
+            & (pl.col("dt") >= cfg.detection_time_s * cfg.min_coverage)
+        )
+        if stall and cfg.require_stall and enter.height:
+            enter = self._stalled(ctx, enter)
+        stay = self._fractions(ctx, metric, cfg.restoration_time_s)
+        still = {
+            (kind, d, p, q): f
+            for d, p, q, f in stay.select("device", "port", "qual", "frac").iter_rows()
+            if f >= cfg.exit_fraction
+        }
+        if table is self.paused:
+            self.relaying.update(
+                (kind, d, p, q)
+                for d, p, q, f in stay.select("device", "port", "qual", "frac").iter_rows()
+                if f >= cfg.relay_fraction
+            )
+        for key in [k for k in table if k[0] == kind and k not in still]:
+            del table[key]
+        for d, p, q, f, dt, ts, extra in enter.select(
+            "device", "port", "qual", "frac", "dt", "ts",
+            pl.col("extra") if "extra" in enter.columns else pl.lit(""),
+        ).iter_rows():
+            key = (kind, d, p, q)
+            if key not in table:
+                what = "received" if "rx" in metric else "sent"
+                table[key] = _Active(ts, f"{d}/{p} prio {q} {what} pause {pct(f)} of {dt:.2f} s"
+                                         f" (threshold {pct(cfg.pause_fraction)}){extra}")
+
+    def _stalled(self, ctx: StepContext, enter: pl.DataFrame) -> pl.DataFrame:
+        """Keep paused switch queues that held data and sent nothing (where the switch says so)."""
+        t = self.config.detection_time_s
+        tx = ctx.engine.window("queue_tx_pkts", t).select(
+            "device", "port", "qual", pl.col("delta").alias("tx")
+        )
+        depth = ctx.engine.window("queue_depth_bytes", t).select(
+            "device", "port", "qual", pl.col("max").alias("depth")
+        )
+        j = enter.join(tx, on=["device", "port", "qual"], how="left").join(
+            depth, on=["device", "port", "qual"], how="left"
+        )
+        j = j.filter(
+            (pl.col("tx").is_null() | (pl.col("tx") == 0))
+            & (pl.col("depth").is_null() | (pl.col("depth") > 0))
+        )
+        return j.with_columns(
+            pl.format(
+                ", queue {} depth {} B, {} packets sent",
+                pl.col("qual"),
+                pl.col("depth").fill_null(-1).cast(pl.Int64),
+                pl.col("tx").fill_null(-1).cast(pl.Int64),
+            ).alias("extra")
+        )
+
+    # --- the pause graph -------------------------------------------------------------------------
+    def evaluate(self, ctx: StepContext) -> list[Finding]:
+        self.relaying = set()
+        self._update(ctx, "pfc_rx_pause_us", "port", self.paused, stall=True)
+        self._update(ctx, "nic_rx_pause_us", "nic", self.paused, stall=False)
+        self._update(ctx, "nic_tx_pause_us", "nic", self.sending, stall=False)
+        self._update(ctx, "pfc_tx_pause_us", "port", self.sending, stall=False)
+        if not self.paused and not self.sending:
+            return []
+        topo = self.topology
+        # sender -> evidence items (ts, text)
+        senders: dict[Key, list[tuple[int, str]]] = {}
+        victims_of: dict[Key, list[Key]] = {}
+        for key, act in self.paused.items():
+            kind, dev, port, prio = key
+            peer = topo.peer_of_port(dev, port) if kind == "port" else topo.peer(NicEnd(dev, port))
+            if peer is None:
+                continue
+            s = _end_key(peer, prio)
+            senders.setdefault(s, []).append((act.ts, act.evidence))
+            victims_of.setdefault(s, []).append(key)
+        for key, act in self.sending.items():
+            senders.setdefault(key, []).append((act.ts, act.evidence))
+        paused_devices = {
+            (k[0], k[1], k[2] if k[0] == "nic" else "", k[3]) for k in (*self.paused, *self.relaying)
+        }
+
+        def is_paused(s: Key) -> bool:
+            kind, dev, port, prio = s
+            return (kind, dev, port if kind == "nic" else "", prio) in paused_devices
+
+        findings: list[Finding] = []
+        origins: list[Key] = []
+        for s, ev in senders.items():
+            if is_paused(s):
+                continue
+            kind, dev, port, prio = s
+            if kind == "port" and s not in self.sending and not victims_of.get(s):
+                continue
+            if kind == "port" and topo.peer_of_port(dev, port) is None and s not in self.sending:
+                continue
+            origins.append(s)
+            ts = min(t for t, _ in ev)
+            labels = (node_labels(topo, dev, port) if kind == "nic" else port_labels(topo, dev, port))
+            labels.update(priority=prio, role="origin")
+            who = f"{dev}/{port}"
+            findings.append(Finding(
+                "PFCStorm", labels, "critical", ts,
+                summary=f"PFC storm on priority {prio} originating at {who}",
+                description=f"{who} keeps sending PFC pause on priority {prio} while not itself "
+                            f"paused; {len(victims_of.get(s, []))} directly paused peer(s).",
+                evidence="; ".join(sorted(e for _, e in ev)[:8]),
+            ))
+        origin_names = ", ".join(sorted(f"{o[1]}/{o[2]}" for o in origins)) or "unknown"
+        for key, act in self.paused.items():
+            kind, dev, port, prio = key
+            labels = node_labels(topo, dev, port) if kind == "nic" else port_labels(topo, dev, port)
+            labels.update(priority=prio, role="victim")
+            findings.append(Finding(
+                "PFCStorm", labels, "warning", act.ts,
+                summary=f"{dev}/{port} priority {prio} stalled by PFC pause",
+                description=f"Paused by the storm from {origin_names}; not the culprit.",
+                evidence=act.evidence,
+                extra={"origin": origin_names},
+            ))
+        return findings
+
+
+def _end_key(end: PortEnd | NicEnd, prio: str) -> Key:
+    if isinstance(end, NicEnd):
+        return ("nic", end.node, end.nic, prio)
+    return ("port", end.switch, end.port, prio)
+
+
+def build(topology: Topology, config: PfcStormConfig | None = None) -> PfcStormDetector:
+    return PfcStormDetector(topology, config or PfcStormConfig())
+
+
+__all__ = ["PfcStormConfig", "PfcStormDetector", "Topology", "build"]

@@ -1,0 +1,131 @@
+"""Cumulative counters -> per-interval deltas and rates, per series, vectorised.
+
+A counter that goes backwards is a reset (device reboot, counter clear) unless it was near the
+top of the 64-bit range, in which case it wrapped. Duplicate samples (same series and time) and
+samples older than the series' last one are dropped and counted; gaps simply make a longer
+interval, flagged when longer than ``max_gap_s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from rocewatch.model import SERIES_KEY
+from rocewatch.stats import Stats
+
+RATE_SCHEMA: dict[str, pl.DataType] = {
+    "ts": pl.Int64(),
+    "device": pl.String(),
+    "port": pl.String(),
+    "qual": pl.String(),
+    "metric": pl.String(),
+    "value": pl.Float64(),  # rate per second for counters, the reading for gauges
+    "delta": pl.Float64(),  # counter increase over the interval; null for gauges
+    "dt": pl.Float64(),  # interval length in seconds (null for gauges)
+    "reset": pl.Boolean(),
+}
+_STATE_SCHEMA: dict[str, pl.DataType] = {
+    "device": pl.String(),
+    "port": pl.String(),
+    "qual": pl.String(),
+    "metric": pl.String(),
+    "last_ts": pl.Int64(),
+    "last_raw": pl.UInt64(),
+}
+_WRAP_FLOOR = np.uint64(3 << 62)  # a predecessor above 0.75 * 2^64 may have wrapped
+_WRAP_MAX_DELTA = np.uint64(1 << 62)
+
+
+@dataclass(frozen=True)
+class RateConfig:
+    max_gap_s: float = 30.0
+
+
+class RateEngine:
+    """Keeps the last reading of every counter series and turns new readings into deltas."""
+
+    def __init__(self, config: RateConfig | None = None, stats: Stats | None = None) -> None:
+        self.config = config or RateConfig()
+        self.stats = stats or Stats()
+        self.state = pl.DataFrame(schema=_STATE_SCHEMA)
+
+    def apply(self, samples: pl.DataFrame) -> pl.DataFrame:
+        """Samples (SAMPLE_SCHEMA, any order) -> rows of RATE_SCHEMA, sorted by series and time."""
+        if samples.height == 0:
+            return pl.DataFrame(schema=RATE_SCHEMA)
+        is_counter = pl.col("raw").is_not_null()
+        gauges = samples.filter(~is_counter).select(
+            "ts", *SERIES_KEY, "value",
+            pl.lit(None, dtype=pl.Float64).alias("delta"),
+            pl.lit(None, dtype=pl.Float64).alias("dt"),
+            pl.lit(False).alias("reset"),
+        )
+        counters = samples.filter(is_counter)
+        rates = self._counters(counters) if counters.height else pl.DataFrame(schema=RATE_SCHEMA)
+        out = pl.concat([rates, gauges.cast(RATE_SCHEMA)], how="vertical")  # type: ignore[arg-type]
+        return out
+
+    def _counters(self, c: pl.DataFrame) -> pl.DataFrame:
+        n_in = c.height
+        c = c.select("ts", *SERIES_KEY, "raw").unique(subset=[*SERIES_KEY, "ts"], keep="first")
+        dups = n_in - c.height
+        if dups:
+            self.stats.inc("duplicate_samples", dups)
+        # drop readings older than (or as old as) what this series already consumed
+        c = c.join(self.state, on=SERIES_KEY, how="left")
+        stale = c.filter(pl.col("last_ts").is_not_null() & (pl.col("ts") <= pl.col("last_ts")))
+        if stale.height:
+            self.stats.inc("stale_samples", stale.height)
+            c = c.filter(pl.col("last_ts").is_null() | (pl.col("ts") > pl.col("last_ts")))
+        c = c.sort([*SERIES_KEY, "ts"])
+        first = pl.int_range(pl.len()).over(SERIES_KEY) == 0
+        c = c.with_columns(
+            prev_ts=pl.when(first).then(pl.col("last_ts")).otherwise(pl.col("ts").shift(1)),
+            prev_raw=pl.when(first).then(pl.col("last_raw")).otherwise(pl.col("raw").shift(1)),
+        )
+        # new state: the last reading of every series seen here
+        last = c.group_by(SERIES_KEY, maintain_order=True).agg(
+            pl.col("ts").last().alias("last_ts"), pl.col("raw").last().alias("last_raw")
+        )
+        self.state = (
+            pl.concat([self.state.join(last, on=SERIES_KEY, how="anti"), last.cast(_STATE_SCHEMA)])
+            if self.state.height
+            else last.cast(_STATE_SCHEMA)  # type: ignore[arg-type]
+        )
+        c = c.filter(pl.col("prev_ts").is_not_null())
+        if c.height == 0:
+            return pl.DataFrame(schema=RATE_SCHEMA)
+        cur = c["raw"].to_numpy()
+        prev = c["prev_raw"].to_numpy()
+        with np.errstate(over="ignore"):
+            diff = cur - prev  # uint64: wraps modulo 2^64, exact
+        back = cur < prev
+        wrapped = back & (prev >= _WRAP_FLOOR) & (diff < _WRAP_MAX_DELTA)
+        reset = back & ~wrapped
+        delta = np.where(reset, cur, diff).astype(np.float64)
+        n_reset = int(reset.sum())
+        if n_reset:
+            self.stats.inc("counter_resets", n_reset)
+        if wrapped.any():
+            self.stats.inc("counter_wraps", int(wrapped.sum()))
+        dt_s = (c["ts"] - c["prev_ts"]).to_numpy() / 1e9
+        gaps = int((dt_s > self.config.max_gap_s).sum())
+        if gaps:
+            self.stats.inc("series_gaps", gaps)
+        return pl.DataFrame(
+            {
+                "ts": c["ts"],
+                "device": c["device"],
+                "port": c["port"],
+                "qual": c["qual"],
+                "metric": c["metric"],
+                "value": delta / dt_s,
+                "delta": delta,
+                "dt": dt_s,
+                "reset": reset,
+            },
+            schema=RATE_SCHEMA,
+        )

@@ -1,0 +1,176 @@
+"""Configuration: one YAML file, read into frozen dataclasses and validated at start-up.
+
+Unknown keys and bad values raise ConfigError naming the key. Secrets may be given as
+``${ENV_VAR}`` so they stay out of the file; they are never logged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from actions.policy import PolicyConfig
+from detectors.lifecycle import LifecycleConfig
+from detectors.registry import DETECTORS
+from detectors.windows import WindowConfig
+from rocewatch.errors import ConfigError
+
+T = TypeVar("T")
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True)
+class TopicsConfig:
+    telemetry: str = "rocewatch.telemetry"
+    alerts: str = "rocewatch.alerts"
+    actions: str = "rocewatch.actions"
+    dead_letter: str = "rocewatch.dlq"
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: str = "PLAINTEXT"
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_check_hostname: bool = True
+    sasl_mechanism: str | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = field(default=None, repr=False)
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
+    group_id: str = "rocewatch-detect"
+    client_id: str = "rocewatch"
+    compression_type: str = "lz4"
+    partitions: int = 4
+    commit_interval_s: float = 1.0
+    idle_flush_s: float = 2.0
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Connection settings shared by kafka-python producers, consumers and admin clients."""
+        kw: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers.split(","),
+            "security_protocol": self.security_protocol,
+            "client_id": self.client_id,
+        }
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            kw.update(ssl_cafile=self.ssl_cafile, ssl_certfile=self.ssl_certfile,
+                      ssl_keyfile=self.ssl_keyfile, ssl_check_hostname=self.ssl_check_hostname)
+        if self.security_protocol.startswith("SASL"):
+            kw.update(sasl_mechanism=self.sasl_mechanism,
+                      sasl_plain_username=self.sasl_plain_username,
+                      sasl_plain_password=self.sasl_plain_password)
+        return kw
+
+    def validate(self) -> None:
+        if self.security_protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+            raise ConfigError(f"kafka.security_protocol: {self.security_protocol!r} is not valid")
+        if self.security_protocol.startswith("SASL") and not self.sasl_mechanism:
+            raise ConfigError("kafka.sasl_mechanism is required with a SASL security_protocol")
+        if self.compression_type not in ("none", "gzip", "lz4", "zstd", "snappy"):
+            raise ConfigError(f"kafka.compression_type: {self.compression_type!r} is not valid")
+
+
+@dataclass(frozen=True)
+class Config:
+    topology: str | None = None
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    storage_url: str | None = None
+    state_dir: str = "./rocewatch-state"
+    metrics_port: int | None = None
+    window: WindowConfig = field(default_factory=WindowConfig)
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    detectors: dict[str, Any] = field(default_factory=dict)
+
+
+def _expand(v: Any) -> Any:
+    if isinstance(v, str):
+        def sub(m: re.Match[str]) -> str:
+            if m.group(1) not in os.environ:
+                raise ConfigError(f"environment variable {m.group(1)} is not set")
+            return os.environ[m.group(1)]
+        return _ENV.sub(sub, v)
+    if isinstance(v, dict):
+        return {k: _expand(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_expand(x) for x in v]
+    return v
+
+
+def build(cls: type[T], data: Any, where: str) -> T:
+    """A frozen dataclass from a mapping, recursing into nested dataclass fields."""
+    if data is None:
+        return cls()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kw: dict[str, Any] = {}
+    for k, v in data.items():
+        if k not in fields:
+            raise ConfigError(f"{where}.{k}: unknown setting (known: {', '.join(sorted(fields))})")
+        ftype = fields[k].type
+        sub = _DATACLASSES.get(ftype if isinstance(ftype, str) else getattr(ftype, "__name__", ""))
+        if sub is not None:
+            kw[k] = build(sub, v, f"{where}.{k}")
+        elif isinstance(v, list):
+            kw[k] = tuple(tuple(x) if isinstance(x, list) else x for x in v)
+        else:
+            kw[k] = v
+    try:
+        obj = cls(**kw)
+    except TypeError as e:
+        raise ConfigError(f"{where}: {e}") from e
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate()
+    return obj
+
+
+_DATACLASSES: dict[str, type[Any]] = {
+    "TopicsConfig": TopicsConfig,
+    "KafkaConfig": KafkaConfig,
+    "WindowConfig": WindowConfig,
+    "LifecycleConfig": LifecycleConfig,
+    "PolicyConfig": PolicyConfig,
+}
+
+
+def load_config(path: str | Path | None) -> Config:
+    if path is None:
+        return Config()
+    try:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    return config_from_dict(doc, str(path))
+
+
+def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    doc = _expand(doc)
+    doc = dict(doc)
+    storage = doc.pop("storage", None) or {}
+    actions = doc.pop("actions", None)
+    dets = doc.pop("detectors", None) or {}
+    if not isinstance(dets, dict):
+        raise ConfigError(f"{where}.detectors: must be a mapping")
+    built: dict[str, Any] = {}
+    for name, d in dets.items():
+        if name not in DETECTORS:
+            raise ConfigError(f"{where}.detectors.{name}: unknown detector "
+                              f"(known: {', '.join(sorted(DETECTORS))})")
+        built[name] = build(DETECTORS[name][1], d, f"{where}.detectors.{name}")
+    cfg = build(Config, doc, where)
+    policy = build(PolicyConfig, actions, f"{where}.actions")
+    url = storage.get("url") if isinstance(storage, dict) else None
+    return dataclasses.replace(cfg, policy=policy, detectors=built, storage_url=url)

@@ -1,0 +1,21 @@
+"""The project's exceptions: one root, a few subclasses that say what the caller can do."""
+
+
+class RocewatchError(Exception):
+    """Root of every error rocewatch raises on purpose."""
+
+
+class ConfigError(RocewatchError):
+    """Configuration or topology is unusable; fix the file and start again."""
+
+
+class BadInput(RocewatchError):
+    """One record or message cannot be decoded; count it, skip it, keep the stream going."""
+
+
+class RetryableError(RocewatchError):
+    """A dependency (broker, database, receiver, scheduler) failed in a way worth retrying."""
+
+
+class PermanentError(RocewatchError):
+    """A dependency refused the request; retrying the same request will not help."""

@@ -1,0 +1,468 @@
+"""The live path over Kafka: publish telemetry batches, and the detector service.
+
+Delivery is at least once, with effects made exactly once:
+
+* offsets are committed only after the results of the records before them are durable
+  (alerts and actions flushed to their topics, storage committed) and the pipeline's state is
+  checkpointed with those offsets;
+* after a crash the service restores the checkpoint, re-reads what came after it, and
+  recomputes the same results (windows close on event time, so the replay is deterministic);
+  events it already published after the checkpoint are read back from the output topics and
+  not sent again, so no alert or drain is doubled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+from rocewatch import wire
+from rocewatch.config import Config, KafkaConfig
+from rocewatch.errors import BadInput, ConfigError, RetryableError
+from rocewatch.model import Action, Alert
+from rocewatch.pipeline import Output, Pipeline
+from rocewatch.sources import merged, scenario_sources
+from rocewatch.stats import Stats
+from rocewatch.topology import Topology
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS_PER_MESSAGE = 8192
+STATE_VERSION = 1
+
+
+def ensure_topics(k: KafkaConfig) -> None:
+    """Create rocewatch's topics if the broker lacks them (telemetry with k.partitions)."""
+    try:
+        admin = KafkaAdminClient(**k.client_kwargs(), request_timeout_ms=30000)
+    except KafkaError as e:
+        raise RetryableError(f"cannot reach Kafka at {k.bootstrap_servers}: {e}") from e
+    try:
+        existing = set(admin.list_topics())
+        t = k.topics
+        want = [
+            NewTopic(t.telemetry, k.partitions, 1),
+            NewTopic(t.alerts, 1, 1),
+            NewTopic(t.actions, 1, 1),
+            NewTopic(t.dead_letter, 1, 1),
+        ]
+        missing = [n for n in want if n.name not in existing]
+        if missing:
+            try:
+                admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        admin.close()
+
+
+def make_producer(k: KafkaConfig, **extra: Any) -> KafkaProducer:
+    kw: dict[str, Any] = {
+        "acks": "all",
+        "linger_ms": 20,
+        "batch_size": 1 << 20,
+        "max_request_size": 8 << 20,
+        "compression_type": None if k.compression_type == "none" else k.compression_type,
+        "retries": 2147483647,
+        "delivery_timeout_ms": 120000,
+        "request_timeout_ms": 30000,
+        "max_in_flight_requests_per_connection": 1,
+    }
+    kw.update(extra)
+    try:
+        return KafkaProducer(**k.client_kwargs(), **kw)
+    except KafkaError as e:
+        raise RetryableError(f"cannot reach Kafka at {k.bootstrap_servers}: {e}") from e
+
+
+class TelemetryPublisher:
+    """Sample frames -> TelemetryBatch messages on the telemetry topic, keyed by device."""
+
+    def __init__(self, k: KafkaConfig, source: str = "rocewatch", producer: Any = None) -> None:
+        self.k = k
+        self.producer = producer or make_producer(k)
+        self.source = source
+        self.seq = 0
+        self.samples = 0
+
+    def publish(self, df: pl.DataFrame) -> None:
+        if df.height == 0:
+            return
+        for (device,), part in df.partition_by("device", as_dict=True, maintain_order=True).items():
+            key = str(device).encode()
+            for off in range(0, part.height, MAX_ROWS_PER_MESSAGE):
+                chunk = part.slice(off, MAX_ROWS_PER_MESSAGE)
+                self.seq += 1
+                value = wire.encode(chunk, self.source, self.seq)
+                self.producer.send(self.k.topics.telemetry, key=key, value=value)
+        self.samples += df.height
+
+    def flush(self, timeout: float = 60.0) -> None:
+        self.producer.flush(timeout=timeout)
+
+    def close(self) -> None:
+        self.producer.flush()
+        self.producer.close()
+
+
+def publish_scenario(scenario: Path, cfg: Config, rate: float = 0.0) -> int:
+    """Send a scenario directory's recorded telemetry to Kafka (the collectors' side)."""
+    topology = Topology.load(scenario / "topology.yaml")
+    stats = Stats()
+    sources = scenario_sources(scenario, topology, stats)
+    if not sources:
+        raise ConfigError(f"{scenario}: no telemetry to publish")
+    ensure_topics(cfg.kafka)
+    pub = TelemetryPublisher(cfg.kafka, source=f"publish:{scenario.name}")
+    t_wall0 = time.monotonic()
+    t_tel0: int | None = None
+    try:
+        for df, _wm in merged(sources, 0):
+            if df.height == 0:
+                continue
+            if rate > 0:
+                lo = int(df["ts"].min())  # type: ignore[arg-type]
+                t_tel0 = lo if t_tel0 is None else t_tel0
+                ahead = (lo - t_tel0) / 1e9 / rate - (time.monotonic() - t_wall0)
+                if ahead > 0:
+                    time.sleep(ahead)
+            pub.publish(df)
+        pub.close()
+    finally:
+        for s in sources:
+            s.close()
+    if stats.counts:
+        log.info("publish skipped input: %s", dict(stats.counts))
+    return pub.samples
+
+
+# --- the detector service ---------------------------------------------------------------------
+
+
+@dataclass
+class Checkpoint:
+    version: int
+    pipeline: Pipeline
+    offsets: dict[tuple[str, int], int]  # next offset to read, per telemetry partition
+    part_hi: dict[tuple[str, int], int]  # newest sample time seen per partition
+    out_ends: dict[tuple[str, int], int]  # end offsets of the output topics at checkpoint time
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, svc: DetectService) -> None:
+        self.svc = svc
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        pass
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        for tp in assigned:
+            off = self.svc.offsets.get((tp.topic, tp.partition))
+            if off is not None:
+                self.svc.consumer.seek(tp, off)
+        log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
+
+
+class DetectService:
+    """Consume telemetry, run the pipeline, publish alerts and actions, checkpoint, commit."""
+
+    def __init__(self, cfg: Config, topology: Topology | None = None) -> None:
+        self.cfg = cfg
+        k = cfg.kafka
+        if topology is None:
+            if not cfg.topology:
+                raise ConfigError("detect needs 'topology' (a topology file) in its config")
+            topology = Topology.load(cfg.topology)
+        self.topology = topology
+        self.state_path = Path(cfg.state_dir) / "detect-state.pkl"
+        self.stats = Stats()
+        self.offsets: dict[tuple[str, int], int] = {}
+        self.part_hi: dict[tuple[str, int], int] = {}
+        self.part_seen_wall: dict[tuple[str, int], float] = {}
+        self.pipeline = Pipeline(topology, cfg, stats=self.stats, rollup_s=10)
+        self.suppress: Counter[tuple[str, str]] = Counter()
+        restored = self._restore()
+        ensure_topics(k)
+        self.producer = make_producer(k)
+        self.consumer = KafkaConsumer(
+            **k.client_kwargs(),
+            group_id=k.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=5000,
+            fetch_max_bytes=64 << 20,
+            max_partition_fetch_bytes=16 << 20,
+        )
+        if restored is not None:
+            self._load_suppressions(restored)
+        self.store: Any = None
+        if cfg.storage_url:
+            from storage.store import Store
+
+            self.store = Store(cfg.storage_url)
+            self.store.create_schema()
+        self.latencies: deque[float] = deque(maxlen=100_000)
+        self._pending_lat: deque[tuple[int, int]] = deque()
+        self.stop_event = threading.Event()
+        self.metrics: Any = None
+        if cfg.metrics_port:
+            from rocewatch.metrics import ServiceMetrics
+
+            self.metrics = ServiceMetrics(cfg.metrics_port)
+
+    # --- checkpoints -----------------------------------------------------------------------------
+    def _restore(self) -> Checkpoint | None:
+        if not self.state_path.exists():
+            return None
+        try:
+            cp = pickle.loads(self.state_path.read_bytes())
+        except Exception as e:  # a torn or foreign file: start clean, say so
+            log.error("checkpoint %s unreadable (%s); starting from committed offsets",
+                      self.state_path, e)
+            return None
+        if not isinstance(cp, Checkpoint) or cp.version != STATE_VERSION:
+            log.error("checkpoint %s has another version; ignoring it", self.state_path)
+            return None
+        self.pipeline = cp.pipeline
+        self.stats = cp.pipeline.stats
+        self.offsets = dict(cp.offsets)
+        self.part_hi = dict(cp.part_hi)
+        log.info("restored checkpoint: %d partitions, watermark state of %d",
+                 len(cp.offsets), len(cp.part_hi))
+        return cp
+
+    def _output_tps(self) -> list[TopicPartition]:
+        out = []
+        for topic in (self.cfg.kafka.topics.alerts, self.cfg.kafka.topics.actions):
+            parts = self.consumer.partitions_for_topic(topic) or {0}
+            out += [TopicPartition(topic, p) for p in sorted(parts)]
+        return out
+
+    def _load_suppressions(self, cp: Checkpoint) -> None:
+        """Read what was published after the checkpoint: it must not be published again."""
+        tps = self._output_tps()
+        ends = self.consumer.end_offsets(tps)
+        todo = {tp: cp.out_ends.get((tp.topic, tp.partition), 0) for tp in tps}
+        todo = {tp: start for tp, start in todo.items() if start < ends.get(tp, 0)}
+        if not todo:
+            return
+        reader = KafkaConsumer(**self.cfg.kafka.client_kwargs(), enable_auto_commit=False,
+                               group_id=None, consumer_timeout_ms=5000)
+        reader.assign(list(todo))
+        for tp, start in todo.items():
+            reader.seek(tp, start)
+        remaining = {tp: ends[tp] for tp in todo}
+        deadline = time.monotonic() + 60
+        while remaining and time.monotonic() < deadline:
+            for tp, msgs in reader.poll(timeout_ms=500).items():
+                for m in msgs:
+                    if m.offset >= remaining.get(tp, -1):
+                        continue
+                    self.suppress[(tp.topic, _event_id(tp.topic, m.value, self.cfg))] += 1
+                if msgs and msgs[-1].offset + 1 >= remaining.get(tp, 0):
+                    remaining.pop(tp, None)
+        reader.close()
+        log.info("after restart, %d already-published events will not be sent again",
+                 sum(self.suppress.values()))
+
+    def checkpoint(self) -> None:
+        """Make results durable, save state with offsets, then commit offsets to Kafka."""
+        self.producer.flush(timeout=60)
+        out_ends = {
+            (tp.topic, tp.partition): off
+            for tp, off in self.consumer.end_offsets(self._output_tps()).items()
+        }
+        cp = Checkpoint(STATE_VERSION, self.pipeline, dict(self.offsets), dict(self.part_hi),
+                        out_ends)
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        with tmp.open("wb") as fh:
+            fh.write(pickle.dumps(cp, protocol=pickle.HIGHEST_PROTOCOL))
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(self.state_path)
+        commit = {
+            TopicPartition(t, p): OffsetAndMetadata(off, "", -1)
+            for (t, p), off in self.offsets.items()
+        }
+        if commit:
+            try:
+                self.consumer.commit(commit)
+            except KafkaError as e:  # the checkpoint file still holds the offsets
+                log.warning("offset commit failed (%s); the checkpoint keeps them", e)
+
+    # --- output ----------------------------------------------------------------------------------
+    def _emit(self, out: Output) -> None:
+        t = self.cfg.kafka.topics
+        for a in out.alerts:
+            if self._suppressed(t.alerts, _alert_id(a)):
+                continue
+            self.producer.send(t.alerts, key=a.fingerprint.encode(), value=orjson.dumps(a.to_json()),
+                               headers=[("rocewatch-schema", b"alert/v1")])
+        for act in out.actions:
+            if self._suppressed(t.actions, _action_id(act)):
+                continue
+            self.producer.send(t.actions, key=act.node.encode(), value=orjson.dumps(act.to_json()),
+                               headers=[("rocewatch-schema", b"action/v1")])
+        if self.store is not None:
+            if out.alerts:
+                self.store.write_alerts(out.alerts)
+            if out.actions:
+                self.store.write_actions(out.actions)
+            for r in out.rollups:
+                self.store.write_rollups(r)
+
+    def _suppressed(self, topic: str, eid: str) -> bool:
+        key = (topic, eid)
+        if self.suppress.get(key, 0) > 0:
+            self.suppress[key] -= 1
+            return True
+        return False
+
+    def _dead_letter(self, m: Any, err: Exception) -> None:
+        self.stats.inc("dead_letter", detail=type(err).__name__)
+        headers = [
+            ("rocewatch-error", str(err)[:500].encode()),
+            ("rocewatch-source", f"{m.topic}/{m.partition}/{m.offset}".encode()),
+        ]
+        self.producer.send(self.cfg.kafka.topics.dead_letter, key=m.key, value=m.value or b"",
+                           headers=headers)
+
+    # --- the loop --------------------------------------------------------------------------------
+    def _watermark(self) -> int | None:
+        """The slowest live partition's newest sample time, less the allowed lateness."""
+        now = time.monotonic()
+        idle_s = max(5.0, 3 * self.cfg.kafka.idle_flush_s)
+        live = [
+            hi for tp, hi in self.part_hi.items()
+            if now - self.part_seen_wall.get(tp, now) < idle_s
+        ]
+        if not live:
+            return None
+        return min(live) - self.pipeline.engine.lateness_ns()
+
+    def poll_once(self, timeout_ms: int = 200) -> int:
+        recs = self.consumer.poll(timeout_ms=timeout_ms)
+        batches: list[wire.Decoded] = []
+        now_wall = time.monotonic()
+        for tp, msgs in recs.items():
+            key = (tp.topic, tp.partition)
+            for m in msgs:
+                try:
+                    if m.value is None:
+                        raise BadInput("empty message")
+                    d = wire.parse(m.value)
+                except BadInput as e:
+                    self._dead_letter(m, e)
+                    continue
+                if d.rows:
+                    batches.append(d)
+                    hi = int(d.cols["ts"].max())
+                    if hi > self.part_hi.get(key, -1):
+                        self.part_hi[key] = hi
+                    self._pending_lat.append((hi, d.produced_ns))
+            if msgs:
+                self.offsets[key] = msgs[-1].offset + 1
+                self.part_seen_wall[key] = now_wall
+        n = 0
+        if batches:
+            df = wire.frames(batches)
+            n = df.height
+            self.pipeline.ingest(df)
+        wm = self._watermark()
+        if wm is not None:
+            self._emit(self.pipeline.advance(wm))
+            self._account_latency()
+        return n
+
+    def _account_latency(self) -> None:
+        closed = self.pipeline.engine.closed_ns
+        if closed is None:
+            return
+        now = time.time_ns()
+        while self._pending_lat and self._pending_lat[0][0] < closed:
+            _, produced = self._pending_lat.popleft()
+            if produced:
+                self.latencies.append((now - produced) / 1e9)
+
+    def flush_idle(self) -> None:
+        """No input for a while: close every pending step (the end of a recording, a quiet hour)."""
+        self._emit(self.pipeline.finish())
+        self._account_latency()
+
+    def run(self, max_idle_s: float = 0.0) -> None:
+        self.consumer.subscribe([self.cfg.kafka.topics.telemetry], listener=_Listener(self))
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
+        last_input = time.monotonic()
+        last_commit = time.monotonic()
+        flushed = True
+        log.info("detecting on %s as group %s", self.cfg.kafka.topics.telemetry,
+                 self.cfg.kafka.group_id)
+        try:
+            while not self.stop_event.is_set():
+                n = self.poll_once()
+                now = time.monotonic()
+                if n:
+                    last_input = now
+                    flushed = False
+                elif not flushed and now - last_input >= self.cfg.kafka.idle_flush_s:
+                    self.flush_idle()
+                    flushed = True
+                    self.checkpoint()
+                    last_commit = now
+                if now - last_commit >= self.cfg.kafka.commit_interval_s:
+                    self.checkpoint()
+                    last_commit = now
+                if self.metrics is not None:
+                    self.metrics.update(self)
+                if max_idle_s and now - last_input >= max_idle_s and flushed:
+                    break
+            self.checkpoint()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        try:
+            self.producer.flush(timeout=30)
+            self.producer.close(timeout=10)
+        finally:
+            self.consumer.close(autocommit=False)
+            if self.store is not None:
+                self.store.close()
+
+
+def _alert_id(a: Alert) -> str:
+    fp, start, status = a.event_key()
+    return f"{fp}|{start}|{status}"
+
+
+def _action_id(a: Action) -> str:
+    return f"{a.time}|{a.action}|{a.node}|{a.alert_fingerprint}|{a.outcome}"
+
+
+def _event_id(topic: str, value: bytes | None, cfg: Config) -> str:
+    if not value:
+        return ""
+    try:
+        d = orjson.loads(value)
+        if topic == cfg.kafka.topics.alerts:
+            return _alert_id(Alert.from_json(d))
+        return _action_id(Action.from_json(d))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return ""

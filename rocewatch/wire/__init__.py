@@ -1,0 +1,125 @@
+"""The Kafka wire format (proto/rocewatch/v1/telemetry.proto): encode and decode sample batches.
+
+>>> import polars as pl
+>>> from rocewatch.model import conform
+>>> df = conform(pl.DataFrame({"ts": [1], "device": ["leaf-0"], "port": ["Ethernet1"],
+...     "qual": ["3"], "metric": ["pfc_rx_pause_us"], "value": [5.0], "raw": [5]}))
+>>> decode(encode(df)).equals(df)
+True
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import polars as pl
+from google.protobuf.message import DecodeError
+
+from rocewatch.errors import BadInput
+from rocewatch.model import SAMPLE_SCHEMA, empty_samples
+from rocewatch.wire.telemetry_pb2 import TelemetryBatch
+
+SCHEMA_VERSION = 1
+_STR_COLS = ("device", "port", "qual", "metric")
+
+
+def encode(df: pl.DataFrame, source: str = "", seq: int = 0) -> bytes:
+    """One sample frame (SAMPLE_SCHEMA) -> one TelemetryBatch message."""
+    msg = TelemetryBatch(schema_version=SCHEMA_VERSION, source=source, seq=seq, rows=df.height,
+                         produced_ns=time.time_ns())
+    strings = pl.concat([df[c].unique() for c in _STR_COLS]).unique(maintain_order=True)
+    enum = pl.Enum(strings)
+    msg.dict.extend(strings.to_list())
+    idx = {c: df[c].cast(enum).to_physical().cast(pl.UInt32).to_numpy() for c in _STR_COLS}
+    msg.ts_ns = df["ts"].to_numpy().astype("<i8", copy=False).tobytes()
+    msg.device_idx = idx["device"].astype("<u4", copy=False).tobytes()
+    msg.port_idx = idx["port"].astype("<u4", copy=False).tobytes()
+    msg.qual_idx = idx["qual"].astype("<u4", copy=False).tobytes()
+    msg.metric_idx = idx["metric"].astype("<u4", copy=False).tobytes()
+    msg.value = df["value"].to_numpy().astype("<f8", copy=False).tobytes()
+    raw = df["raw"]
+    msg.raw = raw.fill_null(0).to_numpy().astype("<u8", copy=False).tobytes()
+    msg.raw_valid = raw.is_not_null().cast(pl.UInt8).to_numpy().tobytes()
+    return bytes(msg.SerializeToString())
+
+
+class Decoded:
+    """A decoded message's columns, before they join a frame (see ``frames``)."""
+
+    __slots__ = ("cols", "dict", "produced_ns", "rows", "seq", "source")
+
+    def __init__(self, msg: TelemetryBatch) -> None:
+        n = msg.rows
+        self.rows = n
+        self.source = msg.source
+        self.seq = msg.seq
+        self.produced_ns = msg.produced_ns
+        self.dict = list(msg.dict)
+
+        def col(b: bytes, dtype: str, width: int, name: str) -> np.ndarray:
+            if len(b) != n * width:
+                raise BadInput(f"column {name} holds {len(b)} bytes, expected {n * width}")
+            return np.frombuffer(b, dtype=dtype)
+
+        self.cols = {
+            "ts": col(msg.ts_ns, "<i8", 8, "ts_ns"),
+            "device": col(msg.device_idx, "<u4", 4, "device_idx"),
+            "port": col(msg.port_idx, "<u4", 4, "port_idx"),
+            "qual": col(msg.qual_idx, "<u4", 4, "qual_idx"),
+            "metric": col(msg.metric_idx, "<u4", 4, "metric_idx"),
+            "value": col(msg.value, "<f8", 8, "value"),
+            "raw": col(msg.raw, "<u8", 8, "raw"),
+            "raw_valid": col(msg.raw_valid, "u1", 1, "raw_valid"),
+        }
+        nd = len(self.dict)
+        for c in _STR_COLS:
+            if n and int(self.cols[c].max()) >= nd:
+                raise BadInput(f"column {c} indexes past the string table ({nd} entries)")
+
+
+def parse(data: bytes) -> Decoded:
+    """Bytes from Kafka -> columns; raises BadInput for anything that is not a valid batch."""
+    msg = TelemetryBatch()
+    try:
+        msg.ParseFromString(data)
+    except (DecodeError, ValueError) as e:
+        raise BadInput(f"not a TelemetryBatch: {e}") from e
+    if msg.schema_version == 0 or msg.schema_version > SCHEMA_VERSION:
+        raise BadInput(f"unsupported schema_version {msg.schema_version}")
+    return Decoded(msg)
+
+
+def frames(batches: list[Decoded]) -> pl.DataFrame:
+    """Many decoded messages -> one sample frame, strings gathered from one joined table."""
+    if not batches:
+        return empty_samples()
+    offsets = np.cumsum([0] + [len(b.dict) for b in batches[:-1]], dtype=np.uint32)
+    table = pl.Series("s", [s for b in batches for s in b.dict], dtype=pl.String)
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([b.cols[name] for b in batches])
+
+    def strings(name: str) -> pl.Series:
+        idx = np.concatenate([b.cols[name] + off for b, off in zip(batches, offsets, strict=True)])
+        return table.gather(idx).alias(name)
+
+    df = pl.DataFrame(
+        [
+            pl.Series("ts", cat("ts"), dtype=pl.Int64),
+            strings("device"),
+            strings("port"),
+            strings("qual"),
+            strings("metric"),
+            pl.Series("value", cat("value"), dtype=pl.Float64),
+            pl.Series("raw", cat("raw"), dtype=pl.UInt64),
+            pl.Series("valid", cat("raw_valid").astype(bool)),
+        ]
+    )
+    return df.with_columns(
+        pl.when(pl.col("valid")).then(pl.col("raw")).otherwise(None).alias("raw")
+    ).drop("valid")
+
+
+def decode(data: bytes) -> pl.DataFrame:
+    return frames([parse(data)])
