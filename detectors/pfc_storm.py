@@ -33,6 +33,9 @@ class PfcStormConfig:
     # a device pausing others counts as paused itself (so not an origin) from this share on,
     # so that a switch that relays a storm is never blamed while its own stall is confirmed
     relay_fraction: float = 0.5
+    # a sender that was itself paused within this time of its victim's stall relays the storm;
+    # it covers detection jitter at onset and the hop-by-hop drain-down when a storm ends
+    relay_window_s: float = 1.0
     min_coverage: float = 0.9  # samples must span this share of the detection time
     require_stall: bool = True
 
@@ -53,6 +56,8 @@ class PfcStormDetector:
         self.paused: dict[Key, _Active] = {}  # stalled receivers
         self.sending: dict[Key, _Active] = {}  # senders seen from their own telemetry
         self.relaying: set[Key] = set()  # receivers paused at least relay_fraction right now
+        # per device (kind, device, nic-or-"", priority): [paused since, paused until or None]
+        self.device_paused: dict[Key, list[int | None]] = {}
 
     # --- per-entity states with hysteresis -------------------------------------------------------
     def _fractions(self, ctx: StepContext, metric: str, seconds: float) -> pl.DataFrame:
@@ -145,18 +150,31 @@ class PfcStormDetector:
             victims_of.setdefault(s, []).append(key)
         for key, act in self.sending.items():
             senders.setdefault(key, []).append((act.ts, act.evidence))
-        paused_devices = {
-            (k[0], k[1], k[2] if k[0] == "nic" else "", k[3]) for k in (*self.paused, *self.relaying)
-        }
+        now_paused = {_device(k) for k in (*self.paused, *self.relaying)}
+        for dev in now_paused:
+            span = self.device_paused.get(dev)
+            if span is None or span[1] is not None:
+                self.device_paused[dev] = [ctx.end, None]
+        horizon = ctx.end - int(10 * cfg_relay_ns(self.config))
+        for dev, span in list(self.device_paused.items()):
+            if dev not in now_paused and span[1] is None:
+                span[1] = ctx.end
+            if span[1] is not None and span[1] < horizon:
+                del self.device_paused[dev]
+        relay_ns = cfg_relay_ns(self.config)
 
-        def is_paused(s: Key) -> bool:
-            kind, dev, port, prio = s
-            return (kind, dev, port if kind == "nic" else "", prio) in paused_devices
+        def is_paused(s: Key, since: int) -> bool:
+            span = self.device_paused.get(_device(s))
+            if span is None:
+                return False
+            start, end = span
+            assert start is not None
+            return start <= since + relay_ns and (end is None or end >= since - relay_ns)
 
         findings: list[Finding] = []
         origins: list[Key] = []
         for s, ev in senders.items():
-            if is_paused(s):
+            if is_paused(s, min(t for t, _ in ev)):
                 continue
             kind, dev, port, prio = s
             if kind == "port" and s not in self.sending and not victims_of.get(s):
@@ -188,6 +206,15 @@ class PfcStormDetector:
                 extra={"origin": origin_names},
             ))
         return findings
+
+
+def _device(k: Key) -> Key:
+    """A NIC is its own device; a switch port belongs to its switch."""
+    return (k[0], k[1], k[2] if k[0] == "nic" else "", k[3])
+
+
+def cfg_relay_ns(cfg: PfcStormConfig) -> int:
+    return int(cfg.relay_window_s * 1e9)
 
 
 def _end_key(end: PortEnd | NicEnd, prio: str) -> Key:

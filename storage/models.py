@@ -1,0 +1,174 @@
+"""SQLAlchemy tables for alerts, actions, metric rollups and the schema version.
+
+Times are timezone-aware UTC datetimes (``UtcDateTime``): ``timestamptz`` on PostgreSQL, ISO
+text on SQLite (which has no time zone type, so the zone is stripped on write and put back on
+read). Microseconds are kept; the nanoseconds beyond them are not.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+SCHEMA_VERSION = 1
+
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_US = dt.timedelta(microseconds=1)
+
+# Entity labels copied into their own indexed columns so Grafana can filter without JSON paths.
+ENTITY_LABELS = ("switch", "port", "node", "nic", "queue", "priority", "role")
+
+
+def ns_to_datetime(ns: int) -> dt.datetime:
+    """Epoch nanoseconds -> aware UTC datetime (truncated to microseconds)."""
+    return EPOCH + dt.timedelta(microseconds=ns // 1000)
+
+
+def datetime_to_ns(t: dt.datetime) -> int:
+    """Aware (or naive, taken as UTC) datetime -> epoch nanoseconds."""
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.UTC)
+    return ((t - EPOCH) // _US) * 1000
+
+
+class UtcDateTime(TypeDecorator[dt.datetime]):
+    """A datetime that is always stored as UTC and always read back timezone-aware."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: rocewatch stores only timezone-aware UTC times")
+        value = value.astimezone(dt.UTC)
+        if dialect.name == "sqlite":
+            # SQLite's DATETIME text has no zone; keep one fixed format so strings sort as times.
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)  # type: ignore[no-any-return]
+        return value.astimezone(dt.UTC)  # type: ignore[no-any-return]
+
+
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+Id = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER PRIMARY KEY
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class AlertRow(Base):
+    """One alert event: a (fingerprint, starts_at) pair, updated in place when it resolves."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (
+        UniqueConstraint("fingerprint", "starts_at", name="uq_alerts_event"),
+        Index("ix_alerts_status_starts", "status", "starts_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    alertname: Mapped[str] = mapped_column(String(64), index=True)
+    severity: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    starts_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, index=True)
+    ends_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    labels: Mapped[dict[str, str]] = mapped_column(JsonType)
+    annotations: Mapped[dict[str, str]] = mapped_column(JsonType)
+    switch: Mapped[str | None] = mapped_column(String(128), index=True)
+    port: Mapped[str | None] = mapped_column(String(128), index=True)
+    node: Mapped[str | None] = mapped_column(String(128), index=True)
+    nic: Mapped[str | None] = mapped_column(String(64), index=True)
+    queue: Mapped[str | None] = mapped_column(String(32), index=True)
+    priority: Mapped[str | None] = mapped_column(String(16), index=True)
+    role: Mapped[str | None] = mapped_column(String(16), index=True)
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+
+
+class ActionRow(Base):
+    """One drain/resume decision (CONTRACTS.md section 7), the policy's audit trail."""
+
+    __tablename__ = "actions"
+    __table_args__ = (
+        UniqueConstraint("time", "action", "node", "alert_fingerprint", name="uq_actions_event"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    time: Mapped[dt.datetime] = mapped_column(UtcDateTime, index=True)
+    action: Mapped[str] = mapped_column(String(16))
+    node: Mapped[str] = mapped_column(String(128), index=True)
+    scheduler: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text)
+    alert_fingerprint: Mapped[str] = mapped_column(String(64))
+    executed: Mapped[bool] = mapped_column(Boolean)
+    outcome: Mapped[str] = mapped_column(Text)
+
+
+class RollupRow(Base):
+    """Per-bucket aggregates of one metric series, for dashboards over long ranges."""
+
+    __tablename__ = "metric_rollups"
+    __table_args__ = (
+        UniqueConstraint(
+            "bucket_start",
+            "resolution_s",
+            "device",
+            "port",
+            "qual",
+            "metric",
+            name="uq_rollups_series_bucket",
+        ),
+        Index("ix_rollups_series", "device", "port", "metric", "bucket_start"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    bucket_start: Mapped[dt.datetime] = mapped_column(UtcDateTime, index=True)
+    resolution_s: Mapped[int] = mapped_column(Integer)
+    device: Mapped[str] = mapped_column(String(128))
+    port: Mapped[str] = mapped_column(String(128))
+    qual: Mapped[str] = mapped_column(String(32))
+    metric: Mapped[str] = mapped_column(String(96))
+    mean: Mapped[float | None] = mapped_column(Float)
+    max: Mapped[float | None] = mapped_column(Float)
+    min: Mapped[float | None] = mapped_column(Float)
+    last: Mapped[float | None] = mapped_column(Float)
+    count: Mapped[int] = mapped_column(BigInteger)
+
+
+class MetaRow(Base):
+    """Key/value facts about the database itself (``schema_version``)."""
+
+    __tablename__ = "meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+alerts_table = AlertRow.__table__
+actions_table = ActionRow.__table__
+rollups_table = RollupRow.__table__
+meta_table = MetaRow.__table__

@@ -1,0 +1,385 @@
+"""Writes alerts, actions and metric rollups to SQL: SQLite embedded, PostgreSQL in production.
+
+Every write is one transaction, committed before the call returns, and idempotent: the same
+alert event, action or rollup bucket written twice leaves one row (an upsert keyed by the
+tables' unique constraints), so a writer may retry a batch after any failure.
+
+>>> s = Store("sqlite://")
+>>> s.create_schema()
+>>> s.write_alerts([Alert({"alertname": "FlakyLink", "severity": "warning"}, {}, 10**18)])
+1
+>>> [a.status for a in s.alerts()]
+['firing']
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import polars as pl
+from sqlalchemy import Engine, Table, create_engine, delete, event, or_, select
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL, make_url
+
+from rocewatch.errors import ConfigError, PermanentError, RetryableError
+from rocewatch.model import Action, Alert
+from storage.models import (
+    ENTITY_LABELS,
+    SCHEMA_VERSION,
+    ActionRow,
+    AlertRow,
+    Base,
+    MetaRow,
+    RollupRow,
+    datetime_to_ns,
+    ns_to_datetime,
+)
+
+log = logging.getLogger(__name__)
+
+ROLLUP_KEY = ["bucket_start_ns", "resolution_s", "device", "port", "qual", "metric"]
+ROLLUP_VALUES = ["mean", "max", "min", "last", "count"]
+ROLLUP_COLUMNS = ROLLUP_KEY + ROLLUP_VALUES
+
+ALERTS: Table = AlertRow.__table__  # type: ignore[assignment]
+ACTIONS: Table = ActionRow.__table__  # type: ignore[assignment]
+ROLLUPS: Table = RollupRow.__table__  # type: ignore[assignment]
+META: Table = MetaRow.__table__  # type: ignore[assignment]
+
+_ALERT_UPDATED = [
+    "alertname",
+    "severity",
+    "status",
+    "ends_at",
+    "labels",
+    "annotations",
+    *ENTITY_LABELS,
+    "updated_at",
+]
+
+
+def redact(url: str | URL) -> str:
+    """The URL with any password replaced by ``***``: the only form of it that is ever logged."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except sa_exc.ArgumentError:
+        return "<unparseable database URL>"
+
+
+class Store:
+    """The SQL store behind Grafana and the audit trail.
+
+    ``url`` is an SQLAlchemy URL: ``sqlite:///path.db`` (``sqlite://`` for memory) or
+    ``postgresql://user:pw@host/db`` (psycopg 3 is used). Call ``create_schema()`` once before
+    writing. Database failures raise ``RetryableError`` (connection, lock, timeout: retry the
+    same batch) or ``PermanentError`` (the database refused the statement).
+    """
+
+    def __init__(
+        self,
+        url: str = "sqlite:///rocewatch.db",
+        *,
+        batch_size: int = 5000,
+        busy_timeout_s: float = 10.0,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        try:
+            u = make_url(url)
+        except sa_exc.ArgumentError as e:
+            raise ConfigError(f"storage: cannot parse database URL {redact(url)}") from e
+        if u.drivername == "postgresql":
+            u = u.set(drivername="postgresql+psycopg")  # psycopg 3, not the default psycopg2
+        self.backend = u.get_backend_name()
+        if self.backend not in ("sqlite", "postgresql"):
+            raise ConfigError(
+                f"storage: unsupported database {self.backend!r} in {redact(u)}: "
+                "use sqlite or postgresql"
+            )
+        if batch_size < 1:
+            raise ConfigError("storage: batch_size must be at least 1")
+        self.url = redact(u)
+        self.batch_size = batch_size
+        self._clock = clock
+        kwargs: dict[str, Any] = {}
+        if self.backend == "sqlite":
+            kwargs["connect_args"] = {"timeout": busy_timeout_s}
+        else:
+            kwargs["pool_pre_ping"] = True
+        try:
+            self.engine: Engine = create_engine(u, **kwargs)
+        except (sa_exc.ArgumentError, ImportError) as e:
+            raise ConfigError(f"storage: cannot use {self.url}: {e}") from e
+        if self.backend == "sqlite":
+            timeout_ms = int(busy_timeout_s * 1000)
+            event.listen(self.engine, "connect", _sqlite_pragmas(timeout_ms))
+        log.info("storage: using %s", self.url)
+
+    # --- schema --------------------------------------------------------------------------------
+    def create_schema(self) -> None:
+        """Create missing tables and record the schema version; refuse a newer database."""
+        with self._errors("create schema"), self.engine.begin() as conn:
+            Base.metadata.create_all(conn)
+            found = conn.execute(
+                select(META.c.value).where(META.c.key == "schema_version")
+            ).scalar_one_or_none()
+            if found is None:
+                conn.execute(
+                    self._insert(META)
+                    .values(key="schema_version", value=str(SCHEMA_VERSION))
+                    .on_conflict_do_nothing(index_elements=["key"])
+                )
+            elif int(found) != SCHEMA_VERSION:
+                raise ConfigError(
+                    f"storage: {self.url} has schema version {found}, this rocewatch uses "
+                    f"{SCHEMA_VERSION}"
+                )
+
+    def schema_version(self) -> int | None:
+        with self._errors("read schema version"), self.engine.connect() as conn:
+            v = conn.execute(
+                select(META.c.value).where(META.c.key == "schema_version")
+            ).scalar_one_or_none()
+        return None if v is None else int(v)
+
+    # --- writes --------------------------------------------------------------------------------
+    def write_alerts(self, alerts: Sequence[Alert]) -> int:
+        """Upsert alert events keyed by (fingerprint, startsAt); return the rows written.
+
+        A later write of the same event replaces status, endsAt, labels and annotations, except
+        that a resolved event is final: a late re-send of its firing state does not reopen it.
+        """
+        now = ns_to_datetime(self._clock())
+        rows: dict[tuple[str, dt.datetime], dict[str, Any]] = {}
+        for a in alerts:
+            row = _alert_row(a, now)
+            key = (row["fingerprint"], row["starts_at"])
+            prev = rows.get(key)
+            if prev is not None and prev["ends_at"] is not None and row["ends_at"] is None:
+                continue
+            rows[key] = row
+        if not rows:
+            return 0
+        ins = self._insert(ALERTS)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["fingerprint", "starts_at"],
+            set_={c: ins.excluded[c] for c in _ALERT_UPDATED},
+            where=or_(ins.excluded.ends_at.is_not(None), ALERTS.c.ends_at.is_(None)),
+        )
+        self._execute_batches("write alerts", stmt, list(rows.values()))
+        return len(rows)
+
+    def write_actions(self, actions: Sequence[Action]) -> int:
+        """Insert actions, ignoring any already stored (same time, action, node, fingerprint)."""
+        rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for a in actions:
+            row = {
+                "time": ns_to_datetime(a.time),
+                "action": a.action,
+                "node": a.node,
+                "scheduler": a.scheduler,
+                "reason": a.reason,
+                "alert_fingerprint": a.alert_fingerprint,
+                "executed": a.executed,
+                "outcome": a.outcome,
+            }
+            rows.setdefault((row["time"], a.action, a.node, a.alert_fingerprint), row)
+        if not rows:
+            return 0
+        stmt = self._insert(ACTIONS).on_conflict_do_nothing(
+            index_elements=["time", "action", "node", "alert_fingerprint"]
+        )
+        self._execute_batches("write actions", stmt, list(rows.values()))
+        return len(rows)
+
+    def write_rollups(self, df: pl.DataFrame) -> int:
+        """Upsert metric rollups (columns ``ROLLUP_COLUMNS``); a rewritten bucket is replaced."""
+        missing = [c for c in ROLLUP_COLUMNS if c not in df.columns]
+        if missing:
+            raise ValueError(f"rollups frame lacks columns {missing}")
+        if df.height == 0:
+            return 0
+        df = (
+            df.select(
+                pl.from_epoch(pl.col("bucket_start_ns").cast(pl.Int64), time_unit="ns")
+                .dt.replace_time_zone("UTC")
+                .alias("bucket_start"),
+                pl.col("bucket_start_ns").cast(pl.Int64),
+                pl.col("resolution_s").cast(pl.Int64),
+                *[pl.col(c).cast(pl.String).fill_null("") for c in ("device", "port", "qual")],
+                pl.col("metric").cast(pl.String),
+                *[pl.col(c).cast(pl.Float64).fill_nan(None) for c in ROLLUP_VALUES[:4]],
+                pl.col("count").cast(pl.Int64).fill_null(0),
+            )
+            .unique(subset=ROLLUP_KEY, keep="last", maintain_order=True)
+            .drop("bucket_start_ns")
+        )
+        ins = self._insert(ROLLUPS)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["bucket_start", "resolution_s", "device", "port", "qual", "metric"],
+            set_={c: ins.excluded[c] for c in ROLLUP_VALUES},
+        )
+        with self._errors("write rollups"), self.engine.begin() as conn:
+            for off in range(0, df.height, self.batch_size):
+                conn.execute(stmt, df.slice(off, self.batch_size).to_dicts())
+        return df.height
+
+    def prune(self, older_than_ns: int) -> dict[str, int]:
+        """Delete resolved alerts that ended, actions taken and rollup buckets that started
+        before ``older_than_ns``; firing alerts are kept however old. Returns rows deleted."""
+        cutoff = ns_to_datetime(older_than_ns)
+        out: dict[str, int] = {}
+        with self._errors("prune"), self.engine.begin() as conn:
+            out["alerts"] = conn.execute(
+                delete(ALERTS).where(ALERTS.c.ends_at.is_not(None), ALERTS.c.ends_at < cutoff)
+            ).rowcount
+            out["actions"] = conn.execute(delete(ACTIONS).where(ACTIONS.c.time < cutoff)).rowcount
+            out["metric_rollups"] = conn.execute(
+                delete(ROLLUPS).where(ROLLUPS.c.bucket_start < cutoff)
+            ).rowcount
+        log.info("storage: pruned %s before %s", out, cutoff.isoformat())
+        return out
+
+    # --- reads ---------------------------------------------------------------------------------
+    def alerts(self, status: str | None = None, alertname: str | None = None) -> list[Alert]:
+        """Stored alert events, oldest first; ``status`` is ``firing`` or ``resolved``."""
+        q = select(ALERTS).order_by(ALERTS.c.starts_at, ALERTS.c.id)
+        if status is not None:
+            q = q.where(ALERTS.c.status == status)
+        if alertname is not None:
+            q = q.where(ALERTS.c.alertname == alertname)
+        with self._errors("read alerts"), self.engine.connect() as conn:
+            rows = conn.execute(q).mappings().all()
+        return [
+            Alert(
+                labels=dict(r["labels"]),
+                annotations=dict(r["annotations"]),
+                starts_at=datetime_to_ns(r["starts_at"]),
+                ends_at=datetime_to_ns(r["ends_at"]) if r["ends_at"] is not None else 0,
+                fingerprint=r["fingerprint"],
+            )
+            for r in rows
+        ]
+
+    def actions(self) -> list[Action]:
+        """Stored actions in decision order."""
+        q = select(ACTIONS).order_by(ACTIONS.c.time, ACTIONS.c.id)
+        with self._errors("read actions"), self.engine.connect() as conn:
+            rows = conn.execute(q).mappings().all()
+        return [
+            Action(
+                time=datetime_to_ns(r["time"]),
+                action=r["action"],
+                node=r["node"],
+                scheduler=r["scheduler"],
+                reason=r["reason"],
+                alert_fingerprint=r["alert_fingerprint"],
+                executed=bool(r["executed"]),
+                outcome=r["outcome"],
+            )
+            for r in rows
+        ]
+
+    def rollups(self) -> pl.DataFrame:
+        """All stored rollups as a frame with ``ROLLUP_COLUMNS`` (for tests and exports)."""
+        q = select(ROLLUPS).order_by(ROLLUPS.c.bucket_start, ROLLUPS.c.id)
+        with self._errors("read rollups"), self.engine.connect() as conn:
+            rows = conn.execute(q).mappings().all()
+        data: dict[str, list[Any]] = {c: [] for c in ROLLUP_COLUMNS}
+        for r in rows:
+            data["bucket_start_ns"].append(datetime_to_ns(r["bucket_start"]))
+            for c in ROLLUP_COLUMNS[1:]:
+                data[c].append(r[c])
+        schema = {
+            "bucket_start_ns": pl.Int64,
+            "resolution_s": pl.Int64,
+            "device": pl.String,
+            "port": pl.String,
+            "qual": pl.String,
+            "metric": pl.String,
+            "mean": pl.Float64,
+            "max": pl.Float64,
+            "min": pl.Float64,
+            "last": pl.Float64,
+            "count": pl.Int64,
+        }
+        return pl.DataFrame(data, schema=schema)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- internals -----------------------------------------------------------------------------
+    def _insert(self, table: Table) -> Any:
+        # Both dialects' Insert have on_conflict_do_update/do_nothing with the same arguments.
+        if self.backend == "postgresql":
+            return postgresql.insert(table)
+        return sqlite.insert(table)
+
+    def _execute_batches(self, what: str, stmt: Any, rows: list[dict[str, Any]]) -> None:
+        with self._errors(what), self.engine.begin() as conn:
+            for i in range(0, len(rows), self.batch_size):
+                conn.execute(stmt, rows[i : i + self.batch_size])
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """Turn driver errors into the project's: retry on connection trouble, else give up."""
+        try:
+            yield
+        except sa_exc.DBAPIError as e:
+            msg = _first_line(e.orig) if e.orig is not None else type(e).__name__
+            text = f"storage: {what} on {self.url} failed: {msg}"
+            permanent = any(s in msg for s in ("no such table", "no such column"))
+            if e.connection_invalidated or (
+                isinstance(e, sa_exc.OperationalError | sa_exc.InterfaceError) and not permanent
+            ):
+                raise RetryableError(text) from e
+            raise PermanentError(text) from e
+        except sa_exc.TimeoutError as e:  # connection pool exhausted
+            raise RetryableError(f"storage: {what} on {self.url} failed: {e}") from e
+
+
+def _alert_row(a: Alert, now: dt.datetime) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "fingerprint": a.fingerprint,
+        "alertname": a.labels.get("alertname", ""),
+        "severity": a.labels.get("severity", ""),
+        "status": a.status,
+        "starts_at": ns_to_datetime(a.starts_at),
+        "ends_at": ns_to_datetime(a.ends_at) if a.ends_at else None,
+        "labels": dict(a.labels),
+        "annotations": dict(a.annotations),
+        "updated_at": now,
+    }
+    for k in ENTITY_LABELS:
+        row[k] = a.labels.get(k)
+    return row
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0] if s else type(e).__name__
+
+
+def _sqlite_pragmas(timeout_ms: int) -> Callable[[Any, Any], None]:
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"PRAGMA busy_timeout = {int(timeout_ms)}")
+            cur.execute("PRAGMA journal_mode = WAL")  # answers 'memory' for in-memory databases
+            # FULL: a commit is on disk when write_* returns, even across a power loss.
+            cur.execute("PRAGMA synchronous = FULL")
+        finally:
+            cur.close()
+
+    return on_connect

@@ -1,0 +1,240 @@
+"""Shared pytest fixtures for rocewatch."""
+
+from __future__ import annotations
+
+# =============================================================================
+# Kafka fixtures: a REAL Apache Kafka 4.x broker (scripts/kafka_broker.py)
+#
+#   kafka_broker            session: the Broker (.bootstrap "127.0.0.1:PORT", .restart(), .stop(),
+#                           .pid, .log_tail())
+#   kafka_bootstrap         function: the bootstrap string
+#   kafka_topics            function: unique topic names per test; kafka_topics("alerts") -> name,
+#                           kafka_topics.create("alerts", partitions=4) -> name (created, visible)
+#   restartable_kafka_broker function: a broker the test may restart/kill (the session one when it
+#                           is local, else a private local one)
+#   new_topic_prefix(label) plain helper: "rwtest.<label>.<uuid>" for code outside fixtures
+#
+# ROCEWATCH_KAFKA_BOOTSTRAP=host:port uses that external broker instead of starting one.
+# Tests that need Kafka are never skipped: if the broker cannot start they fail with its log tail.
+# Mark such tests with @pytest.mark.kafka (registered below). Other fixtures: append them in their
+# own block below; if you need pytest_configure too, add your lines to the one in this block.
+# =============================================================================
+import atexit
+import contextlib
+import importlib.util
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+_KAFKA_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kafka_broker.py"
+KAFKA_BOOTSTRAP_ENV = "ROCEWATCH_KAFKA_BOOTSTRAP"
+
+
+def load_kafka_broker_module() -> ModuleType:
+    """scripts/kafka_broker.py as module ``kafka_broker`` (loaded by path, kept in sys.modules)."""
+    mod = sys.modules.get("kafka_broker")
+    if mod is not None and getattr(mod, "__file__", None) == str(_KAFKA_SCRIPT):
+        return mod
+    spec = importlib.util.spec_from_file_location("kafka_broker", _KAFKA_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["kafka_broker"] = mod  # dataclasses look their module up here
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "kafka: needs a real Kafka broker (kafka_broker fixture)")
+
+
+def new_topic_prefix(label: str = "t") -> str:
+    """A unique, legal topic-name prefix: ``rwtest.<label>.<12 hex>``."""
+    label = re.sub(r"[^A-Za-z0-9_-]+", "_", label).strip("_")[:80] or "t"
+    return f"rwtest.{label}.{uuid.uuid4().hex[:12]}"
+
+
+class ExternalKafkaBroker:
+    """Stands in for a Broker when ROCEWATCH_KAFKA_BOOTSTRAP names one we did not start."""
+
+    external = True
+    pid = None
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+
+    def is_running(self) -> bool:
+        return True
+
+    def log_tail(self, lines: int = 60) -> str:
+        return f"(external broker {self.bootstrap}: no log here)"
+
+    def restart(self, *a: Any, **k: Any) -> ExternalKafkaBroker:
+        raise RuntimeError(
+            f"cannot restart the external broker {self.bootstrap}; use restartable_kafka_broker"
+        )
+
+    def stop(self, *a: Any, **k: Any) -> None:
+        raise RuntimeError(f"cannot stop the external broker {self.bootstrap}")
+
+
+def _start_local_broker(directory: Path) -> Any:
+    kb = load_kafka_broker_module()
+    problem = ""
+    try:
+        kb.fetch(quiet=True)
+        broker = kb.start(
+            directory, port=0, timeout=float(os.environ.get("ROCEWATCH_KAFKA_START_TIMEOUT", "90"))
+        )
+    except kb.BrokerError as e:
+        problem = str(e)
+    except Exception as e:
+        problem = f"{type(e).__name__}: {e}\n{kb.tail(directory / 'broker.log')}"
+    if problem:  # failed outside the except block: no chained traceback noise
+        pytest.fail(f"could not start the Kafka broker in {directory}: {problem}", pytrace=False)
+    atexit.register(_stop_quietly, broker)  # if a finalizer never runs (e.g. interpreter exit)
+    return broker
+
+
+def _stop_quietly(broker: Any) -> None:
+    with contextlib.suppress(Exception):
+        if broker.is_running():
+            broker.stop()
+
+
+def _wait_external(bootstrap: str, timeout: float = 60.0) -> None:
+    kb = load_kafka_broker_module()
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    deadline = time.monotonic() + timeout
+    reason = ""
+    while time.monotonic() < deadline:
+        reason = kb.probe(host or "127.0.0.1", int(port)) or ""
+        if not reason:
+            return
+        time.sleep(0.5)
+    pytest.fail(
+        f"external Kafka {bootstrap} ({KAFKA_BOOTSTRAP_ENV}) not reachable: {reason}", pytrace=False
+    )
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The session's Kafka broker: ``.bootstrap``, ``.restart()``, ``.stop()``, ``.pid``, ..."""
+    external = os.environ.get(KAFKA_BOOTSTRAP_ENV, "").strip()
+    if external:
+        _wait_external(external)
+        yield ExternalKafkaBroker(external)
+        return
+    broker = _start_local_broker(tmp_path_factory.mktemp("kafka"))
+    try:
+        yield broker
+    finally:
+        _stop_quietly(broker)
+
+
+@pytest.fixture
+def kafka_bootstrap(kafka_broker: Any) -> str:
+    """``"127.0.0.1:PORT"`` of a running broker (started again if an earlier test left it down)."""
+    if not kafka_broker.external and not kafka_broker.is_running():
+        kb = load_kafka_broker_module()
+        problem = ""
+        try:
+            kafka_broker.start()
+        except kb.BrokerError as e:
+            problem = str(e)
+        if problem:
+            pytest.fail(f"could not bring the Kafka broker back up: {problem}", pytrace=False)
+    return str(kafka_broker.bootstrap)
+
+
+@pytest.fixture
+def restartable_kafka_broker(
+    kafka_broker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """A local broker this test may restart or kill; it is running again when the test ends."""
+    if not kafka_broker.external:
+        yield kafka_broker
+        if not kafka_broker.is_running():
+            with contextlib.suppress(Exception):
+                kafka_broker.start()
+        return
+    broker = _start_local_broker(tmp_path_factory.mktemp("kafka-private"))
+    try:
+        yield broker
+    finally:
+        _stop_quietly(broker)
+
+
+class KafkaTopics:
+    """Unique topic names for one test: ``topics("alerts")`` gives the same name on every call."""
+
+    def __init__(self, bootstrap: str, label: str) -> None:
+        self.bootstrap = bootstrap
+        self.prefix = new_topic_prefix(label)
+        self.created: list[str] = []
+
+    def __call__(self, name: str = "t") -> str:
+        return f"{self.prefix}.{name}"
+
+    def create(
+        self, name: str = "t", partitions: int = 4, timeout: float = 30.0, **configs: str
+    ) -> str:
+        """Create ``self(name)`` with ``partitions`` partitions; wait until all have a leader."""
+        from kafka import KafkaAdminClient
+        from kafka.admin import NewTopic
+
+        topic = self(name)
+        admin = KafkaAdminClient(
+            bootstrap_servers=self.bootstrap,
+            client_id="rwtest-admin",
+            request_timeout_ms=int(timeout * 1000),
+        )
+        try:
+            admin.create_topics(
+                [
+                    NewTopic(
+                        topic,
+                        num_partitions=partitions,
+                        replication_factor=1,
+                        topic_configs={k.replace("_", "."): v for k, v in configs.items()},
+                    )
+                ],
+                timeout_ms=int(timeout * 1000),
+            )
+            deadline = time.monotonic() + timeout
+            while True:
+                desc = admin.describe_topics([topic])
+                parts = desc[0].get("partitions") or [] if desc else []
+                if (
+                    desc
+                    and desc[0].get("error_code", 0) == 0
+                    and len(parts) == partitions
+                    and all(
+                        p.get("leader_id", p.get("leader", -1)) >= 0
+                        for p in parts  # kafka-python 3.x / 2.x
+                    )
+                ):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"topic {topic} not ready after {timeout}s: {desc}")
+                time.sleep(0.2)
+        finally:
+            admin.close()
+        self.created.append(topic)
+        return topic
+
+
+@pytest.fixture
+def kafka_topics(kafka_bootstrap: str, request: pytest.FixtureRequest) -> KafkaTopics:
+    """Per-test unique topic names (``rwtest.<test>.<uuid>.<name>``) and a ``create`` helper."""
+    return KafkaTopics(kafka_bootstrap, request.node.name)
+
+
+# ============================ end of Kafka fixtures ===========================
