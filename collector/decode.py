@@ -93,6 +93,7 @@ class GnmicEventDecoder:
         self.stats = stats or Stats()
         self.mapper = mapper or default_gnmi_mapper()
         self._source_memo: dict[str, str | None] = {}
+        self._paths: dict[str, tuple[str, bool, float, str | None, str | None]] = {}
 
     def decode_lines(self, lines: Iterable[bytes | str]) -> pl.DataFrame:
         cols = _Columns()
@@ -143,24 +144,44 @@ class GnmicEventDecoder:
             return
         tag_port = next((tags[t] for t in self.mapper.port_tags if t in tags), "")
         tag_qual = next((tags[t] for t in self.mapper.qual_tags if t in tags), "")
+        paths = self._paths
         for path, v in values.items():
-            t = self.mapper.lookup(path)
-            if t is None:
-                st.inc("unknown_paths", detail=path)
-                continue
-            num = _number(v, is_counter(t.metric), t.scale)
+            try:
+                metric, counter, scale, t_port, t_qual = paths[path]
+            except KeyError:
+                t = self.mapper.lookup(path)
+                if t is None:
+                    st.inc("unknown_paths", detail=path)
+                    continue
+                entry = (t.metric, is_counter(t.metric), t.scale, t.port, t.qual)
+                if len(paths) < 100_000:
+                    paths[path] = entry
+                metric, counter, scale, t_port, t_qual = entry
+            # the common cases inline: a counter as a decimal string or an int, scale 1
+            if counter and scale == 1.0 and type(v) is str:
+                try:
+                    raw = int(v)
+                    num: tuple[float, int | None] | None = (
+                        (float(raw), raw) if 0 <= raw < _U64 else (float(raw), None))
+                except ValueError:
+                    num = _number(v, counter, scale)
+            elif counter and scale == 1.0 and type(v) is int and 0 <= v < _U64:
+                num = (float(v), v)
+            else:
+                num = _number(v, counter, scale)
             if num is None:
                 st.inc("non_numeric_values", detail=path)
                 continue
-            port = t.port or tag_port
+            port = t_port or tag_port
             if not port:
                 st.inc("malformed_events", detail=f"no interface for {path}")
                 continue
             cols.ts.append(ts)
             cols.device.append(device)
-            cols.port.append(str(port))
-            cols.qual.append(str(t.qual if t.qual is not None else tag_qual))
-            cols.metric.append(t.metric)
+            cols.port.append(port if type(port) is str else str(port))
+            q = t_qual if t_qual is not None else tag_qual
+            cols.qual.append(q if type(q) is str else str(q))
+            cols.metric.append(metric)
             cols.value.append(num[0])
             cols.raw.append(num[1])
 

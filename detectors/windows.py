@@ -82,8 +82,15 @@ class WindowEngine:
         return int(self.config.lateness_s * 1e9)
 
     # --- closing ---------------------------------------------------------------------------------
+    def enter(self, step: Step) -> None:
+        """Make ``step`` the newest one the sliding windows see (call in time order)."""
+        self.history.append(step)
+
     def close_until(self, watermark_ns: int) -> list[Step]:
-        """Close every step that ends at or before ``watermark_ns``; return them in time order."""
+        """Close every step that ends at or before ``watermark_ns``; return them in time order.
+
+        The caller evaluates them one by one, calling ``enter`` before each.
+        """
         boundary = (watermark_ns // self.step_ns) * self.step_ns
         if not self.pending and self.closed_ns is None:
             return []
@@ -112,9 +119,7 @@ class WindowEngine:
             indices = range(0)
             self.stats.inc("skipped_empty_steps", int(n_steps - len(steps)))
         for idx in sorted(set(indices) | set(steps)):
-            step = Step(idx * self.step_ns, (idx + 1) * self.step_ns, steps.get(idx, {}))
-            self.history.append(step)
-            out.append(step)
+            out.append(Step(idx * self.step_ns, (idx + 1) * self.step_ns, steps.get(idx, {})))
         self.closed_ns = boundary
         return out
 

@@ -50,6 +50,7 @@ class KafkaConfig:
     compression_type: str = "lz4"
     partitions: int = 4
     commit_interval_s: float = 1.0
+    session_timeout_ms: int = 10000  # how soon a dead detector's partitions move to another
     idle_flush_s: float = 2.0
 
     def client_kwargs(self) -> dict[str, Any]:

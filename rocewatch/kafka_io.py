@@ -207,6 +207,8 @@ class DetectService:
             max_poll_records=5000,
             fetch_max_bytes=64 << 20,
             max_partition_fetch_bytes=16 << 20,
+            session_timeout_ms=k.session_timeout_ms,
+            heartbeat_interval_ms=max(1000, k.session_timeout_ms // 4),
         )
         if restored is not None:
             self._load_suppressions(restored)

@@ -143,6 +143,7 @@ class Pipeline:
         out = Output()
         t0 = time.process_time()
         for step in steps:
+            self.engine.enter(step)
             ctx = StepContext(self.engine, self.topology, step.start, step.end)
             events: list[Alert] = []
             for det in self.detectors:

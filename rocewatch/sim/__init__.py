@@ -1,0 +1,43 @@
+"""The fabric simulator: telemetry of a RoCE v2 GPU fabric with injected faults and ground truth.
+
+>>> from rocewatch.sim import SimConfig, Simulator, PfcStorm
+>>> sim = Simulator(SimConfig(nodes=4, duration_s=1.0, faults=(PfcStorm(onset_s=0.2),)))
+>>> [f["kind"] for f in sim.truth()["faults"]]
+['PfcStorm']
+"""
+
+from rocewatch.sim.fabric import Fabric, JobSpec, build_topology
+from rocewatch.sim.faults import (
+    FAULT_KINDS,
+    AgentGap,
+    CounterClear,
+    EcnIncast,
+    Fault,
+    FlakyLink,
+    PcieDowngrade,
+    PfcStorm,
+    TransportErrors,
+)
+from rocewatch.sim.simulator import SimConfig, Simulator, Tick, config_from_dict, config_to_dict
+from rocewatch.sim.writers import write_scenario
+
+__all__ = [
+    "FAULT_KINDS",
+    "AgentGap",
+    "CounterClear",
+    "EcnIncast",
+    "Fabric",
+    "Fault",
+    "FlakyLink",
+    "JobSpec",
+    "PcieDowngrade",
+    "PfcStorm",
+    "SimConfig",
+    "Simulator",
+    "Tick",
+    "TransportErrors",
+    "build_topology",
+    "config_from_dict",
+    "config_to_dict",
+    "write_scenario",
+]

@@ -1,0 +1,208 @@
+"""The simulated fabric: a rail-optimised leaf/spine topology and the index arrays behind it.
+
+NIC ``k`` of every node plugs into a leaf of rail ``k`` (one leaf per rail per 64 nodes, named
+``leaf-r{rail}-p{pod}``); every leaf has one uplink to every spine (``spine-{i}``). Ports are
+named ``Ethernet1/<n>`` (leaf downlinks, spine ports) and ``Ethernet2/<n>`` (leaf uplinks), so
+every "device/port" reference exercises the slash rule of CONTRACTS.md section 1.
+
+The simulator works on cable *directions*: cable ``c`` has direction ``2c`` (NIC->leaf, or
+leaf->spine) and ``2c + 1`` (leaf->NIC, or spine->leaf). NIC cables come first (cable ``e`` for
+NIC ``e = node * nics_per_node + nic``), then the leaf uplinks (cable ``E + leaf * spines +
+spine``). A switch port transmits on its ``out`` direction and receives on its ``in`` one; the
+pause a receiver sends on a direction pauses that direction's sender.
+
+>>> from rocewatch.sim.simulator import SimConfig
+>>> t = build_topology(SimConfig(nodes=2, nics_per_node=2, spines=2))
+>>> sorted(t.switches)
+['leaf-r0-p0', 'leaf-r1-p0', 'spine-0', 'spine-1']
+>>> str(t.nodes['gpu-002'].nics[1].switch_port)
+'leaf-r1-p0/Ethernet1/2'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rocewatch.topology import Topology
+
+if TYPE_CHECKING:
+    from rocewatch.sim.simulator import SimConfig
+
+NODES_PER_LEAF = 64
+LINE_GBPS = 400
+BUFFER_BYTES = 64 * 1024 * 1024  # shared buffer per switch (one lossless queue may use it all)
+GNMI_PORT = 9339
+
+# port roles
+LEAF_DOWN, LEAF_UP, SPINE_PORT = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job (one tenant's workload) over a set of nodes, on one PFC priority.
+
+    ``traffic`` is ``"allreduce"`` (NCCL ring all-reduce bursts) or ``"moe"`` (all-to-all
+    bursts); ``None`` takes the config's ``traffic``.
+    """
+
+    name: str
+    tenant: str | None = None
+    nodes: tuple[str, ...] = ()
+    priority: int = 3
+    traffic: str | None = None
+
+
+def node_name(i: int) -> str:
+    return f"gpu-{i + 1:03d}"
+
+
+def default_jobs(cfg: SimConfig) -> tuple[JobSpec, ...]:
+    """Two jobs of two tenants over the two halves of the nodes (one job for a single node)."""
+    names = [node_name(i) for i in range(cfg.nodes)]
+    if cfg.nodes < 2:
+        return (JobSpec("llm-train-a", "team-a", tuple(names)),)
+    half = cfg.nodes // 2
+    return (
+        JobSpec("llm-train-a", "team-a", tuple(names[:half])),
+        JobSpec("llm-train-b", "team-b", tuple(names[half:])),
+    )
+
+
+class Fabric:
+    """Names and index arrays of a simulated fabric (see the module docstring for the layout)."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.n_nodes = n = cfg.nodes
+        self.n_rails = k = cfg.nics_per_node
+        self.n_spines = s = cfg.spines
+        self.n_pods = pods = -(-n // NODES_PER_LEAF)
+        self.n_leaves = nl = k * pods
+        self.nodes = [node_name(i) for i in range(n)]
+        self.node_index = {name: i for i, name in enumerate(self.nodes)}
+        self.rail_nics = [f"mlx5_{r}" for r in range(k)]
+        self.rail_netdevs = [f"eth{r}" for r in range(k)]
+        self.leaves = [f"leaf-r{r}-p{p}" for r in range(k) for p in range(pods)]
+        self.spines = [f"spine-{i}" for i in range(s)]
+        self.switches = self.leaves + self.spines
+        self.switch_index = {name: i for i, name in enumerate(self.switches)}
+
+        # NICs
+        self.n_nics = e = n * k
+        self.nic_node = np.repeat(np.arange(n), k)
+        self.nic_rail = np.tile(np.arange(k), n)
+        self.nic_leaf = self.nic_rail * pods + self.nic_node // NODES_PER_LEAF
+        self.nic_port_name = [f"Ethernet1/{i % NODES_PER_LEAF + 1}" for i in self.nic_node]
+
+        # cables, directions, ports
+        self.n_uplinks = u = nl * s
+        self.n_cables = e + u
+        self.n_dirs = 2 * self.n_cables
+        self.uplink_leaf = np.repeat(np.arange(nl), s)
+        self.uplink_spine = np.tile(np.arange(s), nl)
+        self.n_ports = e + 2 * u
+        ue = np.arange(u)
+        cab_u = e + ue
+        self.port_role = np.concatenate(
+            [np.full(e, LEAF_DOWN), np.full(u, LEAF_UP), np.full(u, SPINE_PORT)]
+        )
+        self.port_switch = np.concatenate([self.nic_leaf, self.uplink_leaf, nl + self.uplink_spine])
+        self.port_cable = np.concatenate([np.arange(e), cab_u, cab_u])
+        self.port_out_dir = np.concatenate([2 * np.arange(e) + 1, 2 * cab_u, 2 * cab_u + 1])
+        self.port_in_dir = self.port_out_dir ^ 1
+        self.port_name = (
+            self.nic_port_name
+            + [f"Ethernet2/{i + 1}" for i in self.uplink_spine]
+            + [f"Ethernet1/{i + 1}" for i in self.uplink_leaf]
+        )
+        self.port_index = {
+            (self.switches[int(sw)], name): i
+            for i, (sw, name) in enumerate(zip(self.port_switch, self.port_name, strict=True))
+        }
+        # the switch (not NIC) receives on these directions: NIC->leaf and both uplink directions
+        self.dir_switch_rx = np.ones(self.n_dirs, dtype=bool)
+        self.dir_switch_rx[2 * np.arange(e) + 1] = False
+
+        # jobs
+        self.jobs = list(cfg.jobs) if cfg.jobs else list(default_jobs(cfg))
+        self.job_of_node = np.full(n, -1)
+        for j, job in enumerate(self.jobs):
+            for name in job.nodes:
+                if name in self.node_index and self.job_of_node[self.node_index[name]] < 0:
+                    self.job_of_node[self.node_index[name]] = j
+        self.nic_job = self.job_of_node[self.nic_node]
+        self.priority = self.jobs[0].priority if self.jobs else 3
+        kube = set(cfg.kubernetes_nodes)
+        self.scheduler = ["kubernetes" if nm in kube else "slurm" for nm in self.nodes]
+
+    # --- lookups ---------------------------------------------------------------------------------
+    def nic_index(self, node: str, nic: str) -> int:
+        return self.node_index[node] * self.n_rails + self.rail_nics.index(nic)
+
+    def nic_labels(self, e: int) -> dict[str, str]:
+        return {"node": self.nodes[int(self.nic_node[e])],
+                "nic": self.rail_nics[int(self.nic_rail[e])]}
+
+    def port_labels(self, p: int) -> dict[str, str]:
+        return {"switch": self.switches[int(self.port_switch[p])], "port": self.port_name[p]}
+
+    def uplink_port(self, leaf: int, spine: int) -> int:
+        """Port index of the leaf end of the leaf<->spine cable."""
+        return self.n_nics + leaf * self.n_spines + spine
+
+    def spine_port(self, leaf: int, spine: int) -> int:
+        """Port index of the spine end of the leaf<->spine cable."""
+        return self.n_nics + self.n_uplinks + leaf * self.n_spines + spine
+
+    def nics_on_leaf(self, leaf: int) -> np.ndarray:
+        return np.flatnonzero(self.nic_leaf == leaf)
+
+    # --- the topology file -----------------------------------------------------------------------
+    def topology_dict(self) -> dict[str, Any]:
+        switches: list[dict[str, Any]] = []
+        for i, name in enumerate(self.switches):
+            ports = [self.port_name[p] for p in np.flatnonzero(self.port_switch == i)]
+            d: dict[str, Any] = {"name": name, "role": "leaf" if i < self.n_leaves else "spine"}
+            if i < self.n_leaves:
+                d["rail"] = i // self.n_pods
+            d["address"] = f"127.0.{i // 250 + 1}.{i % 250 + 1}"
+            d["int_node_id"] = i + 1
+            d["int_ports"] = {j + 1: p for j, p in enumerate(ports)}
+            d["buffer_bytes"] = BUFFER_BYTES
+            switches.append(d)
+        links = [
+            {"a": f"{self.leaves[int(lf)]}/Ethernet2/{int(sp) + 1}",
+             "b": f"{self.spines[int(sp)]}/Ethernet1/{int(lf) + 1}"}
+            for lf, sp in zip(self.uplink_leaf, self.uplink_spine, strict=True)
+        ]
+        nodes = []
+        for i, name in enumerate(self.nodes):
+            nics = []
+            for r in range(self.n_rails):
+                e = i * self.n_rails + r
+                nics.append({
+                    "nic": self.rail_nics[r],
+                    "netdev": self.rail_netdevs[r],
+                    "speed_gbps": LINE_GBPS,
+                    "rail": r,
+                    "switch_port": f"{self.leaves[int(self.nic_leaf[e])]}/{self.nic_port_name[e]}",
+                })
+            nodes.append({"name": name, "scheduler": self.scheduler[i], "nics": nics})
+        jobs = [
+            {"name": j.name, "tenant": j.tenant, "priority": j.priority, "nodes": list(j.nodes)}
+            for j in self.jobs
+        ]
+        return {
+            "fabric": f"sim-{self.n_nodes}x{self.n_rails}",
+            "switches": switches,
+            "links": links,
+            "nodes": nodes,
+            "jobs": [{k: v for k, v in j.items() if v is not None} for j in jobs],
+        }
+
+
+def build_topology(cfg: SimConfig) -> Topology:
+    """The validated topology of the fabric ``cfg`` describes (CONTRACTS.md section 1)."""
+    return Topology.from_dict(Fabric(cfg).topology_dict())

@@ -1,0 +1,114 @@
+"""Named scenarios: ready-made ``SimConfig``s for demos, replays, benchmarks and tests.
+
+Fault times scale with the run's length (laid out for 30 s) so they stay apart in time; the
+simulator draws the entities from the seed so faults also stay apart in nodes and rails.
+
+>>> cfg = default_scenario(nodes=16, duration_s=30, seed=1)
+>>> [type(f).__name__ for f in cfg.faults][:5]
+['PfcStorm', 'FlakyLink', 'PcieDowngrade', 'EcnIncast', 'TransportErrors']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from rocewatch.sim.fabric import node_name
+from rocewatch.sim.faults import (
+    AgentGap,
+    CounterClear,
+    EcnIncast,
+    FlakyLink,
+    PcieDowngrade,
+    PfcStorm,
+    TransportErrors,
+)
+from rocewatch.sim.simulator import SimConfig
+
+
+def default_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> SimConfig:
+    """One fault of each real kind, spread over time and entities, plus two counter clears
+    and an agent gap (not faults) and a counter that wraps.
+
+    Timeline at 30 s: storm 5-8 s, flaky cable 9-18 s, PCIe downgrade 12 s to the end,
+    ECN incast 19-24 s, transport errors 24-29 s; a switch's counters clear at 15.05 s, a
+    NIC's at 21 s; one node's agent is silent 7-9 s. The first 5 s are a healthy baseline.
+    """
+    s = duration_s / 30.0
+
+    def at(t: float) -> float:  # laid out for 30 s, kept on round times when scaled
+        return round(t * s, 1)
+
+    return SimConfig(
+        nodes=nodes,
+        duration_s=float(duration_s),
+        seed=seed,
+        name="default",
+        faults=(
+            PfcStorm(onset_s=at(5.0), duration_s=at(3.0)),
+            FlakyLink(onset_s=at(9.0), duration_s=at(9.0)),
+            PcieDowngrade(onset_s=at(12.0)),
+            EcnIncast(onset_s=at(19.0), duration_s=at(5.0)),
+            TransportErrors(onset_s=at(24.0), duration_s=at(5.0)),
+            CounterClear(onset_s=at(15.0) + 0.05, target="switch"),  # between two reads
+            CounterClear(onset_s=at(21.0), target="nic"),
+            AgentGap(onset_s=at(7.0), duration_s=at(2.0)),
+        ),
+    )
+
+
+def demo_scenario(nodes: int = 64, seed: int = 7) -> SimConfig:
+    """The default scenario at demo scale: 64 nodes x 8 NICs, 40 s."""
+    cfg = default_scenario(nodes=nodes, duration_s=40, seed=seed)
+    return _renamed(cfg, "demo")
+
+
+def healthy_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> SimConfig:
+    """No faults: NCCL all-reduce traffic only (the false-positive baseline)."""
+    return SimConfig(nodes=nodes, duration_s=float(duration_s), seed=seed, name="healthy")
+
+
+def moe_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> SimConfig:
+    """No faults: MoE all-to-all bursts, with brief heavy pauses and deep queues that are
+    still healthy (never two consecutive intervals paused >= 99%)."""
+    return SimConfig(nodes=nodes, duration_s=float(duration_s), seed=seed, traffic="moe",
+                     name="moe")
+
+
+def dark_storm_scenario(nodes: int = 16, duration_s: float = 20, seed: int = 1) -> SimConfig:
+    """A PFC storm from a node whose agent sends nothing: only the switches see it."""
+    origin = node_name(2)
+    return SimConfig(
+        nodes=nodes,
+        duration_s=float(duration_s),
+        seed=seed,
+        name="dark_storm",
+        no_agent_nodes=(origin,),
+        faults=(PfcStorm(onset_s=duration_s / 4, duration_s=duration_s / 4, node=origin,
+                         nic="mlx5_1"),),
+    )
+
+
+def uplink_flaky_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> SimConfig:
+    """A flaky leaf<->spine cable: FCS errors and flaps at both switch ends, no NIC involved."""
+    return SimConfig(
+        nodes=nodes,
+        duration_s=float(duration_s),
+        seed=seed,
+        name="uplink_flaky",
+        faults=(FlakyLink(onset_s=duration_s / 5, duration_s=duration_s / 2, uplink=True),),
+    )
+
+
+def _renamed(cfg: SimConfig, name: str) -> SimConfig:
+    return dataclasses.replace(cfg, name=name)
+
+
+SCENARIOS: dict[str, Callable[..., SimConfig]] = {
+    "default": default_scenario,
+    "demo": demo_scenario,
+    "healthy": healthy_scenario,
+    "moe": moe_scenario,
+    "dark_storm": dark_storm_scenario,
+    "uplink_flaky": uplink_flaky_scenario,
+}

@@ -1,0 +1,184 @@
+"""The live path over a real Kafka broker: same alerts as replay, crash safety, bad messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+from kafka import KafkaConsumer, KafkaProducer
+
+from rocewatch.config import Config, KafkaConfig, TopicsConfig
+from rocewatch.kafka_io import DetectService, TelemetryPublisher, ensure_topics, publish_scenario
+from rocewatch.replay import replay
+from rocewatch.sim import write_scenario
+from rocewatch.sim.scenarios import default_scenario
+from rocewatch.sources import merged, scenario_sources
+from rocewatch.stats import Stats
+from rocewatch.topology import Topology
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("scenario")
+    write_scenario(default_scenario(nodes=8, duration_s=30.0, seed=3), d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def replayed(scenario: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("replay")
+    res = replay(scenario, out)
+    assert res.alerts, "the default scenario has faults: replay must find some"
+    return res.alerts
+
+
+def kafka_cfg(bootstrap: str, kafka_topics, tmp_path: Path, scenario: Path) -> Config:
+    topics = TopicsConfig(
+        telemetry=kafka_topics("telemetry"), alerts=kafka_topics("alerts"),
+        actions=kafka_topics("actions"), dead_letter=kafka_topics("dlq"),
+    )
+    k = KafkaConfig(bootstrap_servers=bootstrap, topics=topics, group_id=kafka_topics("group"),
+                    commit_interval_s=0.5, idle_flush_s=2.0, session_timeout_ms=6000)
+    return Config(topology=str(scenario / "topology.yaml"), kafka=k,
+                  state_dir=str(tmp_path / "state"))
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list:
+    c = KafkaConsumer(topic, bootstrap_servers=[bootstrap], auto_offset_reset="earliest",
+                      enable_auto_commit=False, group_id=None, consumer_timeout_ms=int(timeout_s * 1000))
+    msgs = list(c)
+    c.close()
+    return msgs
+
+
+def final_states(events: list[dict]) -> dict[tuple[str, str], dict]:
+    """Alert events -> the final state of each alert instance (resolved wins over firing)."""
+    out: dict[tuple[str, str], dict] = {}
+    for e in events:
+        key = (e["fingerprint"], e["startsAt"])
+        if key not in out or e["status"] == "resolved":
+            out[key] = e
+    return out
+
+
+def comparable(alerts: list[dict]) -> dict[tuple[str, str], tuple]:
+    return {k: (v["status"], v["endsAt"], v["labels"]["alertname"])
+            for k, v in final_states(alerts).items()}
+
+
+def test_kafka_gives_same_alerts_as_replay(kafka_bootstrap, kafka_topics, tmp_path, scenario,
+                                           replayed):
+    cfg = kafka_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
+    n = publish_scenario(scenario, cfg)
+    assert n > 100_000
+    svc = DetectService(cfg)
+    svc.run(max_idle_s=4.0)
+    events = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, cfg.kafka.topics.alerts)]
+    assert comparable(events) == comparable(replayed)
+    keys = Counter((e["fingerprint"], e["startsAt"], e["status"]) for e in events)
+    assert max(keys.values()) == 1, "an alert event was published twice"
+    acts = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, cfg.kafka.topics.actions)]
+    origin_nodes = {a["labels"]["node"] for a in replayed
+                    if a["labels"].get("role") == "origin" and "node" in a["labels"]}
+    assert {a["node"] for a in acts if a["action"] == "drain"} <= origin_nodes | {
+        a["labels"].get("node") for a in replayed}
+
+
+def test_detector_killed_mid_stream_loses_and_doubles_nothing(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario, replayed
+):
+    cfg = kafka_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
+    ensure_topics(cfg.kafka)
+    conf = tmp_path / "rocewatch.yaml"
+    k = cfg.kafka
+    conf.write_text(yaml.safe_dump({
+        "topology": cfg.topology, "state_dir": cfg.state_dir,
+        "kafka": {"bootstrap_servers": k.bootstrap_servers, "group_id": k.group_id,
+                  "commit_interval_s": 0.5, "idle_flush_s": 3.0, "session_timeout_ms": 6000,
+                  "topics": dataclasses.asdict(k.topics)},
+    }))
+    # publish at 3x telemetry speed in the background, so the kill lands mid-stream
+    pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 3.0), daemon=True)
+    pub.start()
+    cmd = [sys.executable, "-m", "rocewatch.cli", "detect", "--config", str(conf)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        # kill -9 once it has published some alerts (and so checkpointed and committed some)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if len(read_topic(kafka_bootstrap, k.topics.alerts, 1.0)) >= 2:
+                break
+        assert first.poll() is None, first.stdout.read().decode() if first.stdout else ""
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    second = subprocess.run(cmd + ["--max-idle", "8"], env=env, capture_output=True, text=True,
+                            timeout=240)
+    pub.join(120)
+    assert second.returncode == 0, second.stderr[-3000:]
+    events = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, k.topics.alerts)]
+    keys = Counter((e["fingerprint"], e["startsAt"], e["status"]) for e in events)
+    doubled = [key for key, c in keys.items() if c > 1]
+    assert not doubled, f"published twice after the restart: {doubled}"
+    assert comparable(events) == comparable(replayed)
+    acts = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, k.topics.actions)]
+    drains = Counter(a["node"] for a in acts if a["action"] == "drain")
+    assert all(c == 1 for c in drains.values()), drains
+
+
+def test_garbage_messages_go_to_dead_letter_and_the_stream_goes_on(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario, replayed
+):
+    cfg = kafka_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
+    ensure_topics(cfg.kafka)
+    garbage = KafkaProducer(bootstrap_servers=[kafka_bootstrap])
+    for v in (b"\x00garbage", b"{\"json\": \"is not protobuf\"}", b""):
+        garbage.send(cfg.kafka.topics.telemetry, key=b"leaf-r0-p0", value=v)
+    garbage.flush()
+    garbage.close()
+    publish_scenario(scenario, cfg)
+    svc = DetectService(cfg)
+    svc.run(max_idle_s=4.0)
+    assert svc.stats.get("dead_letter") == 3
+    dlq = read_topic(kafka_bootstrap, cfg.kafka.topics.dead_letter)
+    assert len(dlq) == 3
+    assert all(dict(m.headers).get("rocewatch-error") for m in dlq)
+    events = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, cfg.kafka.topics.alerts)]
+    assert comparable(events) == comparable(replayed)
+
+
+def test_publisher_keys_by_device(kafka_bootstrap, kafka_topics, tmp_path, scenario):
+    cfg = kafka_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
+    ensure_topics(cfg.kafka)
+    topo = Topology.load(scenario / "topology.yaml")
+    src = scenario_sources(scenario, topo, Stats())
+    pub = TelemetryPublisher(cfg.kafka)
+    df, _ = next(iter(merged(src, 0)))
+    pub.publish(df)
+    pub.close()
+    msgs = read_topic(kafka_bootstrap, cfg.kafka.topics.telemetry)
+    from rocewatch import wire
+
+    by_part: dict[bytes, set[int]] = {}
+    for m in msgs:
+        devices = set(wire.decode(m.value)["device"].unique())
+        assert devices == {m.key.decode()}
+        by_part.setdefault(m.key, set()).add(m.partition)
+    assert all(len(p) == 1 for p in by_part.values())
+    for s in src:
+        s.close()
