@@ -100,11 +100,25 @@ class TelemetryPublisher:
         self.seq = 0
         self.samples = 0
 
-    def publish(self, df: pl.DataFrame) -> None:
+    def publish(self, df: pl.DataFrame, slice_ns: int = 100_000_000) -> None:
+        """Send a frame as one message per device and time slice, in time order.
+
+        Slicing keeps each partition close to time order when a frame spans a long stretch of
+        telemetry (a recording), which is what per-partition watermarks assume.
+        """
         if df.height == 0:
             return
-        for (device,), part in df.partition_by("device", as_dict=True, maintain_order=True).items():
-            key = str(device).encode()
+        if df.height > 1 and int(df["ts"].max() - df["ts"].min()) >= slice_ns:  # type: ignore[operator]
+            keyed = df.sort("ts", maintain_order=True).with_columns(
+                (pl.col("ts") // slice_ns).alias("_slice")
+            )
+            parts = keyed.partition_by(["_slice", "device"], as_dict=True, maintain_order=True)
+            groups = [(str(k[1]), p.drop("_slice")) for k, p in parts.items()]
+        else:
+            parts1 = df.partition_by("device", as_dict=True, maintain_order=True)
+            groups = [(str(k[0]), p) for k, p in parts1.items()]
+        for device, part in groups:
+            key = device.encode()
             for off in range(0, part.height, MAX_ROWS_PER_MESSAGE):
                 chunk = part.slice(off, MAX_ROWS_PER_MESSAGE)
                 self.seq += 1

@@ -74,21 +74,39 @@ def scenario_sources(scenario: Path, topology: Topology, stats: Stats) -> list[L
 
 
 def merged(sources: list[LineFileSource], lateness_ns: int) -> Iterator[tuple[pl.DataFrame, int]]:
-    """Read sources in time order (always the one furthest behind); yield (batch, watermark).
+    """Merge sources on telemetry time; yield (batch sorted by time, watermark).
 
-    The watermark is the slowest unfinished source's newest time less the allowed lateness.
+    Reads ahead from whichever source is furthest behind and releases rows only up to the
+    newest time every unfinished source has reached, so a batch never runs ahead of a slower
+    source. The watermark is that time less the allowed lateness (-1 before every source spoke).
     """
     live = list(sources)
+    buffered: dict[str, list[pl.DataFrame]] = {s.name: [] for s in sources}
     while live:
         src = min(live, key=lambda s: -1 if s.hi is None else s.hi)
         df = src.next()
         if df is None:
             live.remove(src)
-            if not live:
-                break
-        his = [s.hi for s in live if s.hi is not None]
-        if len(his) < len(live):
-            wm = -1  # some source has not said anything yet
-        else:
-            wm = min(his) - lateness_ns
-        yield (df if df is not None else pl.DataFrame(), wm)
+        elif df.height:
+            buffered[src.name].append(df)
+        his = [s.hi for s in live]
+        if any(h is None for h in his) and live:
+            continue  # a source that has said nothing yet holds everything back
+        until = min(h for h in his if h is not None) + 1 if live else None
+        ready: list[pl.DataFrame] = []
+        for name, parts in buffered.items():
+            if not parts:
+                continue
+            frame = pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
+            if until is None:
+                ready.append(frame)
+                buffered[name] = []
+            else:
+                ready.append(frame.filter(pl.col("ts") < until))
+                rest = frame.filter(pl.col("ts") >= until)
+                buffered[name] = [rest] if rest.height else []
+        out = pl.concat(ready, how="vertical").sort("ts") if ready else pl.DataFrame()
+        wm = (until - 1 - lateness_ns) if until is not None else -1
+        if until is None:  # everything is read: what is left closes with finish()
+            wm = -1
+        yield out, wm
