@@ -198,6 +198,7 @@ class NicSnapshotDecoder:
         self.topology = topology
         self.stats = stats or Stats()
         self.mapper = mapper or default_nic_mapper()
+        self._names: dict[str, dict[str, tuple[str, str, float]]] = {}
 
     def decode_lines(self, lines: Iterable[bytes | str]) -> pl.DataFrame:
         cols = _Columns()
@@ -231,20 +232,23 @@ class NicSnapshotDecoder:
             # still monitored: a node outside the topology has no peers but its own numbers count
             st.inc("unknown_node", detail=node)
 
+        c_ts, c_dev, c_port, c_qual = cols.ts, cols.device, cols.port, cols.qual
+        c_metric, c_value, c_raw = cols.metric, cols.value, cols.raw
+
         def put(metric: str, qual: str, num: tuple[float, int | None]) -> None:
-            cols.ts.append(ts)
-            cols.device.append(node)
-            cols.port.append(nic)
-            cols.qual.append(qual)
-            cols.metric.append(metric)
-            cols.value.append(num[0])
-            cols.raw.append(num[1])
+            c_ts.append(ts)
+            c_dev.append(node)
+            c_port.append(nic)
+            c_qual.append(qual)
+            c_metric.append(metric)
+            c_value.append(num[0])
+            c_raw.append(num[1])
 
         if "speed_mbps" in doc:
             num = _number(doc["speed_mbps"], False, 1.0)
             if num is not None:
                 put("nic_link_speed_mbps", "", num)
-        mapper = self.mapper
+        names = self._names
         for section in self.SECTIONS:
             sec = doc.get(section)
             if sec is None:
@@ -252,19 +256,35 @@ class NicSnapshotDecoder:
             if not isinstance(sec, dict):
                 st.inc("malformed_snapshots", detail=f"{section} is not an object")
                 continue
+            memo = names.setdefault(section, {})
             for name, v in sec.items():
-                t = mapper.lookup(section, name)
-                if t is None:
+                try:
+                    metric, qual, scale = memo[name]
+                except KeyError:
+                    t = self.mapper.lookup(section, name)
+                    if t is None:
+                        continue
+                    metric, qual, scale = t.metric, t.qual or "", t.scale
+                    if len(memo) < 10_000:
+                        memo[name] = (metric, qual, scale)
+                if type(v) is int and scale == 1.0 and 0 <= v < _U64:
+                    c_ts.append(ts)
+                    c_dev.append(node)
+                    c_port.append(nic)
+                    c_qual.append(qual)
+                    c_metric.append(metric)
+                    c_value.append(float(v))
+                    c_raw.append(v)
                     continue
-                num = _number(v, True, t.scale)
+                num = _number(v, True, scale)
                 if num is None:
                     st.inc("non_numeric_values", detail=f"{section}.{name}")
                     continue
-                put(t.metric, t.qual or "", num)
+                put(metric, qual, num)
         pcie = doc.get("pcie")
         if isinstance(pcie, dict):
             for name, v in pcie.items():
-                t = mapper.lookup("pcie", name)
+                t = self.mapper.lookup("pcie", name)
                 if t is None:
                     continue
                 val = _pcie(v) if "speed" in name else _number(v, False, 1.0)

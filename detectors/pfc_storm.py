@@ -72,6 +72,17 @@ class PfcStormDetector:
         self, ctx: StepContext, metric: str, kind: str, table: dict[Key, _Active], stall: bool
     ) -> None:
         cfg = self.config
+        if not self.paused and not self.sending:
+            # fast path: nothing active, so only entities whose newest step could complete a
+            # storm window need the window at all
+            cur = ctx.engine.current()
+            f = cur.get(metric) if cur is not None else None
+            if f is None or f.height == 0:
+                return
+            n = ctx.engine.steps_in(cfg.detection_time_s)
+            floor = 1.0 - n * (1.0 - cfg.pause_fraction)
+            if f.filter(pl.col("dt").is_not_null() & (pl.col("delta") >= pl.col("dt") * (1e6 * floor))).height == 0:
+                return
         enter = self._fractions(ctx, metric, cfg.detection_time_s).filter(
             (pl.col("frac") >= cfg.pause_fraction)
             & (pl.col("dt") >= cfg.detection_time_s * cfg.min_coverage)

@@ -26,12 +26,10 @@ RATE_SCHEMA: dict[str, pl.DataType] = {
     "delta": pl.Float64(),  # counter increase over the interval; null for gauges
     "dt": pl.Float64(),  # interval length in seconds (null for gauges)
     "reset": pl.Boolean(),
+    "sid": pl.UInt64(),  # series id (hash of device, port, qual, metric)
 }
 _STATE_SCHEMA: dict[str, pl.DataType] = {
-    "device": pl.String(),
-    "port": pl.String(),
-    "qual": pl.String(),
-    "metric": pl.String(),
+    "sid": pl.UInt64(),  # hash of the series key (device, port, qual, metric)
     "last_ts": pl.Int64(),
     "last_raw": pl.UInt64(),
 }
@@ -62,6 +60,7 @@ class RateEngine:
             pl.lit(None, dtype=pl.Float64).alias("delta"),
             pl.lit(None, dtype=pl.Float64).alias("dt"),
             pl.lit(False).alias("reset"),
+            pl.struct(SERIES_KEY).hash(seed=0).alias("sid"),
         )
         counters = samples.filter(is_counter)
         rates = self._counters(counters) if counters.height else pl.DataFrame(schema=RATE_SCHEMA)
@@ -69,32 +68,44 @@ class RateEngine:
         return out
 
     def _counters(self, c: pl.DataFrame) -> pl.DataFrame:
+        # One 64-bit id per series makes the joins and sorts below cheap; a checkpoint restored
+        # under another Polars version (other hashes) just restarts each series' rate.
         n_in = c.height
-        c = c.select("ts", *SERIES_KEY, "raw").unique(subset=[*SERIES_KEY, "ts"], keep="first")
+        c = c.select("ts", *SERIES_KEY, "raw").with_columns(
+            pl.struct(SERIES_KEY).hash(seed=0).alias("sid")
+        )
+        c = c.unique(subset=["sid", "ts"], keep="first", maintain_order=False)
         dups = n_in - c.height
         if dups:
             self.stats.inc("duplicate_samples", dups)
+        if self.state.height:
+            c = c.join(self.state, on="sid", how="left")
+        else:
+            c = c.with_columns(pl.lit(None, dtype=pl.Int64).alias("last_ts"),
+                               pl.lit(None, dtype=pl.UInt64).alias("last_raw"))
         # drop readings older than (or as old as) what this series already consumed
-        c = c.join(self.state, on=SERIES_KEY, how="left")
-        stale = c.filter(pl.col("last_ts").is_not_null() & (pl.col("ts") <= pl.col("last_ts")))
-        if stale.height:
-            self.stats.inc("stale_samples", stale.height)
-            c = c.filter(pl.col("last_ts").is_null() | (pl.col("ts") > pl.col("last_ts")))
-        c = c.sort([*SERIES_KEY, "ts"])
-        first = pl.int_range(pl.len()).over(SERIES_KEY) == 0
+        fresh = pl.col("last_ts").is_null() | (pl.col("ts") > pl.col("last_ts"))
+        n_before = c.height
+        c = c.filter(fresh)
+        if c.height < n_before:
+            self.stats.inc("stale_samples", n_before - c.height)
+        c = c.sort(["sid", "ts"])
+        first = pl.col("sid") != pl.col("sid").shift(1, fill_value=None)
+        first = first.fill_null(True)
+        last = (pl.col("sid") != pl.col("sid").shift(-1)).fill_null(True)
         c = c.with_columns(
             prev_ts=pl.when(first).then(pl.col("last_ts")).otherwise(pl.col("ts").shift(1)),
             prev_raw=pl.when(first).then(pl.col("last_raw")).otherwise(pl.col("raw").shift(1)),
+            is_last=last,
         )
-        # new state: the last reading of every series seen here
-        last = c.group_by(SERIES_KEY, maintain_order=True).agg(
-            pl.col("ts").last().alias("last_ts"), pl.col("raw").last().alias("last_raw")
+        newest = c.filter(pl.col("is_last")).select(
+            "sid", pl.col("ts").alias("last_ts"), pl.col("raw").alias("last_raw")
         )
-        self.state = (
-            pl.concat([self.state.join(last, on=SERIES_KEY, how="anti"), last.cast(_STATE_SCHEMA)])
-            if self.state.height
-            else last.cast(_STATE_SCHEMA)  # type: ignore[arg-type]
-        )
+        if self.state.height:
+            keep = self.state.filter(~pl.col("sid").is_in(newest["sid"].implode()))
+            self.state = pl.concat([keep, newest], how="vertical")
+        else:
+            self.state = newest
         c = c.filter(pl.col("prev_ts").is_not_null())
         if c.height == 0:
             return pl.DataFrame(schema=RATE_SCHEMA)
@@ -126,6 +137,7 @@ class RateEngine:
                 "delta": delta,
                 "dt": dt_s,
                 "reset": reset,
+                "sid": c["sid"],
             },
             schema=RATE_SCHEMA,
         )

@@ -42,13 +42,28 @@ class WindowConfig:
     max_empty_steps: int = 100  # x1000: a longer silence is skipped, not replayed step by step
 
 
-@dataclass
 class Step:
-    """One closed step: aggregated rows per series, split by metric."""
+    """One closed step: aggregated rows per series (``frame``), split by metric on demand."""
 
-    start: int
-    end: int
-    by_metric: dict[str, pl.DataFrame]
+    __slots__ = ("_by_metric", "end", "frame", "start")
+
+    def __init__(self, start: int, end: int, frame: pl.DataFrame | None = None) -> None:
+        self.start = start
+        self.end = end
+        self.frame = frame if frame is not None else _EMPTY
+        self._by_metric: dict[str, pl.DataFrame] | None = None
+
+    @property
+    def by_metric(self) -> dict[str, pl.DataFrame]:
+        if self._by_metric is None:
+            if self.frame.height == 0:
+                self._by_metric = {}
+            else:
+                self._by_metric = {
+                    str(k[0]): v
+                    for k, v in self.frame.partition_by("metric", as_dict=True).items()
+                }
+        return self._by_metric
 
     def get(self, metric: str) -> pl.DataFrame:
         return self.by_metric.get(metric, _EMPTY)
@@ -119,7 +134,7 @@ class WindowEngine:
             indices = range(0)
             self.stats.inc("skipped_empty_steps", int(n_steps - len(steps)))
         for idx in sorted(set(indices) | set(steps)):
-            out.append(Step(idx * self.step_ns, (idx + 1) * self.step_ns, steps.get(idx, {})))
+            out.append(Step(idx * self.step_ns, (idx + 1) * self.step_ns, steps.get(idx)))
         self.closed_ns = boundary
         return out
 
@@ -130,14 +145,19 @@ class WindowEngine:
         last = max(int(f["ts"].max()) for f in self.pending)  # type: ignore[arg-type]
         return self.close_until(last + self.step_ns)
 
-    def _aggregate(self, ready: pl.DataFrame) -> dict[int, dict[str, pl.DataFrame]]:
+    def _aggregate(self, ready: pl.DataFrame) -> dict[int, pl.DataFrame]:
         r = self.rates.apply(ready)
         if r.height == 0:
             return {}
         agg = (
-            r.sort("ts")
-            .group_by([(pl.col("ts") // self.step_ns).alias("step"), *SERIES_KEY])
+            r.with_columns((pl.col("ts") // self.step_ns).alias("step"))
+            .sort(["sid", "ts"])
+            .group_by(["step", "sid"])
             .agg(
+                pl.col("device").first(),
+                pl.col("port").first(),
+                pl.col("qual").first(),
+                pl.col("metric").first(),
                 pl.col("delta").sum().alias("delta"),
                 pl.col("dt").sum().alias("dt"),
                 pl.col("value").last().alias("last"),
@@ -152,22 +172,23 @@ class WindowEngine:
             pl.when(pl.col("dt") == 0).then(None).otherwise(pl.col("delta")).alias("delta"),
             pl.when(pl.col("dt") == 0).then(None).otherwise(pl.col("dt")).alias("dt"),
         )
-        out: dict[int, dict[str, pl.DataFrame]] = {}
-        for (step, metric), part in agg.partition_by(
-            ["step", "metric"], as_dict=True, include_key=True
-        ).items():
-            out.setdefault(int(step), {})[str(metric)] = part.select(list(AGG_SCHEMA))  # type: ignore[call-overload]
-        return out
+        agg = agg.select("step", *AGG_SCHEMA)
+        return {
+            int(k[0]): part  # type: ignore[call-overload]
+            for k, part in agg.partition_by("step", as_dict=True, include_key=False).items()
+        }
 
     # --- sliding windows -------------------------------------------------------------------------
     def window(self, metric: str, seconds: float) -> pl.DataFrame:
         """Aggregate ``metric`` per series over the last ``seconds`` of closed steps."""
-        n = max(1, int(round(seconds / self.config.step_s)))
-        parts = [s.by_metric[metric] for s in list(self.history)[-n:] if metric in s.by_metric]
+        n = self.steps_in(seconds)
+        h = self.history
+        parts = [h[i].by_metric[metric] for i in range(max(0, len(h) - n), len(h))
+                 if metric in h[i].by_metric]
         if not parts:
             return _EMPTY
         if len(parts) == 1:
-            return parts[0]
+            return parts[0].select(list(AGG_SCHEMA))
         return (
             pl.concat(parts, how="vertical")
             .sort("ts")
@@ -183,6 +204,9 @@ class WindowEngine:
             )
             .select(list(AGG_SCHEMA))
         )
+
+    def steps_in(self, seconds: float) -> int:
+        return max(1, int(round(seconds / self.config.step_s)))
 
     def current(self) -> Step | None:
         return self.history[-1] if self.history else None

@@ -11,6 +11,8 @@ from rocewatch.pipeline import Output, Pipeline
 from rocewatch.progress import Progress
 from rocewatch.replay import write_jsonl
 
+DETECTED_KINDS = {"PFCStorm"}  # alertnames with a detector in this build
+
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
@@ -55,10 +57,13 @@ def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None)
 
     print(f"simulating {nodes} nodes x {cfg.nics_per_node} NICs for {cfg.duration_s:.0f} s of "
           f"telemetry, faults: {', '.join(type(f).__name__ for f in cfg.faults)}", file=sys.stderr)
+    newest = 0
     for i, frame in enumerate(sim.ticks()):
         pipeline.ingest(frame)
         if frame.height:
-            sink(pipeline.advance(int(frame["ts"].max()) - lateness))  # type: ignore[arg-type]
+            newest = max(newest, int(frame["ts"].max()))  # type: ignore[arg-type]
+        if i % 5 == 4:  # hand over half a second at a time, as a Kafka poll would
+            sink(pipeline.advance(newest - lateness))
         bar.update(i + 1, f"{pipeline.samples_in / 1e6:.1f} M samples, {n_alerts} alerts")
     sink(pipeline.finish())
     bar.close()
@@ -72,15 +77,38 @@ def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None)
         return f"+{(ns - start) / 1e9:.2f}s" if ns else "-"
 
     rows = []
+    victims = [a for a in alerts if a.labels.get("role") == "victim"]
     for a in alerts:
         lab = a.labels
+        if lab.get("role") == "victim":
+            continue
         entity = "/".join(x for x in (lab.get("node") or lab.get("switch"),
                                       lab.get("nic") or lab.get("port")) if x)
         rows.append([a.name, lab.get("severity", ""), lab.get("role", ""), entity or
                      lab.get("scope", ""), rel(a.starts_at), rel(a.ends_at), a.status])
+    if victims:
+        first = min(v.starts_at for v in victims)
+        nics = sum(1 for v in victims if "nic" in v.labels)
+        rows.append(["PFCStorm", "warning", "victim",
+                     f"{len(victims) - nics} switch ports + {nics} NICs (grouped)",
+                     rel(first), "", f"{sum(1 for v in victims if v.status == 'firing')} firing"])
     print()
-    print(f"ALERTS ({len(alerts)}; telemetry time relative to the start)")
+    print(f"ALERTS ({len(alerts)}, victims of a storm grouped under one line; "
+          "telemetry time relative to the start)")
     print(_table(rows, ["alertname", "severity", "role", "entity", "starts", "ends", "status"]))
+    truth_rows = []
+    for f in sim.truth().get("faults", []):
+        names = {f["alertname"], *f.get("also", [])}
+        matches = f.get("match") or [f["labels"]]
+        hits = [a for a in alerts if a.name in names and a.labels.get("role") != "victim"
+                and any(all(a.labels.get(k) == v for k, v in m.items()) for m in matches)]
+        found = f"yes, in {(min(h.starts_at for h in hits) - f['onset_ns']) / 1e9:.2f} s" if hits \
+            else ("no" if f["alertname"] in DETECTED_KINDS else "no detector yet")
+        entity = "/".join(str(v) for v in f["labels"].values())
+        truth_rows.append([f["kind"], entity, rel(f["onset_ns"]), found])
+    print()
+    print("INJECTED FAULTS (the simulator's ground truth) and whether rocewatch found them")
+    print(_table(truth_rows, ["fault", "entity", "onset", "detected"]))
     act_rows = [[rel(x.time), x.action, x.node, x.scheduler, x.outcome, x.reason]
                 for x in pipeline.actions]
     print()

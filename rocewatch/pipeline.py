@@ -71,9 +71,8 @@ class Rollups:
         if self.bucket is not None and b != self.bucket:
             out = self.flush()
         self.bucket = b
-        for metric, f in step.by_metric.items():
-            if f.height:
-                self.parts.append(f.select(*SERIES_KEY, "last"))
+        if step.frame.height:
+            self.parts.append(step.frame.select(*SERIES_KEY, "last"))
         return out
 
     def flush(self) -> pl.DataFrame | None:
