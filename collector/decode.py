@@ -162,7 +162,8 @@ class GnmicEventDecoder:
                 try:
                     raw = int(v)
                     num: tuple[float, int | None] | None = (
-                        (float(raw), raw) if 0 <= raw < _U64 else (float(raw), None))
+                        (float(raw), raw) if 0 <= raw < _U64 else (float(raw), None)
+                    )
                 except ValueError:
                     num = _number(v, counter, scale)
             elif counter and scale == 1.0 and type(v) is int and 0 <= v < _U64:
@@ -192,7 +193,9 @@ class NicSnapshotDecoder:
     SECTIONS = ("ethtool", "hw_counters")
 
     def __init__(
-        self, topology: Topology | None = None, stats: Stats | None = None,
+        self,
+        topology: Topology | None = None,
+        stats: Stats | None = None,
         mapper: NicMapper | None = None,
     ) -> None:
         self.topology = topology

@@ -37,8 +37,12 @@ class AlertLifecycle:
             self.last_seen[fp] = now_ns
             if fp in self.firing:
                 continue
-            ann = {"summary": f.summary, "description": f.description or f.summary,
-                   "evidence": f.evidence, **f.extra}
+            ann = {
+                "summary": f.summary,
+                "description": f.description or f.summary,
+                "evidence": f.evidence,
+                **f.extra,
+            }
             alert = Alert(labels=labels, annotations=ann, starts_at=f.ts, fingerprint=fp)
             self.firing[fp] = alert
             self.owner[fp] = source
@@ -69,4 +73,6 @@ class AlertLifecycle:
     def all_alerts(self) -> list[Alert]:
         """Every alert instance that fired, in its current state, by start time."""
         out = self.history + list(self.firing.values())
-        return sorted(out, key=lambda a: (a.starts_at, a.labels.get("alertname", ""), a.fingerprint))
+        return sorted(
+            out, key=lambda a: (a.starts_at, a.labels.get("alertname", ""), a.fingerprint)
+        )

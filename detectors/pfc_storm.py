@@ -81,7 +81,12 @@ class PfcStormDetector:
                 return
             n = ctx.engine.steps_in(cfg.detection_time_s)
             floor = 1.0 - n * (1.0 - cfg.pause_fraction)
-            if f.filter(pl.col("dt").is_not_null() & (pl.col("delta") >= pl.col("dt") * (1e6 * floor))).height == 0:
+            if (
+                f.filter(
+                    pl.col("dt").is_not_null() & (pl.col("delta") >= pl.col("dt") * (1e6 * floor))
+                ).height
+                == 0
+            ):
                 return
         enter = self._fractions(ctx, metric, cfg.detection_time_s).filter(
             (pl.col("frac") >= cfg.pause_fraction)
@@ -104,14 +109,22 @@ class PfcStormDetector:
         for key in [k for k in table if k[0] == kind and k not in still]:
             del table[key]
         for d, p, q, f, dt, ts, extra in enter.select(
-            "device", "port", "qual", "frac", "dt", "ts",
+            "device",
+            "port",
+            "qual",
+            "frac",
+            "dt",
+            "ts",
             pl.col("extra") if "extra" in enter.columns else pl.lit(""),
         ).iter_rows():
             key = (kind, d, p, q)
             if key not in table:
                 what = "received" if "rx" in metric else "sent"
-                table[key] = _Active(ts, f"{d}/{p} prio {q} {what} pause {pct(f)} of {dt:.2f} s"
-                                         f" (threshold {pct(cfg.pause_fraction)}){extra}")
+                table[key] = _Active(
+                    ts,
+                    f"{d}/{p} prio {q} {what} pause {pct(f)} of {dt:.2f} s"
+                    f" (threshold {pct(cfg.pause_fraction)}){extra}",
+                )
 
     def _stalled(self, ctx: StepContext, enter: pl.DataFrame) -> pl.DataFrame:
         """Keep paused switch queues that held data and sent nothing (where the switch says so)."""
@@ -162,16 +175,16 @@ class PfcStormDetector:
         for key, act in self.sending.items():
             senders.setdefault(key, []).append((act.ts, act.evidence))
         now_paused = {_device(k) for k in (*self.paused, *self.relaying)}
-        for dev in now_paused:
-            span = self.device_paused.get(dev)
+        for pd in now_paused:
+            span = self.device_paused.get(pd)
             if span is None or span[1] is not None:
-                self.device_paused[dev] = [ctx.end, None]
+                self.device_paused[pd] = [ctx.end, None]
         horizon = ctx.end - int(10 * cfg_relay_ns(self.config))
-        for dev, span in list(self.device_paused.items()):
-            if dev not in now_paused and span[1] is None:
+        for pd, span in list(self.device_paused.items()):
+            if pd not in now_paused and span[1] is None:
                 span[1] = ctx.end
             if span[1] is not None and span[1] < horizon:
-                del self.device_paused[dev]
+                del self.device_paused[pd]
         relay_ns = cfg_relay_ns(self.config)
 
         def is_paused(s: Key, since: int) -> bool:
@@ -194,28 +207,38 @@ class PfcStormDetector:
                 continue
             origins.append(s)
             ts = min(t for t, _ in ev)
-            labels = (node_labels(topo, dev, port) if kind == "nic" else port_labels(topo, dev, port))
+            labels = node_labels(topo, dev, port) if kind == "nic" else port_labels(topo, dev, port)
             labels.update(priority=prio, role="origin")
             who = f"{dev}/{port}"
-            findings.append(Finding(
-                "PFCStorm", labels, "critical", ts,
-                summary=f"PFC storm on priority {prio} originating at {who}",
-                description=f"{who} keeps sending PFC pause on priority {prio} while not itself "
-                            f"paused; {len(victims_of.get(s, []))} directly paused peer(s).",
-                evidence="; ".join(sorted(e for _, e in ev)[:8]),
-            ))
+            findings.append(
+                Finding(
+                    "PFCStorm",
+                    labels,
+                    "critical",
+                    ts,
+                    summary=f"PFC storm on priority {prio} originating at {who}",
+                    description=f"{who} keeps sending PFC pause on priority {prio} while not "
+                    f"itself paused; {len(victims_of.get(s, []))} directly paused peer(s).",
+                    evidence="; ".join(sorted(e for _, e in ev)[:8]),
+                )
+            )
         origin_names = ", ".join(sorted(f"{o[1]}/{o[2]}" for o in origins)) or "unknown"
         for key, act in self.paused.items():
             kind, dev, port, prio = key
             labels = node_labels(topo, dev, port) if kind == "nic" else port_labels(topo, dev, port)
             labels.update(priority=prio, role="victim")
-            findings.append(Finding(
-                "PFCStorm", labels, "warning", act.ts,
-                summary=f"{dev}/{port} priority {prio} stalled by PFC pause",
-                description=f"Paused by the storm from {origin_names}; not the culprit.",
-                evidence=act.evidence,
-                extra={"origin": origin_names},
-            ))
+            findings.append(
+                Finding(
+                    "PFCStorm",
+                    labels,
+                    "warning",
+                    act.ts,
+                    summary=f"{dev}/{port} priority {prio} stalled by PFC pause",
+                    description=f"Paused by the storm from {origin_names}; not the culprit.",
+                    evidence=act.evidence,
+                    extra={"origin": origin_names},
+                )
+            )
         return findings
 
 

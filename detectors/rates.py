@@ -56,7 +56,9 @@ class RateEngine:
             return pl.DataFrame(schema=RATE_SCHEMA)
         is_counter = pl.col("raw").is_not_null()
         gauges = samples.filter(~is_counter).select(
-            "ts", *SERIES_KEY, "value",
+            "ts",
+            *SERIES_KEY,
+            "value",
             pl.lit(None, dtype=pl.Float64).alias("delta"),
             pl.lit(None, dtype=pl.Float64).alias("dt"),
             pl.lit(False).alias("reset"),
@@ -81,8 +83,10 @@ class RateEngine:
         if self.state.height:
             c = c.join(self.state, on="sid", how="left")
         else:
-            c = c.with_columns(pl.lit(None, dtype=pl.Int64).alias("last_ts"),
-                               pl.lit(None, dtype=pl.UInt64).alias("last_raw"))
+            c = c.with_columns(
+                pl.lit(None, dtype=pl.Int64).alias("last_ts"),
+                pl.lit(None, dtype=pl.UInt64).alias("last_raw"),
+            )
         # drop readings older than (or as old as) what this series already consumed
         fresh = pl.col("last_ts").is_null() | (pl.col("ts") > pl.col("last_ts"))
         n_before = c.height

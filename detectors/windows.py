@@ -60,8 +60,7 @@ class Step:
                 self._by_metric = {}
             else:
                 self._by_metric = {
-                    str(k[0]): v
-                    for k, v in self.frame.partition_by("metric", as_dict=True).items()
+                    str(k[0]): v for k, v in self.frame.partition_by("metric", as_dict=True).items()
                 }
         return self._by_metric
 
@@ -73,12 +72,14 @@ class WindowEngine:
     def __init__(self, config: WindowConfig | None = None, stats: Stats | None = None) -> None:
         self.config = config or WindowConfig()
         self.stats = stats or Stats()
-        self.step_ns = int(round(self.config.step_s * 1e9))
+        self.step_ns = round(self.config.step_s * 1e9)
         self.rates = RateEngine(stats=self.stats)
         self.pending: list[pl.DataFrame] = []
         self.pending_rows = 0
         self.closed_ns: int | None = None  # every step ending at or before this is closed
-        self.history: deque[Step] = deque(maxlen=max(2, int(self.config.history_s / self.config.step_s)))
+        self.history: deque[Step] = deque(
+            maxlen=max(2, int(self.config.history_s / self.config.step_s))
+        )
 
     # --- input -----------------------------------------------------------------------------------
     def add(self, samples: pl.DataFrame) -> None:
@@ -183,8 +184,11 @@ class WindowEngine:
         """Aggregate ``metric`` per series over the last ``seconds`` of closed steps."""
         n = self.steps_in(seconds)
         h = self.history
-        parts = [h[i].by_metric[metric] for i in range(max(0, len(h) - n), len(h))
-                 if metric in h[i].by_metric]
+        parts = [
+            h[i].by_metric[metric]
+            for i in range(max(0, len(h) - n), len(h))
+            if metric in h[i].by_metric
+        ]
         if not parts:
             return _EMPTY
         if len(parts) == 1:
@@ -206,7 +210,7 @@ class WindowEngine:
         )
 
     def steps_in(self, seconds: float) -> int:
-        return max(1, int(round(seconds / self.config.step_s)))
+        return max(1, round(seconds / self.config.step_s))
 
     def current(self) -> Step | None:
         return self.history[-1] if self.history else None

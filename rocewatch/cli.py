@@ -20,8 +20,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="simulate a fabric with faults and run the whole pipeline "
-                                    "in one process (no Kafka), printing alerts and drains")
+    d = sub.add_parser(
+        "demo",
+        help="simulate a fabric with faults and run the whole pipeline "
+        "in one process (no Kafka), printing alerts and drains",
+    )
     d.add_argument("--nodes", type=int, default=64)
     d.add_argument("--duration", type=float, default=40.0, help="telemetry seconds")
     d.add_argument("--seed", type=int, default=7)
@@ -44,13 +47,21 @@ def build_parser() -> argparse.ArgumentParser:
     pub = sub.add_parser("publish", help="publish a scenario's telemetry to the Kafka topic")
     pub.add_argument("scenario_dir", type=Path)
     pub.add_argument("--config", type=Path, required=True)
-    pub.add_argument("--rate", type=float, default=0.0,
-                     help="pace at this many times telemetry speed (0: as fast as possible)")
+    pub.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="pace at this many times telemetry speed (0: as fast as possible)",
+    )
 
     det = sub.add_parser("detect", help="the detector service: consume telemetry from Kafka")
     det.add_argument("--config", type=Path, required=True)
-    det.add_argument("--max-idle", type=float, default=0.0,
-                     help="exit after this many seconds without input (0: run forever)")
+    det.add_argument(
+        "--max-idle",
+        type=float,
+        default=0.0,
+        help="exit after this many seconds without input (0: run forever)",
+    )
 
     t = sub.add_parser("topology", help="topology file tools")
     tsub = t.add_subparsers(dest="topology_command", required=True)
@@ -90,21 +101,25 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_demo(args.nodes, args.duration, args.seed, Path(args.db), args.out)
     if args.command == "simulate":
-        from rocewatch.sim import write_scenario
         from rocewatch.sim import scenarios as sc
+        from rocewatch.sim import write_scenario
 
         if args.scenario == "demo":
-            cfg = sc.demo_scenario(nodes=args.nodes, seed=args.seed)
+            sim_cfg = sc.demo_scenario(nodes=args.nodes, seed=args.seed)
         elif args.scenario == "healthy":
-            cfg = sc.healthy_scenario(nodes=args.nodes, duration_s=args.duration, seed=args.seed)
+            sim_cfg = sc.healthy_scenario(
+                nodes=args.nodes, duration_s=args.duration, seed=args.seed
+            )
         elif args.scenario == "moe":
-            cfg = sc.moe_scenario(nodes=args.nodes, duration_s=args.duration, seed=args.seed)
+            sim_cfg = sc.moe_scenario(nodes=args.nodes, duration_s=args.duration, seed=args.seed)
         else:
-            cfg = sc.default_scenario(nodes=args.nodes, duration_s=args.duration, seed=args.seed)
+            sim_cfg = sc.default_scenario(
+                nodes=args.nodes, duration_s=args.duration, seed=args.seed
+            )
         from rocewatch.progress import Progress
 
         bar = Progress("simulate", 1, enabled=sys.stderr.isatty())
-        write_scenario(cfg, args.out_dir, progress=lambda d, t: bar.update(d / max(t, 1)))
+        write_scenario(sim_cfg, args.out_dir, progress=lambda d, t: bar.update(d / max(t, 1)))
         bar.close()
         print(f"wrote {args.out_dir}")
         return 0
@@ -118,14 +133,19 @@ def _dispatch(args: argparse.Namespace) -> int:
 
             store = Store(cfg.storage_url)
             store.create_schema()
-        res = replay(args.scenario_dir, args.out, cfg, show_progress=sys.stderr.isatty(),
-                     store=store)
+        res = replay(
+            args.scenario_dir, args.out, cfg, show_progress=sys.stderr.isatty(), store=store
+        )
         firing = sum(1 for a in res.alerts if a["status"] == "firing")
-        print(f"replayed {res.samples} samples in {res.seconds:.1f} s: {len(res.alerts)} alerts "
-              f"({firing} still firing), {len(res.actions)} actions -> {args.out}")
+        print(
+            f"replayed {res.samples} samples in {res.seconds:.1f} s: {len(res.alerts)} alerts "
+            f"({firing} still firing), {len(res.actions)} actions -> {args.out}"
+        )
         skipped = {k: v for k, v in res.stats.items() if not k.endswith("_by")}
         if skipped:
-            print("counted and skipped: " + ", ".join(f"{k}={v}" for k, v in sorted(skipped.items())))
+            print(
+                "counted and skipped: " + ", ".join(f"{k}={v}" for k, v in sorted(skipped.items()))
+            )
         return 0
     if args.command == "publish":
         from rocewatch.kafka_io import publish_scenario
@@ -144,8 +164,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rocewatch.topology import Topology
 
         t = Topology.load(args.file)
-        print(f"{args.file}: ok: {len(t.switches)} switches, {len(t.links)} links, "
-              f"{len(t.nodes)} nodes, {len(t.nics)} NICs, {len(t.jobs)} jobs")
+        print(
+            f"{args.file}: ok: {len(t.switches)} switches, {len(t.links)} links, "
+            f"{len(t.nodes)} nodes, {len(t.nics)} NICs, {len(t.jobs)} jobs"
+        )
         return 0
     raise ConfigError(f"unknown command {args.command}")
 

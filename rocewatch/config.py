@@ -61,12 +61,18 @@ class KafkaConfig:
             "client_id": self.client_id,
         }
         if self.security_protocol in ("SSL", "SASL_SSL"):
-            kw.update(ssl_cafile=self.ssl_cafile, ssl_certfile=self.ssl_certfile,
-                      ssl_keyfile=self.ssl_keyfile, ssl_check_hostname=self.ssl_check_hostname)
+            kw.update(
+                ssl_cafile=self.ssl_cafile,
+                ssl_certfile=self.ssl_certfile,
+                ssl_keyfile=self.ssl_keyfile,
+                ssl_check_hostname=self.ssl_check_hostname,
+            )
         if self.security_protocol.startswith("SASL"):
-            kw.update(sasl_mechanism=self.sasl_mechanism,
-                      sasl_plain_username=self.sasl_plain_username,
-                      sasl_plain_password=self.sasl_plain_password)
+            kw.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_plain_username,
+                sasl_plain_password=self.sasl_plain_password,
+            )
         return kw
 
     def validate(self) -> None:
@@ -93,10 +99,12 @@ class Config:
 
 def _expand(v: Any) -> Any:
     if isinstance(v, str):
+
         def sub(m: re.Match[str]) -> str:
             if m.group(1) not in os.environ:
                 raise ConfigError(f"environment variable {m.group(1)} is not set")
             return os.environ[m.group(1)]
+
         return _ENV.sub(sub, v)
     if isinstance(v, dict):
         return {k: _expand(x) for k, x in v.items()}
@@ -168,8 +176,10 @@ def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
     built: dict[str, Any] = {}
     for name, d in dets.items():
         if name not in DETECTORS:
-            raise ConfigError(f"{where}.detectors.{name}: unknown detector "
-                              f"(known: {', '.join(sorted(DETECTORS))})")
+            raise ConfigError(
+                f"{where}.detectors.{name}: unknown detector "
+                f"(known: {', '.join(sorted(DETECTORS))})"
+            )
         built[name] = build(DETECTORS[name][1], d, f"{where}.detectors.{name}")
     cfg = build(Config, doc, where)
     policy = build(PolicyConfig, actions, f"{where}.actions")

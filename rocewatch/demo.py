@@ -15,8 +15,9 @@ DETECTED_KINDS = {"PFCStorm"}  # alertnames with a detector in this build
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(header)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
     line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
     out = [line, "  ".join("-" * w for w in widths)]
     out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
@@ -55,8 +56,11 @@ def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None)
         for r in o.rollups:
             store.write_rollups(r)
 
-    print(f"simulating {nodes} nodes x {cfg.nics_per_node} NICs for {cfg.duration_s:.0f} s of "
-          f"telemetry, faults: {', '.join(type(f).__name__ for f in cfg.faults)}", file=sys.stderr)
+    print(
+        f"simulating {nodes} nodes x {cfg.nics_per_node} NICs for {cfg.duration_s:.0f} s of "
+        f"telemetry, faults: {', '.join(type(f).__name__ for f in cfg.faults)}",
+        file=sys.stderr,
+    )
     newest = 0
     for i, frame in enumerate(sim.ticks()):
         pipeline.ingest(frame)
@@ -82,41 +86,74 @@ def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None)
         lab = a.labels
         if lab.get("role") == "victim":
             continue
-        entity = "/".join(x for x in (lab.get("node") or lab.get("switch"),
-                                      lab.get("nic") or lab.get("port")) if x)
-        rows.append([a.name, lab.get("severity", ""), lab.get("role", ""), entity or
-                     lab.get("scope", ""), rel(a.starts_at), rel(a.ends_at), a.status])
+        entity = "/".join(
+            x
+            for x in (lab.get("node") or lab.get("switch"), lab.get("nic") or lab.get("port"))
+            if x
+        )
+        rows.append(
+            [
+                a.name,
+                lab.get("severity", ""),
+                lab.get("role", ""),
+                entity or lab.get("scope", ""),
+                rel(a.starts_at),
+                rel(a.ends_at),
+                a.status,
+            ]
+        )
     if victims:
         first = min(v.starts_at for v in victims)
         nics = sum(1 for v in victims if "nic" in v.labels)
-        rows.append(["PFCStorm", "warning", "victim",
-                     f"{len(victims) - nics} switch ports + {nics} NICs (grouped)",
-                     rel(first), "", f"{sum(1 for v in victims if v.status == 'firing')} firing"])
+        rows.append(
+            [
+                "PFCStorm",
+                "warning",
+                "victim",
+                f"{len(victims) - nics} switch ports + {nics} NICs (grouped)",
+                rel(first),
+                "",
+                f"{sum(1 for v in victims if v.status == 'firing')} firing",
+            ]
+        )
     print()
-    print(f"ALERTS ({len(alerts)}, victims of a storm grouped under one line; "
-          "telemetry time relative to the start)")
+    print(
+        f"ALERTS ({len(alerts)}, victims of a storm grouped under one line; "
+        "telemetry time relative to the start)"
+    )
     print(_table(rows, ["alertname", "severity", "role", "entity", "starts", "ends", "status"]))
     truth_rows = []
     for f in sim.truth().get("faults", []):
         names = {f["alertname"], *f.get("also", [])}
         matches = f.get("match") or [f["labels"]]
-        hits = [a for a in alerts if a.name in names and a.labels.get("role") != "victim"
-                and any(all(a.labels.get(k) == v for k, v in m.items()) for m in matches)]
-        found = f"yes, in {(min(h.starts_at for h in hits) - f['onset_ns']) / 1e9:.2f} s" if hits \
+        hits = [
+            a
+            for a in alerts
+            if a.name in names
+            and a.labels.get("role") != "victim"
+            and any(all(a.labels.get(k) == v for k, v in m.items()) for m in matches)
+        ]
+        found = (
+            f"yes, in {(min(h.starts_at for h in hits) - f['onset_ns']) / 1e9:.2f} s"
+            if hits
             else ("no" if f["alertname"] in DETECTED_KINDS else "no detector yet")
+        )
         entity = "/".join(str(v) for v in f["labels"].values())
         truth_rows.append([f["kind"], entity, rel(f["onset_ns"]), found])
     print()
     print("INJECTED FAULTS (the simulator's ground truth) and whether rocewatch found them")
     print(_table(truth_rows, ["fault", "entity", "onset", "detected"]))
-    act_rows = [[rel(x.time), x.action, x.node, x.scheduler, x.outcome, x.reason]
-                for x in pipeline.actions]
+    act_rows = [
+        [rel(x.time), x.action, x.node, x.scheduler, x.outcome, x.reason] for x in pipeline.actions
+    ]
     print()
     print(f"DRAIN DECISIONS ({len(act_rows)}; dry-run: nothing was executed)")
     print(_table(act_rows, ["time", "action", "node", "scheduler", "outcome", "reason"]))
     print()
-    print(f"{pipeline.samples_in:,} samples in {elapsed:.1f} s "
-          f"({pipeline.samples_in / elapsed:,.0f} samples/s); SQLite: {db}")
+    print(
+        f"{pipeline.samples_in:,} samples in {elapsed:.1f} s "
+        f"({pipeline.samples_in / elapsed:,.0f} samples/s); SQLite: {db}"
+    )
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_jsonl(out / "alerts.jsonl", [a.to_json() for a in alerts])

@@ -13,6 +13,7 @@ Delivery is at least once, with effects made exactly once:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -63,10 +64,8 @@ def ensure_topics(k: KafkaConfig) -> None:
         ]
         missing = [n for n in want if n.name not in existing]
         if missing:
-            try:
+            with contextlib.suppress(TopicAlreadyExistsError):
                 admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass
     finally:
         admin.close()
 
@@ -108,7 +107,8 @@ class TelemetryPublisher:
         """
         if df.height == 0:
             return
-        if df.height > 1 and int(df["ts"].max() - df["ts"].min()) >= slice_ns:  # type: ignore[operator]
+        span = int(df["ts"].max()) - int(df["ts"].min())  # type: ignore[arg-type]
+        if df.height > 1 and span >= slice_ns:
             keyed = df.sort("ts", maintain_order=True).with_columns(
                 (pl.col("ts") // slice_ns).alias("_slice")
             )
@@ -248,8 +248,9 @@ class DetectService:
         try:
             cp = pickle.loads(self.state_path.read_bytes())
         except Exception as e:  # a torn or foreign file: start clean, say so
-            log.error("checkpoint %s unreadable (%s); starting from committed offsets",
-                      self.state_path, e)
+            log.error(
+                "checkpoint %s unreadable (%s); starting from committed offsets", self.state_path, e
+            )
             return None
         if not isinstance(cp, Checkpoint) or cp.version != STATE_VERSION:
             log.error("checkpoint %s has another version; ignoring it", self.state_path)
@@ -258,8 +259,11 @@ class DetectService:
         self.stats = cp.pipeline.stats
         self.offsets = dict(cp.offsets)
         self.part_hi = dict(cp.part_hi)
-        log.info("restored checkpoint: %d partitions, watermark state of %d",
-                 len(cp.offsets), len(cp.part_hi))
+        log.info(
+            "restored checkpoint: %d partitions, watermark state of %d",
+            len(cp.offsets),
+            len(cp.part_hi),
+        )
         return cp
 
     def _output_tps(self) -> list[TopicPartition]:
@@ -277,8 +281,12 @@ class DetectService:
         todo = {tp: start for tp, start in todo.items() if start < ends.get(tp, 0)}
         if not todo:
             return
-        reader = KafkaConsumer(**self.cfg.kafka.client_kwargs(), enable_auto_commit=False,
-                               group_id=None, consumer_timeout_ms=5000)
+        reader = KafkaConsumer(
+            **self.cfg.kafka.client_kwargs(),
+            enable_auto_commit=False,
+            group_id=None,
+            consumer_timeout_ms=5000,
+        )
         reader.assign(list(todo))
         for tp, start in todo.items():
             reader.seek(tp, start)
@@ -293,8 +301,10 @@ class DetectService:
                 if msgs and msgs[-1].offset + 1 >= remaining.get(tp, 0):
                     remaining.pop(tp, None)
         reader.close()
-        log.info("after restart, %d already-published events will not be sent again",
-                 sum(self.suppress.values()))
+        log.info(
+            "after restart, %d already-published events will not be sent again",
+            sum(self.suppress.values()),
+        )
 
     def checkpoint(self) -> None:
         """Make results durable, save state with offsets, then commit offsets to Kafka."""
@@ -303,8 +313,9 @@ class DetectService:
             (tp.topic, tp.partition): off
             for tp, off in self.consumer.end_offsets(self._output_tps()).items()
         }
-        cp = Checkpoint(STATE_VERSION, self.pipeline, dict(self.offsets), dict(self.part_hi),
-                        out_ends)
+        cp = Checkpoint(
+            STATE_VERSION, self.pipeline, dict(self.offsets), dict(self.part_hi), out_ends
+        )
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".tmp")
         with tmp.open("wb") as fh:
@@ -328,13 +339,21 @@ class DetectService:
         for a in out.alerts:
             if self._suppressed(t.alerts, _alert_id(a)):
                 continue
-            self.producer.send(t.alerts, key=a.fingerprint.encode(), value=orjson.dumps(a.to_json()),
-                               headers=[("rocewatch-schema", b"alert/v1")])
+            self.producer.send(
+                t.alerts,
+                key=a.fingerprint.encode(),
+                value=orjson.dumps(a.to_json()),
+                headers=[("rocewatch-schema", b"alert/v1")],
+            )
         for act in out.actions:
             if self._suppressed(t.actions, _action_id(act)):
                 continue
-            self.producer.send(t.actions, key=act.node.encode(), value=orjson.dumps(act.to_json()),
-                               headers=[("rocewatch-schema", b"action/v1")])
+            self.producer.send(
+                t.actions,
+                key=act.node.encode(),
+                value=orjson.dumps(act.to_json()),
+                headers=[("rocewatch-schema", b"action/v1")],
+            )
         if self.store is not None:
             if out.alerts:
                 self.store.write_alerts(out.alerts)
@@ -356,8 +375,9 @@ class DetectService:
             ("rocewatch-error", str(err)[:500].encode()),
             ("rocewatch-source", f"{m.topic}/{m.partition}/{m.offset}".encode()),
         ]
-        self.producer.send(self.cfg.kafka.topics.dead_letter, key=m.key, value=m.value or b"",
-                           headers=headers)
+        self.producer.send(
+            self.cfg.kafka.topics.dead_letter, key=m.key, value=m.value or b"", headers=headers
+        )
 
     # --- the loop --------------------------------------------------------------------------------
     def _watermark(self) -> int | None:
@@ -365,8 +385,7 @@ class DetectService:
         now = time.monotonic()
         idle_s = max(5.0, 3 * self.cfg.kafka.idle_flush_s)
         live = [
-            hi for tp, hi in self.part_hi.items()
-            if now - self.part_seen_wall.get(tp, now) < idle_s
+            hi for tp, hi in self.part_hi.items() if now - self.part_seen_wall.get(tp, now) < idle_s
         ]
         if not live:
             return None
@@ -428,8 +447,9 @@ class DetectService:
         last_input = time.monotonic()
         last_commit = time.monotonic()
         flushed = True
-        log.info("detecting on %s as group %s", self.cfg.kafka.topics.telemetry,
-                 self.cfg.kafka.group_id)
+        log.info(
+            "detecting on %s as group %s", self.cfg.kafka.topics.telemetry, self.cfg.kafka.group_id
+        )
         try:
             while not self.stop_event.is_set():
                 n = self.poll_once()

@@ -12,12 +12,21 @@ class ServiceMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.samples = Counter("rocewatch_samples_ingested_total", "samples ingested", registry=r)
-        self.skipped = Gauge("rocewatch_input_skipped", "inputs counted and skipped, by reason",
-                             ["reason"], registry=r)
-        self.lag = Gauge("rocewatch_consumer_lag_records", "records behind the log end",
-                         ["partition"], registry=r)
-        self.detector_s = Gauge("rocewatch_detector_cpu_seconds", "CPU seconds in detectors",
-                                registry=r)
+        self.skipped = Gauge(
+            "rocewatch_input_skipped",
+            "inputs counted and skipped, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.lag = Gauge(
+            "rocewatch_consumer_lag_records",
+            "records behind the log end",
+            ["partition"],
+            registry=r,
+        )
+        self.detector_s = Gauge(
+            "rocewatch_detector_cpu_seconds", "CPU seconds in detectors", registry=r
+        )
         self.firing = Gauge("rocewatch_alerts_firing", "alerts firing now", registry=r)
         self._samples_seen = 0
         start_http_server(port, addr=addr, registry=r)

@@ -14,7 +14,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import polars as pl
@@ -45,12 +45,12 @@ def conform(df: pl.DataFrame) -> pl.DataFrame:
     return df.select([pl.col(c).cast(t) for c, t in SAMPLE_SCHEMA.items()])
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     COUNTER = "counter"
     GAUGE = "gauge"
 
 
-class Scope(str, Enum):
+class Scope(StrEnum):
     PORT = "port"  # switch interface
     PRIORITY = "priority"  # switch interface + PFC priority
     QUEUE = "queue"  # switch interface + egress queue

@@ -40,7 +40,10 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def replay(
-    scenario: Path, out_dir: Path, config: Config | None = None, show_progress: bool = False,
+    scenario: Path,
+    out_dir: Path,
+    config: Config | None = None,
+    show_progress: bool = False,
     store: Any = None,
 ) -> ReplayResult:
     config = config or Config()
@@ -87,5 +90,6 @@ def replay(
     write_jsonl(out_dir / "actions.jsonl", actions)
     if store is not None:
         store.write_alerts(pipeline.all_alerts())
-    return ReplayResult(alerts, actions, pipeline.samples_in, time.perf_counter() - t0,
-                        stats.as_dict())
+    return ReplayResult(
+        alerts, actions, pipeline.samples_in, time.perf_counter() - t0, stats.as_dict()
+    )

@@ -19,7 +19,10 @@ class LineFileSource:
     """A JSON-lines file decoded chunk by chunk; ``hi`` is the newest time read so far."""
 
     def __init__(
-        self, path: Path, decode: Callable[[list[bytes]], pl.DataFrame], stats: Stats,
+        self,
+        path: Path,
+        decode: Callable[[list[bytes]], pl.DataFrame],
+        stats: Stats,
         chunk_lines: int = 20_000,
     ) -> None:
         self.path = path

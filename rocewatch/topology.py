@@ -271,13 +271,17 @@ class Topology:
                 if c["nic"] in seen:
                     problems.append(f"{w}: duplicate NIC {c['nic']!r}")
                 seen.add(str(c["nic"]))
-                sp = port_ref(c["switch_port"], f"{w} ({name}/{c['nic']})") if c.get(
-                    "switch_port"
-                ) else None
+                sp = (
+                    port_ref(c["switch_port"], f"{w} ({name}/{c['nic']})")
+                    if c.get("switch_port")
+                    else None
+                )
                 try:
                     speed = float(c["speed_gbps"]) if c.get("speed_gbps") is not None else None
                     nics.append(
-                        Nic(name, str(c["nic"]), c.get("netdev"), speed, _opt_int(c.get("rail")), sp)
+                        Nic(
+                            name, str(c["nic"]), c.get("netdev"), speed, _opt_int(c.get("rail")), sp
+                        )
                     )
                 except (TypeError, ValueError) as e:
                     problems.append(f"{w}: bad value: {e}")
@@ -295,7 +299,9 @@ class Topology:
                     problems.append(f"{where} ({j['name']}): references undefined node {m!r}")
             try:
                 jobs.append(
-                    Job(str(j["name"]), j.get("tenant"), _opt_int(j.get("priority")), tuple(members))
+                    Job(
+                        str(j["name"]), j.get("tenant"), _opt_int(j.get("priority")), tuple(members)
+                    )
                 )
             except (TypeError, ValueError) as e:
                 problems.append(f"{where}: bad value: {e}")
@@ -345,9 +351,16 @@ class Topology:
         out["nodes"] = nodes
         if self.jobs:
             out["jobs"] = [
-                {k: v for k, v in (("name", j.name), ("tenant", j.tenant),
-                                   ("priority", j.priority), ("nodes", list(j.nodes)))
-                 if v is not None}
+                {
+                    k: v
+                    for k, v in (
+                        ("name", j.name),
+                        ("tenant", j.tenant),
+                        ("priority", j.priority),
+                        ("nodes", list(j.nodes)),
+                    )
+                    if v is not None
+                }
                 for j in self.jobs.values()
             ]
         return out

@@ -4,11 +4,14 @@ import polars as pl
 from collector.decode import GnmicEventDecoder, NicSnapshotDecoder
 from rocewatch.topology import Topology
 
-TOPO = Topology.from_dict({
-    "switches": [{"name": "leaf-r0-p0", "role": "leaf", "address": "10.0.0.11"}],
-    "nodes": [{"name": "gpu-001", "nics": [{"nic": "mlx5_0",
-                                            "switch_port": "leaf-r0-p0/Ethernet33"}]}],
-})
+TOPO = Topology.from_dict(
+    {
+        "switches": [{"name": "leaf-r0-p0", "role": "leaf", "address": "10.0.0.11"}],
+        "nodes": [
+            {"name": "gpu-001", "nics": [{"nic": "mlx5_0", "switch_port": "leaf-r0-p0/Ethernet33"}]}
+        ],
+    }
+)
 CONTRACT_EVENT = (
     b'{"name": "fabric", "timestamp": 1795946400000000000,'
     b' "tags": {"source": "leaf-r0-p0:9339", "subscription-name": "fabric",'
@@ -19,21 +22,48 @@ CONTRACT_EVENT = (
 
 def test_gnmic_events_contract_example_and_paths():
     d = GnmicEventDecoder(TOPO)
-    arr = orjson.dumps([
-        {"name": "f", "timestamp": 5, "tags": {"source": "10.0.0.11",
-         "interface_interface-id": "Ethernet1/1", "switch-priority_priority": "3"},
-         "values": {"/openconfig-qos:qos/interfaces/interface/switch-priority/state/"
+    arr = orjson.dumps(
+        [
+            {
+                "name": "f",
+                "timestamp": 5,
+                "tags": {
+                    "source": "10.0.0.11",
+                    "interface_interface-id": "Ethernet1/1",
+                    "switch-priority_priority": "3",
+                },
+                "values": {
+                    "/openconfig-qos:qos/interfaces/interface/switch-priority/state/"
                     "in-pause-duration": 1234,
-                    "/qos/interfaces/interface/switch-priority/state/counters/out-pause-pkts": "9"}},
-        {"name": "f", "timestamp": 6, "tags": {"source": "leaf-r0-p0", "queue_name": "3",
-         "interface_interface-id": "Ethernet2"},
-         "values": {"/qos/interfaces/interface/output/queues/queue/state/instant-queue-len": 4.5e6}},
-        {"name": "f", "timestamp": 7, "tags": {"source": "leaf-r0-p0"},
-         "values": {"/COUNTERS/Ethernet0/SAI_PORT_STAT_PFC_3_RX_PAUSE_DURATION_US": "77"}},
-    ])
+                    "/qos/interfaces/interface/switch-priority/state/counters/out-pause-pkts": "9",
+                },
+            },
+            {
+                "name": "f",
+                "timestamp": 6,
+                "tags": {
+                    "source": "leaf-r0-p0",
+                    "queue_name": "3",
+                    "interface_interface-id": "Ethernet2",
+                },
+                "values": {
+                    "/qos/interfaces/interface/output/queues/queue/state/instant-queue-len": 4.5e6
+                },
+            },
+            {
+                "name": "f",
+                "timestamp": 7,
+                "tags": {"source": "leaf-r0-p0"},
+                "values": {"/COUNTERS/Ethernet0/SAI_PORT_STAT_PFC_3_RX_PAUSE_DURATION_US": "77"},
+            },
+        ]
+    )
     df = d.decode_lines([CONTRACT_EVENT, arr])
     rows = {r["metric"]: r for r in df.iter_rows(named=True)}
-    assert rows["port_in_fcs_errors"]["raw"] == 17 and rows["port_in_fcs_errors"]["port"] == "Ethernet1"
+    assert (
+        rows["port_in_fcs_errors"]["raw"] == 17
+        and rows["port_in_fcs_errors"]["port"] == "Ethernet1"
+    )
     assert rows["pfc_rx_pause_us"]["qual"] == "3" and rows["pfc_rx_pause_us"]["raw"] in (1234, 77)
     assert rows["pfc_tx_pause_frames"]["port"] == "Ethernet1/1"
     assert rows["queue_depth_bytes"]["raw"] is None and rows["queue_depth_bytes"]["value"] == 4.5e6
@@ -49,29 +79,57 @@ def test_gnmic_bad_input_is_counted_and_skipped():
         b' "values": {"/interfaces/interface/state/counters/in-errors": "1"}}',
         b'{"timestamp": "yesterday", "tags": {}, "values": {}}',
         b'{"timestamp": 2, "tags": {"source": "leaf-r0-p0", "interface_name": "e1"},'
-        b' "values": {"/unknown/path": "1", "/interfaces/interface/state/counters/in-errors": "x"}}',
+        b' "values": {"/unknown/path": "1",'
+        b' "/interfaces/interface/state/counters/in-errors": "x"}}',
         CONTRACT_EVENT,
     ]
     df = d.decode_lines(lines)
     assert df.height == 1
     s = d.stats
-    assert (s.get("malformed_lines"), s.get("unknown_source"), s.get("malformed_events")) == (1, 1, 1)
+    assert (s.get("malformed_lines"), s.get("unknown_source"), s.get("malformed_events")) == (
+        1,
+        1,
+        1,
+    )
     assert s.get("unknown_paths") == 1 and s.get("non_numeric_values") == 1
 
 
 def test_nic_snapshot_contract_example():
-    line = orjson.dumps({
-        "timestamp": 1795946400000000000, "node": "gpu-001", "nic": "mlx5_0", "netdev": "eth0",
-        "speed_mbps": 400000,
-        "ethtool": {"rx_prio3_pause": 0, "tx_prio3_pause_duration": 0, "rx_crc_errors_phy": 0,
-                    "rx_symbol_err_phy": 0, "rx_corrected_bits_phy": 0, "link_down_events_phy": 0,
-                    "tx_pause_storm_warning_events": 0, "rx_vport_rdma_unicast_bytes": 0,
-                    "tx_vport_rdma_unicast_bytes": 0, "rx_discards_phy": 3},
-        "hw_counters": {"np_ecn_marked_roce_packets": 0, "np_cnp_sent": 0, "rp_cnp_handled": 0,
-                        "out_of_sequence": 0, "packet_seq_err": 0, "local_ack_timeout_err": 0},
-        "pcie": {"current_link_speed": "16.0 GT/s PCIe", "max_link_speed": "32 GT/s",
-                 "current_link_width": 16, "max_link_width": 16},
-    })
+    line = orjson.dumps(
+        {
+            "timestamp": 1795946400000000000,
+            "node": "gpu-001",
+            "nic": "mlx5_0",
+            "netdev": "eth0",
+            "speed_mbps": 400000,
+            "ethtool": {
+                "rx_prio3_pause": 0,
+                "tx_prio3_pause_duration": 0,
+                "rx_crc_errors_phy": 0,
+                "rx_symbol_err_phy": 0,
+                "rx_corrected_bits_phy": 0,
+                "link_down_events_phy": 0,
+                "tx_pause_storm_warning_events": 0,
+                "rx_vport_rdma_unicast_bytes": 0,
+                "tx_vport_rdma_unicast_bytes": 0,
+                "rx_discards_phy": 3,
+            },
+            "hw_counters": {
+                "np_ecn_marked_roce_packets": 0,
+                "np_cnp_sent": 0,
+                "rp_cnp_handled": 0,
+                "out_of_sequence": 0,
+                "packet_seq_err": 0,
+                "local_ack_timeout_err": 0,
+            },
+            "pcie": {
+                "current_link_speed": "16.0 GT/s PCIe",
+                "max_link_speed": "32 GT/s",
+                "current_link_width": 16,
+                "max_link_width": 16,
+            },
+        }
+    )
     d = NicSnapshotDecoder(TOPO)
     df = d.decode_lines([line, b"", b"[1,2]", b'{"node": "gpu-001"}'])
     m = dict(zip(df["metric"], df["value"], strict=True))

@@ -46,18 +46,33 @@ def replayed(scenario: Path, tmp_path_factory: pytest.TempPathFactory) -> list[d
 
 def kafka_cfg(bootstrap: str, kafka_topics, tmp_path: Path, scenario: Path) -> Config:
     topics = TopicsConfig(
-        telemetry=kafka_topics("telemetry"), alerts=kafka_topics("alerts"),
-        actions=kafka_topics("actions"), dead_letter=kafka_topics("dlq"),
+        telemetry=kafka_topics("telemetry"),
+        alerts=kafka_topics("alerts"),
+        actions=kafka_topics("actions"),
+        dead_letter=kafka_topics("dlq"),
     )
-    k = KafkaConfig(bootstrap_servers=bootstrap, topics=topics, group_id=kafka_topics("group"),
-                    commit_interval_s=0.5, idle_flush_s=2.0, session_timeout_ms=6000)
-    return Config(topology=str(scenario / "topology.yaml"), kafka=k,
-                  state_dir=str(tmp_path / "state"))
+    k = KafkaConfig(
+        bootstrap_servers=bootstrap,
+        topics=topics,
+        group_id=kafka_topics("group"),
+        commit_interval_s=0.5,
+        idle_flush_s=2.0,
+        session_timeout_ms=6000,
+    )
+    return Config(
+        topology=str(scenario / "topology.yaml"), kafka=k, state_dir=str(tmp_path / "state")
+    )
 
 
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list:
-    c = KafkaConsumer(topic, bootstrap_servers=[bootstrap], auto_offset_reset="earliest",
-                      enable_auto_commit=False, group_id=None, consumer_timeout_ms=int(timeout_s * 1000))
+    c = KafkaConsumer(
+        topic,
+        bootstrap_servers=[bootstrap],
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
+        consumer_timeout_ms=int(timeout_s * 1000),
+    )
     msgs = list(c)
     c.close()
     return msgs
@@ -74,12 +89,15 @@ def final_states(events: list[dict]) -> dict[tuple[str, str], dict]:
 
 
 def comparable(alerts: list[dict]) -> dict[tuple[str, str], tuple]:
-    return {k: (v["status"], v["endsAt"], v["labels"]["alertname"])
-            for k, v in final_states(alerts).items()}
+    return {
+        k: (v["status"], v["endsAt"], v["labels"]["alertname"])
+        for k, v in final_states(alerts).items()
+    }
 
 
-def test_kafka_gives_same_alerts_as_replay(kafka_bootstrap, kafka_topics, tmp_path, scenario,
-                                           replayed):
+def test_kafka_gives_same_alerts_as_replay(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario, replayed
+):
     cfg = kafka_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
     n = publish_scenario(scenario, cfg)
     assert n > 100_000
@@ -90,10 +108,14 @@ def test_kafka_gives_same_alerts_as_replay(kafka_bootstrap, kafka_topics, tmp_pa
     keys = Counter((e["fingerprint"], e["startsAt"], e["status"]) for e in events)
     assert max(keys.values()) == 1, "an alert event was published twice"
     acts = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, cfg.kafka.topics.actions)]
-    origin_nodes = {a["labels"]["node"] for a in replayed
-                    if a["labels"].get("role") == "origin" and "node" in a["labels"]}
+    origin_nodes = {
+        a["labels"]["node"]
+        for a in replayed
+        if a["labels"].get("role") == "origin" and "node" in a["labels"]
+    }
     assert {a["node"] for a in acts if a["action"] == "drain"} <= origin_nodes | {
-        a["labels"].get("node") for a in replayed}
+        a["labels"].get("node") for a in replayed
+    }
 
 
 def test_detector_killed_mid_stream_loses_and_doubles_nothing(
@@ -103,12 +125,22 @@ def test_detector_killed_mid_stream_loses_and_doubles_nothing(
     ensure_topics(cfg.kafka)
     conf = tmp_path / "rocewatch.yaml"
     k = cfg.kafka
-    conf.write_text(yaml.safe_dump({
-        "topology": cfg.topology, "state_dir": cfg.state_dir,
-        "kafka": {"bootstrap_servers": k.bootstrap_servers, "group_id": k.group_id,
-                  "commit_interval_s": 0.5, "idle_flush_s": 3.0, "session_timeout_ms": 6000,
-                  "topics": dataclasses.asdict(k.topics)},
-    }))
+    conf.write_text(
+        yaml.safe_dump(
+            {
+                "topology": cfg.topology,
+                "state_dir": cfg.state_dir,
+                "kafka": {
+                    "bootstrap_servers": k.bootstrap_servers,
+                    "group_id": k.group_id,
+                    "commit_interval_s": 0.5,
+                    "idle_flush_s": 3.0,
+                    "session_timeout_ms": 6000,
+                    "topics": dataclasses.asdict(k.topics),
+                },
+            }
+        )
+    )
     # publish at 3x telemetry speed in the background, so the kill lands mid-stream
     pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 3.0), daemon=True)
     pub.start()
@@ -127,8 +159,9 @@ def test_detector_killed_mid_stream_loses_and_doubles_nothing(
     finally:
         if first.poll() is None:
             first.kill()
-    second = subprocess.run(cmd + ["--max-idle", "8"], env=env, capture_output=True, text=True,
-                            timeout=240)
+    second = subprocess.run(
+        [*cmd, "--max-idle", "8"], env=env, capture_output=True, text=True, timeout=240
+    )
     pub.join(120)
     assert second.returncode == 0, second.stderr[-3000:]
     events = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, k.topics.alerts)]
@@ -147,7 +180,7 @@ def test_garbage_messages_go_to_dead_letter_and_the_stream_goes_on(
     cfg = kafka_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
     ensure_topics(cfg.kafka)
     garbage = KafkaProducer(bootstrap_servers=[kafka_bootstrap])
-    for v in (b"\x00garbage", b"{\"json\": \"is not protobuf\"}", b""):
+    for v in (b"\x00garbage", b'{"json": "is not protobuf"}', b""):
         garbage.send(cfg.kafka.topics.telemetry, key=b"leaf-r0-p0", value=v)
     garbage.flush()
     garbage.close()

@@ -12,19 +12,25 @@ S = 1_000_000_000
 STEP = S // 10
 T0 = 1_795_946_400 * S
 
-TOPO = Topology.from_dict({
-    "switches": [{"name": "leaf-0", "role": "leaf", "rail": 0},
-                 {"name": "leaf-1", "role": "leaf", "rail": 0},
-                 {"name": "spine-0", "role": "spine"}],
-    "links": [{"a": "leaf-0/Ethernet1/9", "b": "spine-0/Ethernet1/1"},
-              {"a": "leaf-1/Ethernet1/9", "b": "spine-0/Ethernet1/2"}],
-    "nodes": [
-        {"name": "gpu-001", "nics": [{"nic": "mlx5_0", "switch_port": "leaf-0/Ethernet1/1"}]},
-        {"name": "gpu-002", "nics": [{"nic": "mlx5_0", "switch_port": "leaf-0/Ethernet1/2"}]},
-        {"name": "gpu-003", "nics": [{"nic": "mlx5_0", "switch_port": "leaf-1/Ethernet1/1"}]},
-    ],
-    "jobs": [{"name": "llm", "tenant": "a", "nodes": ["gpu-001", "gpu-002", "gpu-003"]}],
-})
+TOPO = Topology.from_dict(
+    {
+        "switches": [
+            {"name": "leaf-0", "role": "leaf", "rail": 0},
+            {"name": "leaf-1", "role": "leaf", "rail": 0},
+            {"name": "spine-0", "role": "spine"},
+        ],
+        "links": [
+            {"a": "leaf-0/Ethernet1/9", "b": "spine-0/Ethernet1/1"},
+            {"a": "leaf-1/Ethernet1/9", "b": "spine-0/Ethernet1/2"},
+        ],
+        "nodes": [
+            {"name": "gpu-001", "nics": [{"nic": "mlx5_0", "switch_port": "leaf-0/Ethernet1/1"}]},
+            {"name": "gpu-002", "nics": [{"nic": "mlx5_0", "switch_port": "leaf-0/Ethernet1/2"}]},
+            {"name": "gpu-003", "nics": [{"nic": "mlx5_0", "switch_port": "leaf-1/Ethernet1/1"}]},
+        ],
+        "jobs": [{"name": "llm", "tenant": "a", "nodes": ["gpu-001", "gpu-002", "gpu-003"]}],
+    }
+)
 
 # receiver entity -> (paused from, paused until), seconds after T0
 STORM = {
@@ -35,9 +41,15 @@ STORM = {
     ("gpu-003", "mlx5_0"): (1.6, 4.6),
 }
 SENDING = {("gpu-001", "mlx5_0"): (1.0, 4.0)}
-SWITCH_PORTS = [("leaf-0", "Ethernet1/1"), ("leaf-0", "Ethernet1/2"), ("leaf-0", "Ethernet1/9"),
-                ("spine-0", "Ethernet1/1"), ("spine-0", "Ethernet1/2"), ("leaf-1", "Ethernet1/1"),
-                ("leaf-1", "Ethernet1/9")]
+SWITCH_PORTS = [
+    ("leaf-0", "Ethernet1/1"),
+    ("leaf-0", "Ethernet1/2"),
+    ("leaf-0", "Ethernet1/9"),
+    ("spine-0", "Ethernet1/1"),
+    ("spine-0", "Ethernet1/2"),
+    ("leaf-1", "Ethernet1/1"),
+    ("leaf-1", "Ethernet1/9"),
+]
 NICS = [("gpu-001", "mlx5_0"), ("gpu-002", "mlx5_0"), ("gpu-003", "mlx5_0")]
 
 
@@ -54,7 +66,7 @@ def ticks(seconds=8.0, with_agents=True, storm=True):
         ts = T0 + i * STEP + 3_000_000  # devices read a few ms after the tick
         rows = []
 
-        def add(dev, port, qual, metric, inc, gauge=None):
+        def add(dev, port, qual, metric, inc, gauge=None, rows=rows, ts=ts, i=i):
             if gauge is not None:
                 rows.append((ts, dev, port, qual, metric, float(gauge), None))
                 return
@@ -69,12 +81,27 @@ def ticks(seconds=8.0, with_agents=True, storm=True):
             add(dev, port, "3", "queue_depth_bytes", 0, gauge=6e6 if paused else 2e4)
         if with_agents:
             for node, nic in NICS:
-                add(node, nic, "3", "nic_rx_pause_us",
-                    100_000 if storm and active(STORM, (node, nic), t) else 400)
-                add(node, nic, "3", "nic_tx_pause_us",
-                    100_000 if storm and active(SENDING, (node, nic), t) else 300)
-        yield conform(pl.DataFrame(rows, schema=["ts", "device", "port", "qual", "metric",
-                                                   "value", "raw"], orient="row"))
+                add(
+                    node,
+                    nic,
+                    "3",
+                    "nic_rx_pause_us",
+                    100_000 if storm and active(STORM, (node, nic), t) else 400,
+                )
+                add(
+                    node,
+                    nic,
+                    "3",
+                    "nic_tx_pause_us",
+                    100_000 if storm and active(SENDING, (node, nic), t) else 300,
+                )
+        yield conform(
+            pl.DataFrame(
+                rows,
+                schema=["ts", "device", "port", "qual", "metric", "value", "raw"],
+                orient="row",
+            )
+        )
 
 
 def run(frames):
@@ -99,8 +126,14 @@ def test_origin_found_victims_not_blamed(with_agents):
     assert 0.1 <= ttd <= 0.5, ttd
     assert o.ends_at and o.ends_at > T0 + 4 * S  # resolved once the storm stopped
     assert "leaf-0/Ethernet1/1 prio 3 received pause" in o.annotations["evidence"]
-    victims = {(a.labels.get("node") or a.labels.get("switch"), a.labels.get("nic") or
-                a.labels.get("port")) for a in storms if a.labels["role"] == "victim"}
+    victims = {
+        (
+            a.labels.get("node") or a.labels.get("switch"),
+            a.labels.get("nic") or a.labels.get("port"),
+        )
+        for a in storms
+        if a.labels["role"] == "victim"
+    }
     expected = set(STORM) if with_agents else {k for k in STORM if not k[0].startswith("gpu")}
     assert victims == expected
     assert ("gpu-001", "mlx5_0") not in victims
@@ -123,9 +156,19 @@ def test_short_pause_burst_is_not_a_storm():
     for i, f in enumerate(frames):
         burst = 100_000 if i == 30 else 300
         cum += burst if i else 0
-        extra = conform(pl.DataFrame({
-            "ts": [int(f["ts"][0])], "device": ["gpu-001"], "port": ["mlx5_0"], "qual": ["3"],
-            "metric": ["nic_tx_pause_us"], "value": [float(cum)], "raw": [cum]}))
+        extra = conform(
+            pl.DataFrame(
+                {
+                    "ts": [int(f["ts"][0])],
+                    "device": ["gpu-001"],
+                    "port": ["mlx5_0"],
+                    "qual": ["3"],
+                    "metric": ["nic_tx_pause_us"],
+                    "value": [float(cum)],
+                    "raw": [cum],
+                }
+            )
+        )
         f = pl.concat([f.filter(pl.col("metric") != "nic_tx_pause_us"), extra])
         p.ingest(f)
         p.advance(int(f["ts"].max()) - p.engine.lateness_ns())

@@ -53,8 +53,9 @@ def rates(df: pl.DataFrame, start_ns: int) -> pl.DataFrame:
         df.filter(pl.col("raw").is_not_null())
         .sort([*key, "ts"])
         .with_columns(
-            (pl.col("raw").cast(pl.Float64) - pl.col("raw").cast(pl.Float64).shift(1).over(key))
-            .alias("d"),
+            (
+                pl.col("raw").cast(pl.Float64) - pl.col("raw").cast(pl.Float64).shift(1).over(key)
+            ).alias("d"),
             ((pl.col("ts") - pl.col("ts").shift(1).over(key)) / 1e9).alias("dt"),
             ((pl.col("ts") - start_ns) / 1e9).alias("t"),
         )
@@ -127,17 +128,28 @@ def test_frames_follow_the_sample_schema() -> None:
             assert q == want, (m, q)
     # every switch reads once per tick, every NIC too, at their own jitter of a few ms
     f0 = frames[0]
-    per_sw = f0.filter(pl.col("device").str.contains("leaf|spine")).group_by("device").agg(
-        pl.col("ts").n_unique())
+    per_sw = (
+        f0.filter(pl.col("device").str.contains("leaf|spine"))
+        .group_by("device")
+        .agg(pl.col("ts").n_unique())
+    )
     assert (per_sw["ts"] == 1).all()
-    per_nic = f0.filter(pl.col("device").str.starts_with("gpu")).group_by("device", "port").agg(
-        pl.col("ts").n_unique())
+    per_nic = (
+        f0.filter(pl.col("device").str.starts_with("gpu"))
+        .group_by("device", "port")
+        .agg(pl.col("ts").n_unique())
+    )
     assert (per_nic["ts"] == 1).all()
     jit = (f0["ts"] - SMALL.start_ns) / 1e6
     assert jit.to_numpy().min() > 0 and jit.to_numpy().max() < 5
     nic = f0.filter(pl.col("device") == "gpu-001", pl.col("port") == "mlx5_0")
-    assert {"nic_link_speed_mbps", "nic_pcie_speed_gts", "nic_pcie_max_speed_gts",
-            "nic_pcie_width", "nic_pcie_max_width"} <= set(nic["metric"])
+    assert {
+        "nic_link_speed_mbps",
+        "nic_pcie_speed_gts",
+        "nic_pcie_max_speed_gts",
+        "nic_pcie_width",
+        "nic_pcie_max_width",
+    } <= set(nic["metric"])
 
 
 def test_same_seed_same_telemetry_other_seed_differs(tmp_path: Path) -> None:
@@ -199,11 +211,21 @@ def test_written_files_keep_the_contracts(tmp_path: Path) -> None:
         assert list(d)[:5] == ["timestamp", "node", "nic", "netdev", "speed_mbps"]
         assert (d["node"], d["nic"]) in topo.nics and d["speed_mbps"] == 400000
         assert set(d) >= {"ethtool", "hw_counters", "pcie"}
-        assert {"tx_prio3_pause_duration", "rx_prio3_pause", "rx_vport_rdma_unicast_bytes",
-                "rx_discards_phy"} <= set(d["ethtool"])
+        assert {
+            "tx_prio3_pause_duration",
+            "rx_prio3_pause",
+            "rx_vport_rdma_unicast_bytes",
+            "rx_discards_phy",
+        } <= set(d["ethtool"])
         assert set(d["ethtool"]) - {"rx_discards_phy"} <= eth_names
-        assert {"np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "out_of_sequence",
-                "packet_seq_err", "local_ack_timeout_err"} <= set(d["hw_counters"])
+        assert {
+            "np_ecn_marked_roce_packets",
+            "np_cnp_sent",
+            "rp_cnp_handled",
+            "out_of_sequence",
+            "packet_seq_err",
+            "local_ack_timeout_err",
+        } <= set(d["hw_counters"])
         pcie = d["pcie"]
         speeds.add(pcie["current_link_speed"])
         assert pcie["max_link_speed"] == "32.0 GT/s PCIe"
@@ -241,9 +263,13 @@ def test_default_truth_has_each_fault_and_the_non_faults(default_run: Run) -> No
     faults = {f["kind"]: f for f in truth["faults"]}
     assert set(faults) == REAL_KINDS
     names = {f["kind"]: f["alertname"] for f in truth["faults"]}
-    assert names == {"PfcStorm": "PFCStorm", "FlakyLink": "FlakyLink",
-                     "PcieDowngrade": "PCIeDowngrade", "EcnIncast": "ECNCongestion",
-                     "TransportErrors": "TransportErrors"}
+    assert names == {
+        "PfcStorm": "PFCStorm",
+        "FlakyLink": "FlakyLink",
+        "PcieDowngrade": "PCIeDowngrade",
+        "EcnIncast": "ECNCongestion",
+        "TransportErrors": "TransportErrors",
+    }
     assert "Straggler" in faults["PcieDowngrade"]["also"]
     storm = faults["PfcStorm"]
     assert set(storm["labels"]) == {"node", "nic"}
@@ -296,17 +322,22 @@ def test_storm_origin_pauses_and_is_not_paused_victims_are(default_run: Run) -> 
     assert len(tx) >= 20 and tx.to_numpy().min() >= 0.99 and rx.to_numpy().max() < 0.1
     # the leaf port it pauses: paused all along, queue full and flat, nothing sent
     sw, port = storm["origin_port"]["switch"], storm["origin_port"]["port"]
-    leaf = during.filter(pl.col("device") == sw, pl.col("port") == port,
-                         pl.col("metric") == "pfc_rx_pause_us")
+    leaf = during.filter(
+        pl.col("device") == sw, pl.col("port") == port, pl.col("metric") == "pfc_rx_pause_us"
+    )
     assert leaf["frac"].to_numpy().min() >= 0.99
-    q = r.filter(pl.col("device") == sw, pl.col("port") == port,
-                 pl.col("metric") == "queue_tx_pkts",
-                 pl.col("t").is_between(t_on + 0.15, t_end - 0.05))
+    q = r.filter(
+        pl.col("device") == sw,
+        pl.col("port") == port,
+        pl.col("metric") == "queue_tx_pkts",
+        pl.col("t").is_between(t_on + 0.15, t_end - 0.05),
+    )
     assert q["d"].to_numpy().max() == 0
     # every victim is paused once the storm reached it; victims pause nobody upstream on the NIC
     last_hop = storm["details"]["propagation"][-1]["onset_ns"]
-    late = pf.filter(pl.col("t").is_between((last_hop - truth["start_ns"]) / 1e9 + 0.15,
-                                            t_end - 0.05))
+    late = pf.filter(
+        pl.col("t").is_between((last_hop - truth["start_ns"]) / 1e9 + 0.15, t_end - 0.05)
+    )
     for v in storm["victims"]:
         if "node" in v:
             e = late.filter(pl.col("device") == v["node"], pl.col("port") == v["nic"])
@@ -314,8 +345,11 @@ def test_storm_origin_pauses_and_is_not_paused_victims_are(default_run: Run) -> 
             tx_v = e.filter(pl.col("metric") == "nic_tx_pause_us")["frac"].to_numpy()
             assert rx_v.min() >= 0.99 and tx_v.max() < 0.1, v
         else:
-            e = late.filter(pl.col("device") == v["switch"], pl.col("port") == v["port"],
-                            pl.col("metric") == "pfc_rx_pause_us")
+            e = late.filter(
+                pl.col("device") == v["switch"],
+                pl.col("port") == v["port"],
+                pl.col("metric") == "pfc_rx_pause_us",
+            )
             assert e["frac"].to_numpy().min() >= 0.99, v
     # storm warnings from the origin, none elsewhere
     w = r.filter(pl.col("metric") == "nic_tx_pause_storm_warnings", pl.col("d") > 0)
@@ -337,7 +371,8 @@ def test_storm_spreads_hop_by_hop(default_run: Run) -> None:
         t = (h["onset_ns"] - truth["start_ns"]) / 1e9
         first = h["paused"][0]
         who = (pl.col("device") == first.get("node", first.get("switch"))) & (
-            pl.col("port") == first.get("nic", first.get("port")))
+            pl.col("port") == first.get("nic", first.get("port"))
+        )
         m = "nic_rx_pause_us" if "node" in first else "pfc_rx_pause_us"
         before = pf.filter(who, pl.col("metric") == m, pl.col("t").is_between(t - 0.5, t - 0.02))
         assert before["frac"].to_numpy().max() < 0.99
@@ -382,12 +417,14 @@ def test_flaky_pcie_incast_and_transport_signatures(default_run: Run) -> None:
     f = {x["kind"]: x for x in truth["faults"]}
 
     def window(fault: dict[str, Any], lo: float = 0.3, hi: float = 0.05) -> pl.Expr:
-        return pl.col("t").is_between((fault["onset_ns"] - start) / 1e9 + lo,
-                                      (fault["end_ns"] - start) / 1e9 - hi)
+        return pl.col("t").is_between(
+            (fault["onset_ns"] - start) / 1e9 + lo, (fault["end_ns"] - start) / 1e9 - hi
+        )
 
     def entity(lab: dict[str, str]) -> pl.Expr:
         return (pl.col("device") == lab.get("node", lab.get("switch"))) & (
-            pl.col("port") == lab.get("nic", lab.get("port")))
+            pl.col("port") == lab.get("nic", lab.get("port"))
+        )
 
     # flaky cable: BER toward 1e-4, CRC at the NIC, FCS at the switch, flaps on both ends
     fl = f["FlakyLink"]
@@ -407,8 +444,11 @@ def test_flaky_pcie_incast_and_transport_signatures(default_run: Run) -> None:
 
     # PCIe downgrade: gauge says 16 of 32 GT/s, own pause 20-40%, throughput like its rail peers
     pc = f["PcieDowngrade"]
-    g = df.filter(entity(pc["labels"]), pl.col("metric") == "nic_pcie_speed_gts",
-                  pl.col("ts") > pc["onset_ns"] + 10_000_000)
+    g = df.filter(
+        entity(pc["labels"]),
+        pl.col("metric") == "nic_pcie_speed_gts",
+        pl.col("ts") > pc["onset_ns"] + 10_000_000,
+    )
     assert set(g["value"]) == {16.0}
     pf = pause_fractions(r).filter(window(pc))
     own = pf.filter(entity(pc["labels"]), pl.col("metric") == "nic_tx_pause_us")["frac"]
@@ -419,24 +459,38 @@ def test_flaky_pcie_incast_and_transport_signatures(default_run: Run) -> None:
     tx = r.filter(window(pc), pl.col("metric") == "nic_tx_bytes", pl.col("port") == nic)
     slow = tx.filter(pl.col("device") == node)["d"].to_numpy().sum()
     rail = tx.filter(pl.col("device").is_in(peers)).group_by("device").agg(pl.col("d").sum())["d"]
-    other = tx.filter(~pl.col("device").is_in([*peers, node])).group_by("device").agg(
-        pl.col("d").sum())["d"]
+    other = (
+        tx.filter(~pl.col("device").is_in([*peers, node]))
+        .group_by("device")
+        .agg(pl.col("d").sum())["d"]
+    )
     rail_med, other_med = np.median(rail.to_numpy()), np.median(other.to_numpy())
     assert rail_med < 0.7 * other_med  # the ring waits: the whole rail slows ...
     assert 0.8 < slow / rail_med < 1.25  # ... so throughput alone does not single it out
-    peer_rx = pf.filter(pl.col("device").is_in(peers), pl.col("port") == nic,
-                        pl.col("metric") == "nic_rx_pause_us")["frac"].to_numpy().mean()
+    peer_rx = (
+        pf.filter(
+            pl.col("device").is_in(peers),
+            pl.col("port") == nic,
+            pl.col("metric") == "nic_rx_pause_us",
+        )["frac"]
+        .to_numpy()
+        .mean()
+    )
     assert peer_rx > 0.03
 
     # ECN incast: the queue toward the NIC near the buffer limit, marks and CNPs way up
     ic = f["EcnIncast"]
     lab = ic["labels"]
-    depth = df.filter(entity(lab), pl.col("metric") == "queue_depth_bytes",
-                      pl.col("ts").is_between(ic["onset_ns"] + 200_000_000, ic["end_ns"]))
+    depth = df.filter(
+        entity(lab),
+        pl.col("metric") == "queue_depth_bytes",
+        pl.col("ts").is_between(ic["onset_ns"] + 200_000_000, ic["end_ns"]),
+    )
     share = depth["value"].to_numpy() / BUFFER_BYTES
     assert share.min() >= 0.85 and share.max() < 0.99
-    marks = r.filter(entity(lab), pl.col("metric").is_in(["queue_ecn_marked_pkts",
-                                                          "queue_tx_pkts"]), window(ic))
+    marks = r.filter(
+        entity(lab), pl.col("metric").is_in(["queue_ecn_marked_pkts", "queue_tx_pkts"]), window(ic)
+    )
     ratio = marks.group_by("metric").agg(pl.col("d").sum())
     m = dict(zip(ratio["metric"], ratio["d"], strict=True))
     assert m["queue_ecn_marked_pkts"] > 0.3 * m["queue_tx_pkts"]
@@ -451,11 +505,18 @@ def test_flaky_pcie_incast_and_transport_signatures(default_run: Run) -> None:
 
     # transport errors: well above the NIC's own and everyone's baseline
     te = f["TransportErrors"]
-    x = r.filter(entity(te["labels"]), pl.col("metric").is_in(
-        ["nic_out_of_sequence", "nic_packet_seq_err", "nic_local_ack_timeout"]))
+    x = r.filter(
+        entity(te["labels"]),
+        pl.col("metric").is_in(
+            ["nic_out_of_sequence", "nic_packet_seq_err", "nic_local_ack_timeout"]
+        ),
+    )
     during = x.filter(window(te)).group_by("metric").agg(pl.col("d").mean())
-    before = x.filter(pl.col("t") < (te["onset_ns"] - start) / 1e9).group_by("metric").agg(
-        pl.col("d").mean())
+    before = (
+        x.filter(pl.col("t") < (te["onset_ns"] - start) / 1e9)
+        .group_by("metric")
+        .agg(pl.col("d").mean())
+    )
     d = dict(zip(during["metric"], during["d"], strict=True))
     b = dict(zip(before["metric"], before["d"], strict=True))
     assert d["nic_out_of_sequence"] > 20 * max(b["nic_out_of_sequence"], 1)
@@ -470,12 +531,15 @@ def test_counter_clear_wrap_gap_and_late_snapshots(default_run: Run) -> None:
     # every backwards step is a declared clear or the declared wrap
     back = r.filter(pl.col("d") < 0)
     wrap = nf["CounterWrap-1"]
-    wrapped = back.filter(pl.col("device") == wrap["labels"]["switch"],
-                          pl.col("port") == wrap["labels"]["port"])
+    wrapped = back.filter(
+        pl.col("device") == wrap["labels"]["switch"], pl.col("port") == wrap["labels"]["port"]
+    )
     assert wrapped["metric"].to_list() == ["port_in_octets"]
-    w = df.filter(pl.col("device") == wrap["labels"]["switch"],
-                  pl.col("port") == wrap["labels"]["port"],
-                  pl.col("metric") == "port_in_octets").sort("ts")["raw"]
+    w = df.filter(
+        pl.col("device") == wrap["labels"]["switch"],
+        pl.col("port") == wrap["labels"]["port"],
+        pl.col("metric") == "port_in_octets",
+    ).sort("ts")["raw"]
     assert w[0] > 2**64 - 10**12 and w[-1] < 10**13
     clear_sw = nf["CounterClear-1"]
     clear_nic = nf["CounterClear-2"]
@@ -483,22 +547,28 @@ def test_counter_clear_wrap_gap_and_late_snapshots(default_run: Run) -> None:
         (pl.col("device") != wrap["labels"]["switch"]) | (pl.col("port") != wrap["labels"]["port"])
     )
     sw_rows = rest.filter(pl.col("device") == clear_sw["labels"]["switch"])
-    nic_rows = rest.filter(pl.col("device") == clear_nic["labels"]["node"],
-                           pl.col("port") == clear_nic["labels"]["nic"])
+    nic_rows = rest.filter(
+        pl.col("device") == clear_nic["labels"]["node"],
+        pl.col("port") == clear_nic["labels"]["nic"],
+    )
     assert sw_rows.height + nic_rows.height == rest.height
     for rows, at in ((sw_rows, clear_sw["at_ns"]), (nic_rows, clear_nic["at_ns"])):
         assert rows.height > 0
         t = (at - start) / 1e9
         assert rows["t"].to_numpy().min() >= t and rows["t"].to_numpy().max() < t + 0.11
     # after the clear the switch counts up from 0
-    after = df.filter(pl.col("device") == clear_sw["labels"]["switch"],
-                      pl.col("metric") == "port_in_octets",
-                      pl.col("ts").is_between(clear_sw["at_ns"], clear_sw["at_ns"] + 110_000_000))
+    after = df.filter(
+        pl.col("device") == clear_sw["labels"]["switch"],
+        pl.col("metric") == "port_in_octets",
+        pl.col("ts").is_between(clear_sw["at_ns"], clear_sw["at_ns"] + 110_000_000),
+    )
     assert after.height > 0 and after["raw"].to_numpy().max() < 10 * 50e9 * 0.1
     # an agent gap: no snapshots of that node in the gap
     gap = nf["AgentGap-1"]
-    node = df.filter(pl.col("device") == gap["labels"]["node"], pl.col("ts").is_between(
-        gap["onset_ns"] + 10_000_000, gap["end_ns"] - 10_000_000))
+    node = df.filter(
+        pl.col("device") == gap["labels"]["node"],
+        pl.col("ts").is_between(gap["onset_ns"] + 10_000_000, gap["end_ns"] - 10_000_000),
+    )
     assert node.height == 0
 
 
@@ -524,8 +594,10 @@ def test_late_nic_snapshots_and_silent_nodes() -> None:
     r = rates(pl.concat(frames), cfg.start_ns)
     pf = pause_fractions(r).filter(
         pl.col("device") == storm["origin_port"]["switch"],
-        pl.col("port") == storm["origin_port"]["port"], pl.col("metric") == "pfc_rx_pause_us",
-        pl.col("t").is_between(cfg.faults[0].onset_s + 0.15, cfg.faults[0].end_s(8) - 0.05))
+        pl.col("port") == storm["origin_port"]["port"],
+        pl.col("metric") == "pfc_rx_pause_us",
+        pl.col("t").is_between(cfg.faults[0].onset_s + 0.15, cfg.faults[0].end_s(8) - 0.05),
+    )
     assert pf.height > 10 and pf["frac"].to_numpy().min() >= 0.99
 
 
@@ -541,7 +613,13 @@ def test_scenarios_and_config_errors() -> None:
         Simulator(SimConfig(traffic="bogus"))
     with pytest.raises(Exception, match="unknown node"):
         Simulator(SimConfig(nodes=4, faults=(PcieDowngrade(onset_s=1, node="gpu-099"),)))
-    ok = SimConfig(nodes=4, duration_s=2, faults=(
-        FlakyLink(onset_s=0.5, uplink=True), EcnIncast(onset_s=0.5, senders=2),
-        AgentGap(onset_s=0.2, duration_s=0.5)))
+    ok = SimConfig(
+        nodes=4,
+        duration_s=2,
+        faults=(
+            FlakyLink(onset_s=0.5, uplink=True),
+            EcnIncast(onset_s=0.5, senders=2),
+            AgentGap(onset_s=0.2, duration_s=0.5),
+        ),
+    )
     assert len(Simulator(ok).truth()["faults"]) == 2

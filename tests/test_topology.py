@@ -16,8 +16,11 @@ GOOD = {
     ],
     "links": [{"a": "leaf-0/Ethernet1/1", "b": "spine-0/et-0/0/1"}],
     "nodes": [
-        {"name": "gpu-001", "scheduler": "slurm",
-         "nics": [{"nic": "mlx5_0", "netdev": "eth0", "switch_port": "leaf-0/Ethernet1/33"}]},
+        {
+            "name": "gpu-001",
+            "scheduler": "slurm",
+            "nics": [{"nic": "mlx5_0", "netdev": "eth0", "switch_port": "leaf-0/Ethernet1/33"}],
+        },
     ],
     "jobs": [{"name": "llm", "tenant": "a", "priority": 3, "nodes": ["gpu-001"]}],
     "site_owner": "kept and ignored",
@@ -60,14 +63,24 @@ def test_bad_topology_one_line_per_problem():
 def test_cli_topology_check(tmp_path: Path):
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(GOOD))
-    r = subprocess.run([sys.executable, "-m", "rocewatch.cli", "topology", "check", str(good)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "rocewatch.cli", "topology", "check", str(good)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert "1 nodes" in r.stdout
     bad = tmp_path / "bad.yaml"
-    bad.write_text("switches: [{name: a}]\nnodes: [{name: n, nics: [{nic: x, switch_port: b/1}]}]\n")
-    r = subprocess.run([sys.executable, "-m", "rocewatch.cli", "topology", "check", str(bad)],
-                       capture_output=True, text=True, timeout=60)
+    bad.write_text(
+        "switches: [{name: a}]\nnodes: [{name: n, nics: [{nic: x, switch_port: b/1}]}]\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "rocewatch.cli", "topology", "check", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert "undefined switch 'b'" in r.stderr
     assert "Traceback" not in r.stderr

@@ -13,15 +13,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def sample_frame(n: int = 1000) -> pl.DataFrame:
-    return conform(pl.DataFrame({
-        "ts": list(range(n)),
-        "device": [f"leaf-{i % 3}" for i in range(n)],
-        "port": [f"Ethernet1/{i % 7}" for i in range(n)],
-        "qual": ["3" if i % 2 else "" for i in range(n)],
-        "metric": ["pfc_rx_pause_us" if i % 2 else "queue_depth_bytes" for i in range(n)],
-        "value": [float(i) for i in range(n)],
-        "raw": [2**64 - 1 - i if i % 2 else None for i in range(n)],
-    }))
+    return conform(
+        pl.DataFrame(
+            {
+                "ts": list(range(n)),
+                "device": [f"leaf-{i % 3}" for i in range(n)],
+                "port": [f"Ethernet1/{i % 7}" for i in range(n)],
+                "qual": ["3" if i % 2 else "" for i in range(n)],
+                "metric": ["pfc_rx_pause_us" if i % 2 else "queue_depth_bytes" for i in range(n)],
+                "value": [float(i) for i in range(n)],
+                "raw": [2**64 - 1 - i if i % 2 else None for i in range(n)],
+            }
+        )
+    )
 
 
 def test_round_trip_many_messages_exactly():
@@ -59,9 +63,16 @@ def test_newer_schema_is_rejected():
 
 def test_generated_code_matches_proto(tmp_path: Path):
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{ROOT / 'proto'}",
-         f"--python_out={tmp_path}", str(ROOT / "proto/rocewatch/v1/telemetry.proto")],
-        check=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{ROOT / 'proto'}",
+            f"--python_out={tmp_path}",
+            str(ROOT / "proto/rocewatch/v1/telemetry.proto"),
+        ],
+        check=True,
+        timeout=60,
     )
     fresh = (tmp_path / "rocewatch/v1/telemetry_pb2.py").read_text()
     committed = (ROOT / "rocewatch/wire/telemetry_pb2.py").read_text()

@@ -142,8 +142,10 @@ class Fabric:
         return self.node_index[node] * self.n_rails + self.rail_nics.index(nic)
 
     def nic_labels(self, e: int) -> dict[str, str]:
-        return {"node": self.nodes[int(self.nic_node[e])],
-                "nic": self.rail_nics[int(self.nic_rail[e])]}
+        return {
+            "node": self.nodes[int(self.nic_node[e])],
+            "nic": self.rail_nics[int(self.nic_rail[e])],
+        }
 
     def port_labels(self, p: int) -> dict[str, str]:
         return {"switch": self.switches[int(self.port_switch[p])], "port": self.port_name[p]}
@@ -173,8 +175,10 @@ class Fabric:
             d["buffer_bytes"] = BUFFER_BYTES
             switches.append(d)
         links = [
-            {"a": f"{self.leaves[int(lf)]}/Ethernet2/{int(sp) + 1}",
-             "b": f"{self.spines[int(sp)]}/Ethernet1/{int(lf) + 1}"}
+            {
+                "a": f"{self.leaves[int(lf)]}/Ethernet2/{int(sp) + 1}",
+                "b": f"{self.spines[int(sp)]}/Ethernet1/{int(lf) + 1}",
+            }
             for lf, sp in zip(self.uplink_leaf, self.uplink_spine, strict=True)
         ]
         nodes = []
@@ -182,13 +186,17 @@ class Fabric:
             nics = []
             for r in range(self.n_rails):
                 e = i * self.n_rails + r
-                nics.append({
-                    "nic": self.rail_nics[r],
-                    "netdev": self.rail_netdevs[r],
-                    "speed_gbps": LINE_GBPS,
-                    "rail": r,
-                    "switch_port": f"{self.leaves[int(self.nic_leaf[e])]}/{self.nic_port_name[e]}",
-                })
+                nics.append(
+                    {
+                        "nic": self.rail_nics[r],
+                        "netdev": self.rail_netdevs[r],
+                        "speed_gbps": LINE_GBPS,
+                        "rail": r,
+                        "switch_port": (
+                            f"{self.leaves[int(self.nic_leaf[e])]}/{self.nic_port_name[e]}"
+                        ),
+                    }
+                )
             nodes.append({"name": name, "scheduler": self.scheduler[i], "nics": nics})
         jobs = [
             {"name": j.name, "tenant": j.tenant, "priority": j.priority, "nodes": list(j.nodes)}

@@ -152,8 +152,15 @@ class AgentGap(Fault):
 
 FAULT_KINDS: dict[str, type[Fault]] = {
     c.kind: c
-    for c in (PfcStorm, FlakyLink, PcieDowngrade, EcnIncast, TransportErrors, CounterClear,
-              AgentGap)
+    for c in (
+        PfcStorm,
+        FlakyLink,
+        PcieDowngrade,
+        EcnIncast,
+        TransportErrors,
+        CounterClear,
+        AgentGap,
+    )
 }
 
 
@@ -240,8 +247,11 @@ class _Picker:
     def leaf(self, rng: np.random.Generator, t0: float, t1: float) -> int:
         fab = self.fab
         _, rails = self._taken(t0, t1)
-        free = [lf for lf in range(fab.n_leaves) if lf // fab.n_pods not in rails
-                and lf // fab.n_pods not in self.used_rails]
+        free = [
+            lf
+            for lf in range(fab.n_leaves)
+            if lf // fab.n_pods not in rails and lf // fab.n_pods not in self.used_rails
+        ]
         return int(rng.choice(free or list(range(fab.n_leaves))))
 
     def claim(self, t0: float, t1: float, nodes: set[int], rails: set[int]) -> None:
@@ -314,9 +324,7 @@ def resolve_faults(cfg: SimConfig, fab: Fabric) -> list[Fault]:
             if f.sender_nics is None:
                 peers = [int(x) for x in fab.nics_on_leaf(int(fab.nic_leaf[e])) if x != e]
                 chosen = sorted(rng.choice(peers, size=min(f.senders, len(peers)), replace=False))
-                senders = tuple(
-                    "{node}/{nic}".format(**fab.nic_labels(int(x))) for x in chosen
-                )
+                senders = tuple("{node}/{nic}".format(**fab.nic_labels(int(x))) for x in chosen)
             else:
                 senders = f.sender_nics
             f = dataclasses.replace(f, fill=fill, sender_nics=senders)
@@ -385,30 +393,38 @@ def storm_hops(fab: Fabric, storm: PfcStorm) -> list[Hop]:
     local = [int(e) for e in np.flatnonzero(same_job & (fab.nic_leaf == leaf)) if e != x]
     ups = [fab.uplink_port(leaf, s) for s in range(fab.n_spines)]
     sps = [fab.spine_port(leaf, s) for s in range(fab.n_spines)]
-    hops.append(Hop(
-        d1,
-        tuple(fab.port_labels(p) for p in ups + local),
-        tuple(fab.port_labels(p) for p in sps) + tuple(fab.nic_labels(e) for e in local),
-        np.array([2 * int(fab.port_cable[p]) + 1 for p in ups] + [2 * e for e in local], dtype=int),
-    ))
+    hops.append(
+        Hop(
+            d1,
+            tuple(fab.port_labels(p) for p in ups + local),
+            tuple(fab.port_labels(p) for p in sps) + tuple(fab.nic_labels(e) for e in local),
+            np.array(
+                [2 * int(fab.port_cable[p]) + 1 for p in ups] + [2 * e for e in local], dtype=int
+            ),
+        )
+    )
     # only leaves with members of the job send traffic toward the origin
     job_leaves = set(np.unique(fab.nic_leaf[same_job]).tolist())
     others = [lf for lf in range(fab.n_leaves) if lf != leaf and lf in job_leaves]
     far_sp = [fab.spine_port(lf, s) for lf in others for s in range(fab.n_spines)]
     far_up = [fab.uplink_port(lf, s) for lf in others for s in range(fab.n_spines)]
-    hops.append(Hop(
-        d1 + d2,
-        tuple(fab.port_labels(p) for p in far_sp),
-        tuple(fab.port_labels(p) for p in far_up),
-        np.array([2 * int(fab.port_cable[p]) for p in far_up], dtype=int),
-    ))
+    hops.append(
+        Hop(
+            d1 + d2,
+            tuple(fab.port_labels(p) for p in far_sp),
+            tuple(fab.port_labels(p) for p in far_up),
+            np.array([2 * int(fab.port_cable[p]) for p in far_up], dtype=int),
+        )
+    )
     far = [int(e) for e in np.flatnonzero(same_job & (fab.nic_leaf != leaf))]
-    hops.append(Hop(
-        d1 + d2 + d3,
-        tuple(fab.port_labels(e) for e in far),
-        tuple(fab.nic_labels(e) for e in far),
-        np.array([2 * e for e in far], dtype=int),
-    ))
+    hops.append(
+        Hop(
+            d1 + d2 + d3,
+            tuple(fab.port_labels(e) for e in far),
+            tuple(fab.nic_labels(e) for e in far),
+            np.array([2 * e for e in far], dtype=int),
+        )
+    )
     return hops
 
 
@@ -434,16 +450,32 @@ def truth(
         fid = f"{f.kind}-{counts[f.kind]}"
         t0, t1 = at(f.onset_s), at(f.end_s(cfg.duration_s))
         if isinstance(f, CounterClear):
-            labels = ({"switch": str(f.switch)} if f.target == "switch"
-                      else {"node": str(f.node), "nic": str(f.nic)})
+            labels = (
+                {"switch": str(f.switch)}
+                if f.target == "switch"
+                else {"node": str(f.node), "nic": str(f.nic)}
+            )
             not_faults.append({"id": fid, "kind": f.kind, "at_ns": t0, "labels": labels})
             continue
         if isinstance(f, AgentGap):
-            not_faults.append({"id": fid, "kind": f.kind, "onset_ns": t0, "end_ns": t1,
-                               "labels": {"node": str(f.node)}})
+            not_faults.append(
+                {
+                    "id": fid,
+                    "kind": f.kind,
+                    "onset_ns": t0,
+                    "end_ns": t1,
+                    "labels": {"node": str(f.node)},
+                }
+            )
             continue
-        d: dict[str, Any] = {"id": fid, "kind": f.kind, "alertname": f.alertname,
-                             "also": list(f.also), "onset_ns": t0, "end_ns": t1}
+        d: dict[str, Any] = {
+            "id": fid,
+            "kind": f.kind,
+            "alertname": f.alertname,
+            "also": list(f.also),
+            "onset_ns": t0,
+            "end_ns": t1,
+        }
         details: dict[str, Any] = {}
         if isinstance(f, FlakyLink) and f.uplink:
             leaf, spine = fab.leaves.index(str(f.switch)), fab.spines.index(str(f.spine))
@@ -457,13 +489,23 @@ def truth(
             node = nic_l["node"]
             if isinstance(f, PfcStorm):
                 hops = storm_hops(fab, f)
-                d.update(labels=nic_l, match=[nic_l], priority=prio, role="origin",
-                         culprit_node=node, origin_port=port_l,
-                         victims=[v for h in hops for v in h.paused])
+                d.update(
+                    labels=nic_l,
+                    match=[nic_l],
+                    priority=prio,
+                    role="origin",
+                    culprit_node=node,
+                    origin_port=port_l,
+                    victims=[v for h in hops for v in h.paused],
+                )
                 details["agent"] = node not in cfg.no_agent_nodes
                 details["propagation"] = [
-                    {"hop": i + 1, "onset_ns": t0 + round(h.delay_s * ns),
-                     "pausers": list(h.pausers), "paused": list(h.paused)}
+                    {
+                        "hop": i + 1,
+                        "onset_ns": t0 + round(h.delay_s * ns),
+                        "pausers": list(h.pausers),
+                        "paused": list(h.paused),
+                    }
                     for i, h in enumerate(hops)
                 ]
             elif isinstance(f, FlakyLink):
@@ -474,8 +516,7 @@ def truth(
                 d.update(labels=q, match=[q, port_l, nic_l], culprit_node=None, victims=[])
                 details.update(fill=f.fill, senders=list(f.sender_nics or ()))
             else:  # PCIe downgrade, transport errors: the NIC itself
-                d.update(labels=nic_l, match=[nic_l, {"node": node}], culprit_node=node,
-                         victims=[])
+                d.update(labels=nic_l, match=[nic_l, {"node": node}], culprit_node=node, victims=[])
         if isinstance(f, FlakyLink):
             details["flaps"] = [
                 {"down_ns": at(s), "up_ns": at(s + length)} for s, length in f.flap_windows_s or ()
@@ -499,9 +540,8 @@ def truth(
         "priority": prio,
         "queue_share_bytes": BUFFER_BYTES,
         "match_rule": "an alert hits a fault when its alertname is 'alertname' or in 'also', "
-                      "it overlaps [onset_ns, end_ns], and its labels contain every key/value "
-                      "of one of the 'match' label sets",
+        "it overlaps [onset_ns, end_ns], and its labels contain every key/value "
+        "of one of the 'match' label sets",
         "faults": out_faults,
         "not_faults": not_faults,
     }
-

@@ -71,8 +71,9 @@ def healthy_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> 
 def moe_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> SimConfig:
     """No faults: MoE all-to-all bursts, with brief heavy pauses and deep queues that are
     still healthy (never two consecutive intervals paused >= 99%)."""
-    return SimConfig(nodes=nodes, duration_s=float(duration_s), seed=seed, traffic="moe",
-                     name="moe")
+    return SimConfig(
+        nodes=nodes, duration_s=float(duration_s), seed=seed, traffic="moe", name="moe"
+    )
 
 
 def dark_storm_scenario(nodes: int = 16, duration_s: float = 20, seed: int = 1) -> SimConfig:
@@ -84,8 +85,9 @@ def dark_storm_scenario(nodes: int = 16, duration_s: float = 20, seed: int = 1) 
         seed=seed,
         name="dark_storm",
         no_agent_nodes=(origin,),
-        faults=(PfcStorm(onset_s=duration_s / 4, duration_s=duration_s / 4, node=origin,
-                         nic="mlx5_1"),),
+        faults=(
+            PfcStorm(onset_s=duration_s / 4, duration_s=duration_s / 4, node=origin, nic="mlx5_1"),
+        ),
     )
 
 

@@ -58,23 +58,53 @@ TRANSPORT_FAULT_RATES = np.array([300.0, 30.0, 4.0, 0.0, 10.0])
 U64 = np.uint64
 
 SW_COUNTERS = (
-    "port_in_fcs_errors", "port_in_errors", "port_in_discards", "port_carrier_transitions",
-    "port_in_octets", "port_out_octets", "port_in_pkts", "port_out_pkts",
-    "pfc_rx_pause_frames", "pfc_tx_pause_frames", "pfc_rx_pause_us", "pfc_tx_pause_us",
-    "queue_ecn_marked_pkts", "queue_tx_pkts", "queue_dropped_pkts",
+    "port_in_fcs_errors",
+    "port_in_errors",
+    "port_in_discards",
+    "port_carrier_transitions",
+    "port_in_octets",
+    "port_out_octets",
+    "port_in_pkts",
+    "port_out_pkts",
+    "pfc_rx_pause_frames",
+    "pfc_tx_pause_frames",
+    "pfc_rx_pause_us",
+    "pfc_tx_pause_us",
+    "queue_ecn_marked_pkts",
+    "queue_tx_pkts",
+    "queue_dropped_pkts",
 )
 SW_GAUGES = ("queue_depth_bytes", "queue_peak_bytes")
 NIC_COUNTERS = (
-    "nic_rx_pause_frames", "nic_tx_pause_frames", "nic_rx_pause_us", "nic_tx_pause_us",
-    "nic_tx_pause_storm_warnings", "nic_tx_pause_storm_errors",
-    "nic_rx_crc_errors", "nic_rx_symbol_errors", "nic_rx_corrected_bits", "nic_rx_uncorrectable",
-    "nic_link_down_events", "nic_rx_bytes", "nic_tx_bytes", "nic_rx_rdma_bytes",
-    "nic_tx_rdma_bytes", "nic_ecn_marked_pkts", "nic_cnp_sent", "nic_cnp_handled",
-    "nic_out_of_sequence", "nic_packet_seq_err", "nic_local_ack_timeout",
-    "nic_rnr_nak_retry_err", "nic_implied_nak_seq_err",
+    "nic_rx_pause_frames",
+    "nic_tx_pause_frames",
+    "nic_rx_pause_us",
+    "nic_tx_pause_us",
+    "nic_tx_pause_storm_warnings",
+    "nic_tx_pause_storm_errors",
+    "nic_rx_crc_errors",
+    "nic_rx_symbol_errors",
+    "nic_rx_corrected_bits",
+    "nic_rx_uncorrectable",
+    "nic_link_down_events",
+    "nic_rx_bytes",
+    "nic_tx_bytes",
+    "nic_rx_rdma_bytes",
+    "nic_tx_rdma_bytes",
+    "nic_ecn_marked_pkts",
+    "nic_cnp_sent",
+    "nic_cnp_handled",
+    "nic_out_of_sequence",
+    "nic_packet_seq_err",
+    "nic_local_ack_timeout",
+    "nic_rnr_nak_retry_err",
+    "nic_implied_nak_seq_err",
 )
 NIC_GAUGES = (
-    "nic_link_speed_mbps", "nic_pcie_speed_gts", "nic_pcie_max_speed_gts", "nic_pcie_width",
+    "nic_link_speed_mbps",
+    "nic_pcie_speed_gts",
+    "nic_pcie_max_speed_gts",
+    "nic_pcie_width",
     "nic_pcie_max_width",
 )
 # driver counters with no canonical name: written to nic.jsonl only ("unknown counters are kept")
@@ -245,18 +275,21 @@ class Simulator:
         self.act = np.zeros((len(fab.jobs) + 1, self.n_ticks))  # last row: no job
         for j, tr in enumerate(traffic):
             self.act[j] = _activity(rng, tr, self.n_ticks, T)
-        nic_moe = np.array([fab.nic_job[e] >= 0 and traffic[fab.nic_job[e]] == "moe"
-                            for e in range(E)], dtype=bool)
+        nic_moe = np.array(
+            [fab.nic_job[e] >= 0 and traffic[fab.nic_job[e]] == "moe" for e in range(E)], dtype=bool
+        )
         pods = fab.n_pods
         self.up_share = np.where(nic_moe, 0.45, 0.12) + 0.3 * (pods - 1) / pods
         leaf_moe = np.bincount(fab.nic_leaf, weights=nic_moe, minlength=fab.n_leaves) > 0
         self.dir_moe = np.concatenate(
-            [np.repeat(nic_moe, 2), np.repeat(leaf_moe[fab.uplink_leaf], 2)])
+            [np.repeat(nic_moe, 2), np.repeat(leaf_moe[fab.uplink_leaf], 2)]
+        )
         self.dir_switch_rx = fab.dir_switch_rx
         self.nic_job_row = np.where(fab.nic_job >= 0, fab.nic_job, len(fab.jobs))
         k = fab.n_rails
-        self.group = np.where(fab.nic_job >= 0, fab.nic_job * k + fab.nic_rail,
-                              len(fab.jobs) * k + np.arange(E))
+        self.group = np.where(
+            fab.nic_job >= 0, fab.nic_job * k + fab.nic_rail, len(fab.jobs) * k + np.arange(E)
+        )
         self.n_groups = int(self.group.max()) + 1
         self.group_size = np.bincount(self.group, minlength=self.n_groups).astype(float)
 
@@ -264,24 +297,45 @@ class Simulator:
         P = fab.n_ports
         up_s = rng.uniform(3600, 30 * 86400, (1, P))
         scale = np.zeros((len(SW_COUNTERS), 1))
-        for m, v in (("port_in_octets", 2e9), ("port_out_octets", 2e9), ("port_in_pkts", 5e5),
-                     ("port_out_pkts", 5e5), ("queue_tx_pkts", 5e5), ("pfc_rx_pause_frames", 2),
-                     ("pfc_tx_pause_frames", 2), ("pfc_rx_pause_us", 50), ("pfc_tx_pause_us", 50),
-                     ("queue_ecn_marked_pkts", 50), ("port_carrier_transitions", 1e-6)):
+        for m, v in (
+            ("port_in_octets", 2e9),
+            ("port_out_octets", 2e9),
+            ("port_in_pkts", 5e5),
+            ("port_out_pkts", 5e5),
+            ("queue_tx_pkts", 5e5),
+            ("pfc_rx_pause_frames", 2),
+            ("pfc_tx_pause_frames", 2),
+            ("pfc_rx_pause_us", 50),
+            ("pfc_tx_pause_us", 50),
+            ("queue_ecn_marked_pkts", 50),
+            ("port_carrier_transitions", 1e-6),
+        ):
             scale[_SC[m]] = v
-        self.sw_init = np.floor(
-            scale * up_s * rng.uniform(0.5, 1.0, (len(SW_COUNTERS), P))).astype(U64)
+        self.sw_init = np.floor(scale * up_s * rng.uniform(0.5, 1.0, (len(SW_COUNTERS), P))).astype(
+            U64
+        )
         up_n = rng.uniform(3600, 30 * 86400, (1, E))
         nscale = np.zeros((len(NIC_COUNTERS), 1))
-        for m, v in (("nic_rx_bytes", 2e9), ("nic_tx_bytes", 2e9), ("nic_rx_rdma_bytes", 1.9e9),
-                     ("nic_tx_rdma_bytes", 1.9e9), ("nic_rx_pause_frames", 2),
-                     ("nic_tx_pause_frames", 1), ("nic_rx_pause_us", 50), ("nic_tx_pause_us", 20),
-                     ("nic_rx_corrected_bits", 2e5), ("nic_ecn_marked_pkts", 50),
-                     ("nic_cnp_sent", 25), ("nic_cnp_handled", 25), ("nic_out_of_sequence", 20),
-                     ("nic_link_down_events", 1e-6)):
+        for m, v in (
+            ("nic_rx_bytes", 2e9),
+            ("nic_tx_bytes", 2e9),
+            ("nic_rx_rdma_bytes", 1.9e9),
+            ("nic_tx_rdma_bytes", 1.9e9),
+            ("nic_rx_pause_frames", 2),
+            ("nic_tx_pause_frames", 1),
+            ("nic_rx_pause_us", 50),
+            ("nic_tx_pause_us", 20),
+            ("nic_rx_corrected_bits", 2e5),
+            ("nic_ecn_marked_pkts", 50),
+            ("nic_cnp_sent", 25),
+            ("nic_cnp_handled", 25),
+            ("nic_out_of_sequence", 20),
+            ("nic_link_down_events", 1e-6),
+        ):
             nscale[_NC[m]] = v
         self.nic_init = np.floor(
-            nscale * up_n * rng.uniform(0.5, 1.0, (len(NIC_COUNTERS), E))).astype(U64)
+            nscale * up_n * rng.uniform(0.5, 1.0, (len(NIC_COUNTERS), E))
+        ).astype(U64)
         self.nic_x_init = np.floor(rng.uniform(0, 50, (len(NIC_EXTRA), E))).astype(U64)
 
         self.wrap: dict[str, Any] | None = None
@@ -301,23 +355,30 @@ class Simulator:
                 e = fab.nic_index(str(f.node), str(f.nic))
                 busy |= {int(i) for i in np.flatnonzero(fab.job_of_node == fab.nic_job[e])}
         busy |= {fab.node_index[n] for n in cfg.no_agent_nodes}
-        cand = [e for e in range(fab.n_nics)
-                if fab.nic_job[e] >= 0 and int(fab.nic_node[e]) not in busy]
+        cand = [
+            e for e in range(fab.n_nics) if fab.nic_job[e] >= 0 and int(fab.nic_node[e]) not in busy
+        ]
         if not cand:
             return
         e = int(rng.choice(cand))
         ahead = int(LINE_BPS * 0.5 * max(0.2 * cfg.duration_s, cfg.interval_s * 3))
         start = (1 << 64) - ahead
         self.sw_init[_SC["port_in_octets"], e] = U64(start)
-        self.wrap = {"id": "CounterWrap-1", "kind": "CounterWrap", "labels": fab.port_labels(e),
-                     "metric": "port_in_octets", "initial_raw": start,
-                     "note": f"starts at 2^64 - {ahead} bytes: wraps once the port received that"}
+        self.wrap = {
+            "id": "CounterWrap-1",
+            "kind": "CounterWrap",
+            "labels": fab.port_labels(e),
+            "metric": "port_in_octets",
+            "initial_raw": start,
+            "note": f"starts at 2^64 - {ahead} bytes: wraps once the port received that",
+        }
 
     def _compile_faults(self) -> None:
         fab, run = self.fabric, self.cfg.duration_s
         Flaps = tuple[tuple[float, float], ...]
-        self.storms: list[tuple[float, float, int, int, list[tuple[float, np.ndarray]],
-                                np.ndarray]] = []
+        self.storms: list[
+            tuple[float, float, int, int, list[tuple[float, np.ndarray]], np.ndarray]
+        ] = []
         self.flaky_nic: list[tuple[float, float, int, float, Flaps]] = []
         self.flaky_up: list[tuple[float, float, int, int, float, Flaps]] = []
         self.pcie: list[tuple[float, float, int, float, float]] = []
@@ -339,14 +400,16 @@ class Simulator:
                     self.flaky_up.append((t0, t1, lf, sp, f.peak_ber, flaps))
                 else:
                     self.flaky_nic.append(
-                        (t0, t1, fab.nic_index(str(f.node), str(f.nic)), f.peak_ber, flaps))
+                        (t0, t1, fab.nic_index(str(f.node), str(f.nic)), f.peak_ber, flaps)
+                    )
             elif isinstance(f, PcieDowngrade):
                 cap = min(1.0, 1.1 * f.speed_gts / PCIE_MAX_GTS)
                 self.pcie.append((t0, t1, fab.nic_index(str(f.node), str(f.nic)), cap, f.speed_gts))
             elif isinstance(f, EcnIncast):
                 y = fab.nic_index(str(f.node), str(f.nic))
-                snd = np.array([fab.nic_index(*s.split("/", 1)) for s in f.sender_nics or ()],
-                               dtype=int)
+                snd = np.array(
+                    [fab.nic_index(*s.split("/", 1)) for s in f.sender_nics or ()], dtype=int
+                )
                 self.incast.append((t0, t1, y, snd, float(f.fill or 0.9)))
             elif isinstance(f, TransportErrors):
                 self.transport.append((t0, t1, fab.nic_index(str(f.node), str(f.nic)), f.scale))
@@ -388,25 +451,30 @@ class Simulator:
                 port.append(p)
                 qual.append(np.full(n, _qual(m, prio), dtype=object))
                 metric.append(np.full(n, m, dtype=object))
-        self._static_cols = pl.DataFrame({
-            "device": np.concatenate(dev).tolist(),
-            "port": np.concatenate(port).tolist(),
-            "qual": np.concatenate(qual).tolist(),
-            "metric": np.concatenate(metric).tolist(),
-        }, schema={"device": pl.String, "port": pl.String, "qual": pl.String, "metric": pl.String})
+        self._static_cols = pl.DataFrame(
+            {
+                "device": np.concatenate(dev).tolist(),
+                "port": np.concatenate(port).tolist(),
+                "qual": np.concatenate(qual).tolist(),
+                "metric": np.concatenate(metric).tolist(),
+            },
+            schema={"device": pl.String, "port": pl.String, "qual": pl.String, "metric": pl.String},
+        )
         n_sw = len(fab.switches)
         # row -> index into concat(sw_ts, nic_ts)
-        self._row_dev = np.concatenate([
-            np.tile(fab.port_switch, len(SW_COUNTERS)),
-            n_sw + np.tile(np.arange(E), len(NIC_COUNTERS)),
-            np.tile(fab.port_switch, len(SW_GAUGES)),
-            n_sw + np.tile(np.arange(E), len(NIC_GAUGES)),
-        ])
+        self._row_dev = np.concatenate(
+            [
+                np.tile(fab.port_switch, len(SW_COUNTERS)),
+                n_sw + np.tile(np.arange(E), len(NIC_COUNTERS)),
+                np.tile(fab.port_switch, len(SW_GAUGES)),
+                n_sw + np.tile(np.arange(E), len(NIC_GAUGES)),
+            ]
+        )
         self._n_counter_rows = P * len(SW_COUNTERS) + E * len(NIC_COUNTERS)
         self._n_rows = self._n_counter_rows + P * len(SW_GAUGES) + E * len(NIC_GAUGES)
         self._row_nic = np.full(self._n_rows, -1)
         a = P * len(SW_COUNTERS)
-        self._row_nic[a: self._n_counter_rows] = np.tile(np.arange(E), len(NIC_COUNTERS))
+        self._row_nic[a : self._n_counter_rows] = np.tile(np.arange(E), len(NIC_COUNTERS))
         b = self._n_counter_rows + P * len(SW_GAUGES)
         self._row_nic[b:] = np.tile(np.arange(E), len(NIC_GAUGES))
 
@@ -454,16 +522,23 @@ class Simulator:
         m = len(self._nic_metric_rows)
         raw = late.c.ravel()
         value = np.concatenate([raw.astype(np.float64), late.g.ravel()])
-        return pl.DataFrame({
-            "ts": np.tile(late.ts, m),
-            "device": np.tile(self._nic_dev[late.nics], m).tolist(),
-            "port": np.tile(self._nic_port[late.nics], m).tolist(),
-            "qual": np.repeat(np.array(self._nic_qual, dtype=object), n).tolist(),
-            "metric": np.repeat(np.array(self._nic_metric_rows, dtype=object), n).tolist(),
-            "value": value,
-            "raw": pl.concat([pl.Series(raw, dtype=pl.UInt64),
-                              pl.Series([None] * (n * len(NIC_GAUGES)), dtype=pl.UInt64)]),
-        }, schema=SAMPLE_SCHEMA)
+        return pl.DataFrame(
+            {
+                "ts": np.tile(late.ts, m),
+                "device": np.tile(self._nic_dev[late.nics], m).tolist(),
+                "port": np.tile(self._nic_port[late.nics], m).tolist(),
+                "qual": np.repeat(np.array(self._nic_qual, dtype=object), n).tolist(),
+                "metric": np.repeat(np.array(self._nic_metric_rows, dtype=object), n).tolist(),
+                "value": value,
+                "raw": pl.concat(
+                    [
+                        pl.Series(raw, dtype=pl.UInt64),
+                        pl.Series([None] * (n * len(NIC_GAUGES)), dtype=pl.UInt64),
+                    ]
+                ),
+            },
+            schema=SAMPLE_SCHEMA,
+        )
 
     # --- the engine ------------------------------------------------------------------------------
     def steps(self) -> Iterator[Tick]:
@@ -501,16 +576,25 @@ class Simulator:
                 if what == "switch":
                     sw_off[:, cols] = sw_cum[:, cols] + np.floor(sw_inc[:, cols] * c).astype(U64)
                     after = cols[fs[cols] >= c]
-                    sw_r[:, after] = (sw_cum[:, after] + np.floor(sw_inc[:, after] * fs[after])
-                                      .astype(U64) - sw_off[:, after])
+                    sw_r[:, after] = (
+                        sw_cum[:, after]
+                        + np.floor(sw_inc[:, after] * fs[after]).astype(U64)
+                        - sw_off[:, after]
+                    )
                 else:
                     nic_off[:, cols] = nic_cum[:, cols] + np.floor(nic_inc[:, cols] * c).astype(U64)
                     x_off[:, cols] = x_cum[:, cols] + np.floor(x_inc[:, cols] * c).astype(U64)
                     if fn[cols[0]] >= c:
-                        nic_r[:, cols] = (nic_cum[:, cols] + np.floor(nic_inc[:, cols] * fn[cols])
-                                          .astype(U64) - nic_off[:, cols])
-                        x_r[:, cols] = (x_cum[:, cols] + np.floor(x_inc[:, cols] * fn[cols])
-                                        .astype(U64) - x_off[:, cols])
+                        nic_r[:, cols] = (
+                            nic_cum[:, cols]
+                            + np.floor(nic_inc[:, cols] * fn[cols]).astype(U64)
+                            - nic_off[:, cols]
+                        )
+                        x_r[:, cols] = (
+                            x_cum[:, cols]
+                            + np.floor(x_inc[:, cols] * fn[cols]).astype(U64)
+                            - x_off[:, cols]
+                        )
             sw_cum += sw_inc
             nic_cum += nic_inc
             x_cum += x_inc
@@ -523,24 +607,32 @@ class Simulator:
             emit = ~self.nic_silent
             for g0, g1, node in self.gaps:
                 if g0 <= t0 + j_nic[node * fab.n_rails] < g1:
-                    emit[node * fab.n_rails: (node + 1) * fab.n_rails] = False
+                    emit[node * fab.n_rails : (node + 1) * fab.n_rails] = False
             late_now = [x for due, x in pending if due == k]
             pending = [(due, x) for due, x in pending if due != k]
             if max_delay >= 1 and cfg.out_of_order > 0:
-                delay = np.where(rng.random(E) < cfg.out_of_order,
-                                 rng.integers(1, max_delay + 1, E), 0)
+                delay = np.where(
+                    rng.random(E) < cfg.out_of_order, rng.integers(1, max_delay + 1, E), 0
+                )
                 delay[~emit] = 0
                 if k + 1 < self.n_ticks:
                     for d in range(1, max_delay + 1):
                         idx = np.flatnonzero(delay == d)
                         if len(idx):
-                            pending.append((min(k + d, self.n_ticks - 1), Late(
-                                idx, nic_ts[idx], nic_r[:, idx], x_r[:, idx], nic_g[:, idx])))
+                            pending.append(
+                                (
+                                    min(k + d, self.n_ticks - 1),
+                                    Late(
+                                        idx, nic_ts[idx], nic_r[:, idx], x_r[:, idx], nic_g[:, idx]
+                                    ),
+                                )
+                            )
                             emit[idx] = False
             if k == self.n_ticks - 1:
                 late_now += [x for _, x in pending]
-            yield Tick(k, sw_ts, sw_r, sw_g, nic_ts, nic_r, x_r, nic_g, np.flatnonzero(emit),
-                       late_now)
+            yield Tick(
+                k, sw_ts, sw_r, sw_g, nic_ts, nic_r, x_r, nic_g, np.flatnonzero(emit), late_now
+            )
 
     def _interval(
         self, rng: np.random.Generator, k: int
@@ -598,20 +690,21 @@ class Simulator:
         tx = np.clip(tx, 0, line * 0.99)
         rx = np.clip(rx, 0, line * 0.99)
         by = np.empty(D)
-        by[0:2 * E:2] = tx
-        by[1:2 * E:2] = rx
+        by[0 : 2 * E : 2] = tx
+        by[1 : 2 * E : 2] = rx
         w = np.ones((L, S))
         up_down = np.zeros(2 * fab.n_uplinks)
         for _f0, _f1, lf, sp, _, flaps in self.flaky_up:
             fd = min(1.0, sum(_ov(s, s + n, t0, t1) for s, n in flaps))
             w[lf, sp] *= 1 - fd
-            up_down[2 * (lf * S + sp): 2 * (lf * S + sp) + 2] = fd
+            up_down[2 * (lf * S + sp) : 2 * (lf * S + sp) + 2] = fd
         w *= S / np.maximum(w.sum(axis=1, keepdims=True), 1e-9)
         up_l = np.bincount(fab.nic_leaf, weights=tx * self.up_share, minlength=L)
         dn_l = np.bincount(fab.nic_leaf, weights=rx * self.up_share, minlength=L)
-        by[2 * E::2] = (up_l[:, None] * w / S * (1 + 0.05 * rng.standard_normal((L, S)))).ravel()
-        by[2 * E + 1::2] = (dn_l[:, None] * w / S * (1 + 0.05 * rng.standard_normal((L, S)))
-                            ).ravel()
+        by[2 * E :: 2] = (up_l[:, None] * w / S * (1 + 0.05 * rng.standard_normal((L, S)))).ravel()
+        by[2 * E + 1 :: 2] = (
+            dn_l[:, None] * w / S * (1 + 0.05 * rng.standard_normal((L, S)))
+        ).ravel()
         by = np.maximum(by, 0) + rng.uniform(0.5e6, 2e6, D) * T  # plus a little non-RDMA traffic
         down_dir = np.concatenate([np.repeat(down, 2), up_down])
         by *= 1 - down_dir
@@ -620,8 +713,11 @@ class Simulator:
         # --- PFC: healthy background, then faults ----------------------------------------------
         moe = self.dir_moe
         mean = np.where(self.dir_switch_rx, 0.006, 0.002) * np.where(moe, 3.0, 1.0)
-        pf = np.where(rng.random(D) < 0.35 * load,
-                      np.minimum(rng.exponential(1.0, D) * mean, np.where(moe, 0.15, 0.05)), 0.0)
+        pf = np.where(
+            rng.random(D) < 0.35 * load,
+            np.minimum(rng.exponential(1.0, D) * mean, np.where(moe, 0.15, 0.05)),
+            0.0,
+        )
         spike = moe & (rng.random(D) < 0.02 * load)
         pf = np.where(spike, rng.uniform(0.3, 0.6, D), pf)
         for s0, s1, _x, _job, hops, _w in self.storms:
@@ -632,7 +728,8 @@ class Simulator:
         for e, inten in pcie_int:
             pf[2 * e + 1] = max(pf[2 * e + 1], inten * rng.uniform(0.2, 0.4))
             peers = np.flatnonzero(
-                (self.group == self.group[e]) & (fab.nic_leaf == fab.nic_leaf[e]))
+                (self.group == self.group[e]) & (fab.nic_leaf == fab.nic_leaf[e])
+            )
             peers = peers[peers != e]
             pf[2 * peers] = np.maximum(pf[2 * peers], inten * rng.uniform(0.05, 0.15, len(peers)))
         for _y, snd, _fill, f in incast_now:
@@ -649,9 +746,9 @@ class Simulator:
         # --- egress queues (switch side of each direction) -------------------------------------
         B = float(BUFFER_BYTES)
         qmax = np.where(moe, 0.25, 0.04)
-        depth = B * load * rng.random(D) ** 3 * qmax + self.stall_level * pf ** 4
+        depth = B * load * rng.random(D) ** 3 * qmax + self.stall_level * pf**4
         peak = np.maximum(depth, B * load * rng.random(D) * qmax * 1.5)
-        pm = np.where(moe, 6e-3, 2e-4) * load ** 2 * rng.lognormal(0.0, 0.5, D)
+        pm = np.where(moe, 6e-3, 2e-4) * load**2 * rng.lognormal(0.0, 0.5, D)
         drops = np.zeros(D)
         for y, _snd, fill, f in incast_now:
             d = 2 * y + 1
@@ -677,8 +774,10 @@ class Simulator:
             f = _ov(f0, f1, t0, t1)
             if f > 0:
                 pair = np.array([2 * e, 2 * e + 1])
-                ber[pair] = f * _ramp(rng, self.ber[pair], peak_ber, (t0 + t1) / 2 - f0,
-                                      f1 - f0) + (1 - f) * ber[pair]
+                ber[pair] = (
+                    f * _ramp(rng, self.ber[pair], peak_ber, (t0 + t1) / 2 - f0, f1 - f0)
+                    + (1 - f) * ber[pair]
+                )
             starts = sum(1 for s, _ in flaps if t0 <= s < t1)
             ends = sum(1 for s, n in flaps if t0 <= s + n < t1)
             carrier[e] += starts + ends
@@ -688,8 +787,10 @@ class Simulator:
             c = E + lf * S + sp
             if f > 0:
                 pair = np.array([2 * c, 2 * c + 1])
-                ber[pair] = f * _ramp(rng, self.ber[pair], peak_ber, (t0 + t1) / 2 - f0,
-                                      f1 - f0) + (1 - f) * ber[pair]
+                ber[pair] = (
+                    f * _ramp(rng, self.ber[pair], peak_ber, (t0 + t1) / 2 - f0, f1 - f0)
+                    + (1 - f) * ber[pair]
+                )
             carrier[c] += sum(1 for s, _ in flaps if t0 <= s < t1)
             carrier[c] += sum(1 for s, n in flaps if t0 <= s + n < t1)
         up = 1 - down_dir
@@ -700,14 +801,14 @@ class Simulator:
         symbol = rng.poisson(3.0 * lam_unc)
 
         # --- RoCE transport and congestion control at the NICs --------------------------------
-        rxp = pkts[1:2 * E:2]
+        rxp = pkts[1 : 2 * E : 2]
         lam = np.stack([rxp * 2e-6, rxp * 2e-9, np.full(E, 2e-4), np.full(E, 1e-5), rxp * 3e-9])
         for f0, f1, e, scale in self.transport:
             f = _ov(f0, f1, t0, t1)
             if f > 0:
                 lam[:, e] += f * scale * (0.3 + 0.7 * a[e]) * TRANSPORT_FAULT_RATES
         oos, seq, ack, rnr, imp = rng.poisson(lam)
-        ecn = marks[1:2 * E:2]
+        ecn = marks[1 : 2 * E : 2]
         cnp = np.minimum(np.rint(ecn * rng.uniform(0.4, 0.6, E)), T / 50e-6 * 16)
         handled = np.bincount(self.group, weights=cnp, minlength=self.n_groups)[self.group]
         handled = handled / self.group_size[self.group] * rng.uniform(0.9, 1.1, E)

@@ -75,13 +75,15 @@ class SwitchWriter:
             f_q += values(["queue_depth_bytes", "queue_peak_bytes"], False) + ","
             f_q += values(_QUEUE_C, True)
             self.fmt.append(f_if + "}}\n" + f_pr + "}}\n" + f_q + "}}\n")
-        self.ports_of = [np.flatnonzero(fab.port_switch == s).tolist()
-                         for s in range(len(fab.switches))]
+        self.ports_of = [
+            np.flatnonzero(fab.port_switch == s).tolist() for s in range(len(fab.switches))
+        ]
 
     def lines(self, t: Tick) -> str:
         c = t.sw_c
-        cols = np.vstack([c[self.if_idx], c[self.prio_idx], t.sw_g.astype(np.uint64),
-                          c[self.q_idx]]).T.tolist()
+        cols = np.vstack(
+            [c[self.if_idx], c[self.prio_idx], t.sw_g.astype(np.uint64), c[self.q_idx]]
+        ).T.tolist()
         out = []
         ts = t.sw_ts.tolist()
         fmt = self.fmt
@@ -113,29 +115,39 @@ class NicWriter:
 
         self.fmt = []
         for e in range(fab.n_nics):
-            who = _j({"node": fab.nodes[int(fab.nic_node[e])],
-                      "nic": fab.rail_nics[int(fab.nic_rail[e])],
-                      "netdev": fab.rail_netdevs[int(fab.nic_rail[e])]})[1:-1]
+            who = _j(
+                {
+                    "node": fab.nodes[int(fab.nic_node[e])],
+                    "nic": fab.rail_nics[int(fab.nic_rail[e])],
+                    "netdev": fab.rail_netdevs[int(fab.nic_rail[e])],
+                }
+            )[1:-1]
             self.fmt.append(
-                '{"timestamp":%d,' + who + ',"speed_mbps":%d,"ethtool":{' + body("ethtool")
-                + '},"hw_counters":{' + body("hw_counters") + '},"pcie":{"current_link_speed":'
+                '{"timestamp":%d,'
+                + who
+                + ',"speed_mbps":%d,"ethtool":{'
+                + body("ethtool")
+                + '},"hw_counters":{'
+                + body("hw_counters")
+                + '},"pcie":{"current_link_speed":'
                 '"%.1f GT/s PCIe","max_link_speed":"%.1f GT/s PCIe","current_link_width":%d,'
                 '"max_link_width":%d}}\n'
             )
 
-    def _snap(self, nics: np.ndarray, ts: np.ndarray, c: np.ndarray, x: np.ndarray,
-              g: np.ndarray) -> list[str]:
+    def _snap(
+        self, nics: np.ndarray, ts: np.ndarray, c: np.ndarray, x: np.ndarray, g: np.ndarray
+    ) -> list[str]:
         vals = np.vstack([c, x])[self.order].T.tolist()
         gs = g.T.tolist()
         tl = ts.tolist()
         fmt = self.fmt
-        return [fmt[e] % (tl[j], gs[j][0], *vals[j], *gs[j][1:])
-                for j, e in enumerate(nics.tolist())]
+        return [
+            fmt[e] % (tl[j], gs[j][0], *vals[j], *gs[j][1:]) for j, e in enumerate(nics.tolist())
+        ]
 
     def lines(self, t: Tick) -> str:
         emit = t.emit[np.argsort(t.nic_ts[t.emit], kind="stable")]
-        out = self._snap(emit, t.nic_ts[emit], t.nic_c[:, emit], t.nic_x[:, emit],
-                         t.nic_g[:, emit])
+        out = self._snap(emit, t.nic_ts[emit], t.nic_c[:, emit], t.nic_x[:, emit], t.nic_g[:, emit])
         for late in t.late:
             out += self._snap(late.nics, late.ts, late.c, late.x, late.g)
         return "".join(out)

@@ -17,7 +17,7 @@ import polars as pl
 from google.protobuf.message import DecodeError
 
 from rocewatch.errors import BadInput
-from rocewatch.model import SAMPLE_SCHEMA, empty_samples
+from rocewatch.model import empty_samples
 from rocewatch.wire.telemetry_pb2 import TelemetryBatch
 
 SCHEMA_VERSION = 1
@@ -26,8 +26,13 @@ _STR_COLS = ("device", "port", "qual", "metric")
 
 def encode(df: pl.DataFrame, source: str = "", seq: int = 0) -> bytes:
     """One sample frame (SAMPLE_SCHEMA) -> one TelemetryBatch message."""
-    msg = TelemetryBatch(schema_version=SCHEMA_VERSION, source=source, seq=seq, rows=df.height,
-                         produced_ns=time.time_ns())
+    msg = TelemetryBatch(
+        schema_version=SCHEMA_VERSION,
+        source=source,
+        seq=seq,
+        rows=df.height,
+        produced_ns=time.time_ns(),
+    )
     strings = pl.concat([df[c].unique() for c in _STR_COLS]).unique(maintain_order=True)
     enum = pl.Enum(strings)
     msg.dict.extend(strings.to_list())
