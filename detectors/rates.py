@@ -76,12 +76,14 @@ class RateEngine:
         c = c.select("ts", *SERIES_KEY, "raw").with_columns(
             pl.struct(SERIES_KEY).hash(seed=0).alias("sid")
         )
-        c = c.unique(subset=["sid", "ts"], keep="first", maintain_order=False)
+        c = c.sort(["sid", "ts"])
+        dup = ((pl.col("sid") == pl.col("sid").shift(1)) & (pl.col("ts") == pl.col("ts").shift(1)))
+        c = c.filter(~dup.fill_null(False))
         dups = n_in - c.height
         if dups:
             self.stats.inc("duplicate_samples", dups)
         if self.state.height:
-            c = c.join(self.state, on="sid", how="left")
+            c = c.join(self.state, on="sid", how="left", maintain_order="left")
         else:
             c = c.with_columns(
                 pl.lit(None, dtype=pl.Int64).alias("last_ts"),
@@ -93,7 +95,6 @@ class RateEngine:
         c = c.filter(fresh)
         if c.height < n_before:
             self.stats.inc("stale_samples", n_before - c.height)
-        c = c.sort(["sid", "ts"])
         first = pl.col("sid") != pl.col("sid").shift(1, fill_value=None)
         first = first.fill_null(True)
         last = (pl.col("sid") != pl.col("sid").shift(-1)).fill_null(True)

@@ -38,7 +38,7 @@ _EMPTY = pl.DataFrame(schema=AGG_SCHEMA)
 class WindowConfig:
     step_s: float = 0.1
     lateness_s: float = 0.5
-    history_s: float = 30.0
+    history_s: float = 1.0  # the longest sliding window any detector reads
     max_empty_steps: int = 100  # x1000: a longer silence is skipped, not replayed step by step
 
 
@@ -66,6 +66,13 @@ class Step:
 
     def get(self, metric: str) -> pl.DataFrame:
         return self.by_metric.get(metric, _EMPTY)
+
+    def __getstate__(self) -> tuple[int, int, pl.DataFrame]:
+        return (self.start, self.end, self.frame)  # the per-metric split is a cache
+
+    def __setstate__(self, state: tuple[int, int, pl.DataFrame]) -> None:
+        self.start, self.end, self.frame = state
+        self._by_metric = None
 
 
 class WindowEngine:

@@ -410,7 +410,13 @@ class DetectService:
                     hi = int(d.cols["ts"].max())
                     if hi > self.part_hi.get(key, -1):
                         self.part_hi[key] = hi
-                    self._pending_lat.append((hi, d.produced_ns))
+                    # latency starts at the record's CreateTime (when the collector sent it)
+                    sent = (
+                        m.timestamp * 1_000_000
+                        if m.timestamp and m.timestamp > 0
+                        else d.produced_ns
+                    )
+                    self._pending_lat.append((hi, sent))
             if msgs:
                 self.offsets[key] = msgs[-1].offset + 1
                 self.part_seen_wall[key] = now_wall

@@ -57,13 +57,44 @@ class Output:
 
 
 class Rollups:
-    """Per-series rollups of each step's values (rates for counters) at a fixed resolution."""
+    """Per-series rollups of each step's values (rates for counters) at a fixed resolution.
+
+    Steps are folded into a running partial aggregate every few steps, so the state a
+    checkpoint carries stays the size of one frame per series, not one per step.
+    """
+
+    COMPACT_EVERY = 10
 
     def __init__(self, resolution_s: int) -> None:
         self.resolution_ns = resolution_s * 1_000_000_000
         self.resolution_s = resolution_s
         self.bucket: int | None = None
-        self.parts: list[pl.DataFrame] = []
+        self.parts: list[pl.DataFrame] = []  # partial aggregates: sum, max, min, last, count
+
+    @staticmethod
+    def _partial(frame: pl.DataFrame) -> pl.DataFrame:
+        return frame.select(
+            *SERIES_KEY,
+            pl.col("last").alias("sum"),
+            pl.col("last").alias("max"),
+            pl.col("last").alias("min"),
+            pl.col("last"),
+            pl.lit(1, dtype=pl.Int64).alias("count"),
+        )
+
+    @staticmethod
+    def _fold(parts: list[pl.DataFrame]) -> pl.DataFrame:
+        return (
+            pl.concat(parts, how="vertical")
+            .group_by(SERIES_KEY, maintain_order=True)
+            .agg(
+                pl.col("sum").sum(),
+                pl.col("max").max(),
+                pl.col("min").min(),
+                pl.col("last").last(),
+                pl.col("count").sum(),
+            )
+        )
 
     def add(self, step: Step) -> pl.DataFrame | None:
         b = step.start // self.resolution_ns
@@ -72,7 +103,9 @@ class Rollups:
             out = self.flush()
         self.bucket = b
         if step.frame.height:
-            self.parts.append(step.frame.select(*SERIES_KEY, "last"))
+            self.parts.append(self._partial(step.frame))
+            if len(self.parts) > self.COMPACT_EVERY:
+                self.parts = [self._fold(self.parts)]
         return out
 
     def flush(self) -> pl.DataFrame | None:
@@ -80,16 +113,9 @@ class Rollups:
             self.parts = []
             return None
         df = (
-            pl.concat(self.parts)
-            .group_by(SERIES_KEY)
-            .agg(
-                pl.col("last").mean().alias("mean"),
-                pl.col("last").max().alias("max"),
-                pl.col("last").min().alias("min"),
-                pl.col("last").last().alias("last"),
-                pl.len().cast(pl.Int64).alias("count"),
-            )
+            self._fold(self.parts)
             .with_columns(
+                (pl.col("sum") / pl.col("count")).alias("mean"),
                 pl.lit(self.bucket * self.resolution_ns, dtype=pl.Int64).alias("bucket_start_ns"),
                 pl.lit(self.resolution_s, dtype=pl.Int64).alias("resolution_s"),
             )
