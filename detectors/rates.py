@@ -77,7 +77,7 @@ class RateEngine:
             pl.struct(SERIES_KEY).hash(seed=0).alias("sid")
         )
         c = c.sort(["sid", "ts"])
-        dup = ((pl.col("sid") == pl.col("sid").shift(1)) & (pl.col("ts") == pl.col("ts").shift(1)))
+        dup = (pl.col("sid") == pl.col("sid").shift(1)) & (pl.col("ts") == pl.col("ts").shift(1))
         c = c.filter(~dup.fill_null(False))
         dups = n_in - c.height
         if dups:

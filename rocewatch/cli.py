@@ -36,7 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--nodes", type=int, default=16)
     s.add_argument("--duration", type=float, default=30.0, help="telemetry seconds")
     s.add_argument("--seed", type=int, default=1)
-    s.add_argument("--scenario", default="default", choices=["default", "demo", "healthy", "moe"])
+    s.add_argument(
+        "--scenario",
+        default="default",
+        choices=["default", "demo", "healthy", "moe", "dark_storm", "uplink_flaky"],
+    )
 
     r = sub.add_parser("replay", help="replay a scenario directory through the detectors")
     r.add_argument("scenario_dir", type=Path)
@@ -106,14 +110,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         if args.scenario == "demo":
             sim_cfg = sc.demo_scenario(nodes=args.nodes, seed=args.seed)
-        elif args.scenario == "healthy":
-            sim_cfg = sc.healthy_scenario(
-                nodes=args.nodes, duration_s=args.duration, seed=args.seed
-            )
-        elif args.scenario == "moe":
-            sim_cfg = sc.moe_scenario(nodes=args.nodes, duration_s=args.duration, seed=args.seed)
         else:
-            sim_cfg = sc.default_scenario(
+            sim_cfg = sc.SCENARIOS[args.scenario](
                 nodes=args.nodes, duration_s=args.duration, seed=args.seed
             )
         from rocewatch.progress import Progress

@@ -1,0 +1,163 @@
+"""Golden replay cases (tests/golden/<case>/case.yaml), replayed by one parametrised test.
+
+Each case names a simulator scenario; expectations are checked against the simulator's own
+ground truth (truth.json), never against numbers copied from an earlier run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+
+from rocewatch.model import parse_rfc3339
+from rocewatch.replay import replay
+from rocewatch.sim import write_scenario
+from rocewatch.sim.scenarios import SCENARIOS
+
+GOLDEN = Path(__file__).parent / "golden"
+CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "case.yaml").exists())
+
+
+def corrupt(scenario: Path, seed: int) -> None:
+    """Mix garbage into the recording the way broken collectors and disks do."""
+    rng = random.Random(seed)
+    sw = scenario / "switch.jsonl"
+    lines = sw.read_bytes().splitlines(keepends=True)
+    bad = [
+        b"{not json at all\n",
+        lines[10][: len(lines[10]) // 2] + b"\n",  # truncated mid-record
+        b'{"name":"f","timestamp":1795946401000000000,"tags":{"source":"rogue-switch:9339",'
+        b'"interface_name":"Ethernet1"},"values":{"/interfaces/interface/state/counters/'
+        b'in-errors":"5"}}\n',
+        b'{"name":"f","timestamp":1795946401000000000,"tags":{"source":"leaf-r0-p0:9339",'
+        b'"interface_name":"Ethernet1/1"},"values":{"/vendor/secret/path":"5"}}\n',
+        b"\x00\xff\xfe binary junk\n",
+    ]
+    for b in bad * 20:
+        lines.insert(rng.randrange(len(lines)), b)
+    sw.write_bytes(b"".join(lines))
+    nic = scenario / "nic.jsonl"
+    nl = nic.read_bytes().splitlines(keepends=True)
+    nl.insert(len(nl) // 2, b'{"timestamp": 1, "node": \n')
+    nic.write_bytes(b"".join(nl))
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple, Path]:
+    return {}
+
+
+def record(case: dict, tmp: Path, cache: dict[tuple, Path]) -> Path:
+    key = (case["scenario"], case["nodes"], case["duration_s"], case["seed"])
+    if key not in cache:
+        d = tmp / "-".join(map(str, key))
+        cfg = SCENARIOS[case["scenario"]](
+            nodes=case["nodes"], duration_s=case["duration_s"], seed=case["seed"]
+        )
+        write_scenario(cfg, d)
+        cache[key] = d
+    return cache[key]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_golden_case(name: str, tmp_path: Path, recordings: dict) -> None:
+    case = yaml.safe_load((GOLDEN / name / "case.yaml").read_text())
+    clean = record(case, tmp_path.parent, recordings)
+    scenario = clean
+    if case.get("corrupt"):
+        scenario = tmp_path / "corrupt"
+        subprocess.run(["cp", "-r", str(clean), str(scenario)], check=True)
+        corrupt(scenario, case["seed"])
+    out = tmp_path / "out"
+    res = replay(scenario, out)
+    # the files are what users read
+    alerts = [orjson.loads(x) for x in (out / "alerts.jsonl").read_bytes().splitlines()]
+    actions = [orjson.loads(x) for x in (out / "actions.jsonl").read_bytes().splitlines()]
+    assert alerts == res.alerts and actions == res.actions
+    for a in alerts:
+        assert set(a) >= {"status", "fingerprint", "labels", "annotations", "startsAt", "endsAt"}
+        assert a["labels"]["severity"] in ("critical", "warning", "info")
+        assert a["annotations"]["evidence"]
+        if a["status"] == "firing":
+            assert a["endsAt"] == "0001-01-01T00:00:00Z"
+    truth = json.loads((clean / "truth.json").read_text())
+    expect = case["expect"]
+
+    if "alerts" in expect:
+        assert len(alerts) == expect["alerts"], [a["labels"] for a in alerts][:5]
+    if "actions" in expect:
+        assert len(actions) == expect["actions"]
+
+    storms = [f for f in truth["faults"] if f["alertname"] == "PFCStorm"]
+    if expect.get("storm_origins_found"):
+        assert storms, "the case needs a storm in its ground truth"
+        origins = [
+            a
+            for a in alerts
+            if a["labels"]["alertname"] == "PFCStorm" and a["labels"]["role"] == "origin"
+        ]
+        for f in storms:
+            hits = [
+                a for a in origins if all(a["labels"].get(k) == v for k, v in f["labels"].items())
+            ]
+            assert hits, f"storm origin {f['labels']} not found"
+            ttd = (min(parse_rfc3339(h["startsAt"]) for h in hits) - f["onset_ns"]) / 1e9
+            assert 0 <= ttd <= expect["max_ttd_s"], ttd
+        # nothing else is blamed as an origin
+        assert len(origins) == len(storms), [o["labels"] for o in origins]
+        victims = {tuple(sorted(v.items())) for f in storms for v in f["victims"]}
+        for a in alerts:
+            if a["labels"].get("role") == "victim":
+                ent = {
+                    k: a["labels"][k] for k in ("switch", "port", "node", "nic") if k in a["labels"]
+                }
+                assert tuple(sorted(ent.items())) in victims, f"not a victim in truth: {ent}"
+    if expect.get("drains") == "culprits_only":
+        culprits = {f["culprit_node"] for f in truth["faults"] if f.get("culprit_node")}
+        drained = [
+            a["node"]
+            for a in actions
+            if a["action"] == "drain" and not a["outcome"].startswith("refused")
+        ]
+        assert drained, "the storm's origin should be drained (dry-run)"
+        assert set(drained) <= culprits
+        assert all(a["outcome"] == "dry-run" and a["executed"] is False for a in actions)
+    if expect.get("same_as_clean"):
+        ref = replay(clean, tmp_path / "clean")
+        assert alerts == ref.alerts and actions == ref.actions
+        for k in expect["skipped"]:
+            assert res.stats.get(k, 0) > 0, (k, res.stats)
+
+
+def test_cli_replay_unusable_input_is_one_line(tmp_path: Path) -> None:
+    cli = [sys.executable, "-m", "rocewatch.cli", "replay"]
+    r = subprocess.run(
+        [*cli, str(tmp_path / "missing"), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a scenario" in r.stderr
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "topology.yaml").write_text(
+        "switches: [{name: leaf-0}]\n"
+        "nodes: [{name: gpu-1, nics: [{nic: mlx5_0, switch_port: ghost/Ethernet1}]}]\n"
+    )
+    (tmp_path / "s" / "switch.jsonl").write_text("")
+    r = subprocess.run(
+        [*cli, str(tmp_path / "s"), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "invalid topology" in r.stderr.splitlines()[0]
+    assert "undefined switch 'ghost'" in r.stderr
+    assert "Traceback" not in r.stderr
