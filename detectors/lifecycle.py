@@ -19,8 +19,11 @@ class LifecycleConfig:
 
 
 class AlertLifecycle:
-    def __init__(self, config: LifecycleConfig | None = None) -> None:
+    def __init__(self, config: LifecycleConfig | None = None, retain: bool = True) -> None:
+        """``retain=False`` forgets resolved alerts once emitted (a service, whose storage and
+        output topics keep them); replay retains them to write its final ``alerts.jsonl``."""
         self.config = config or LifecycleConfig()
+        self.retain = retain
         self.firing: dict[str, Alert] = {}
         self.owner: dict[str, str] = {}
         self.last_seen: dict[str, int] = {}
@@ -58,15 +61,18 @@ class AlertLifecycle:
         self.owner.pop(fp, None)
         self.last_seen.pop(fp, None)
         alert.ends_at = max(now_ns, alert.starts_at + 1)
-        self.history.append(alert)
+        if self.retain:
+            self.history.append(alert)
         return replace(alert, labels=dict(alert.labels), annotations=dict(alert.annotations))
 
     def add_external(self, alert: Alert) -> None:
         """Record an alert raised outside the detectors (e.g. a FabricIncident by the policy)."""
         if alert.ends_at:
             self.firing.pop(alert.fingerprint, None)
-            self.history = [a for a in self.history if a.event_key()[:2] != alert.event_key()[:2]]
-            self.history.append(alert)
+            if self.retain:
+                key = alert.event_key()[:2]
+                self.history = [a for a in self.history if a.event_key()[:2] != key]
+                self.history.append(alert)
         else:
             self.firing[alert.fingerprint] = alert
 

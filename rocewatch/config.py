@@ -49,7 +49,7 @@ class KafkaConfig:
     client_id: str = "rocewatch"
     compression_type: str = "lz4"
     partitions: int = 4
-    commit_interval_s: float = 1.0
+    commit_interval_s: float = 5.0  # checkpoint + offset commit; a crash re-reads at most this
     session_timeout_ms: int = 10000  # how soon a dead detector's partitions move to another
     idle_flush_s: float = 2.0
 

@@ -208,7 +208,7 @@ class DetectService:
         self.offsets: dict[tuple[str, int], int] = {}
         self.part_hi: dict[tuple[str, int], int] = {}
         self.part_seen_wall: dict[tuple[str, int], float] = {}
-        self.pipeline = Pipeline(topology, cfg, stats=self.stats, rollup_s=10)
+        self.pipeline = Pipeline(topology, cfg, stats=self.stats, rollup_s=10, retain=False)
         self.suppress: Counter[tuple[str, str]] = Counter()
         restored = self._restore()
         ensure_topics(k)

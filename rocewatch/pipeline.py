@@ -133,13 +133,17 @@ class Pipeline:
         executor: Executor | None = None,
         stats: Stats | None = None,
         rollup_s: int | None = 10,
+        retain: bool = True,
     ) -> None:
+        """``retain=False`` (the long-running service) keeps no list of past alerts and actions:
+        they are emitted once and stored; replay and the demo retain them for their output."""
         self.config = config or Config()
         self.topology = topology
         self.stats = stats or Stats()
         self.engine = WindowEngine(self.config.window, self.stats)
         self.detectors: list[Detector] = build_detectors(topology, self.config.detectors)
-        self.lifecycle = AlertLifecycle(self.config.lifecycle)
+        self.retain = retain
+        self.lifecycle = AlertLifecycle(self.config.lifecycle, retain=retain)
         self.policy = DrainPolicy(self.config.policy, topology, executor or DryRunExecutor())
         self.actions: list[Action] = []
         self.rollups = Rollups(rollup_s) if rollup_s else None
@@ -180,7 +184,8 @@ class Pipeline:
                 self.lifecycle.add_external(inc)
             out.alerts += events + list(incidents)
             out.actions += actions
-            self.actions += actions
+            if self.retain:
+                self.actions += actions
             if self.rollups is not None:
                 r = self.rollups.add(step)
                 if r is not None:
