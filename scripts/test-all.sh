@@ -9,12 +9,21 @@ step() { printf '\n== %s\n' "$*"; }
 step "python dependencies"
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
 
+step "PostgreSQL, slurmctld and munge (Debian packages; installed only when missing)"
+bash scripts/services.sh install
+
 step "Apache Kafka broker jars (Maven Central, cached under ~/.cache/rocewatch)"
 python3 scripts/kafka_broker.py fetch
 
 step "lint and types"
 python3 -m ruff check .
 python3 -m mypy
+
+step "start PostgreSQL, munged and slurmctld (private, under ${ROCEWATCH_SERVICES_DIR:-/tmp/rocewatch-services})"
+trap 'bash scripts/services.sh stop || true' EXIT
+bash scripts/services.sh start
+# shellcheck disable=SC1091  # ROCEWATCH_TEST_PG_URL, SLURM_CONF, ROCEWATCH_TEST_SLURM_NODES
+source "${ROCEWATCH_SERVICES_DIR:-/tmp/rocewatch-services}/env.sh"
 
 step "tests (the Kafka fixture starts a real KRaft broker on 127.0.0.1)"
 python3 -m pytest -p no:cacheprovider "$@"
