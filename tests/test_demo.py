@@ -1,0 +1,47 @@
+"""`rocewatch demo` (README command a): storm origin found, only its node drained, dry-run."""
+
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_demo_prints_origin_and_dry_run_drain_of_that_node_only(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rocewatch.cli",
+            "demo",
+            "--nodes",
+            "16",
+            "--duration",
+            "20",
+            "--db",
+            str(db),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    origin = re.search(r"^PFCStorm\s+critical\s+origin\s+(gpu-\d+)/(mlx5_\d)", r.stdout, re.M)
+    assert origin, r.stdout
+    node = origin.group(1)
+    drains = re.findall(r"^\S+\s+drain\s+(gpu-\d+)\s+slurm\s+dry-run", r.stdout, re.M)
+    assert drains == [node]
+    assert "demo" in r.stderr and "100.0%" in r.stderr  # progress was shown
+    # the SQLite file holds the same alerts and the decision
+    con = sqlite3.connect(db)
+    n_alerts = con.execute("select count(*) from alerts").fetchone()[0]
+    acts = con.execute("select node, outcome from actions").fetchall()
+    con.close()
+    alerts = [json.loads(x) for x in (out / "alerts.jsonl").read_text().splitlines()]
+    assert n_alerts == len(alerts) > 1
+    assert acts == [(node, "dry-run")]
