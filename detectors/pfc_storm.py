@@ -52,6 +52,11 @@ class PfcStormDetector:
     config: PfcStormConfig = field(default_factory=PfcStormConfig)
     name: str = "pfc_storm"
 
+    @property
+    def window_s(self) -> float:
+        """The longest sliding window this detector reads."""
+        return max(self.config.detection_time_s, self.config.restoration_time_s)
+
     def __post_init__(self) -> None:
         self.paused: dict[Key, _Active] = {}  # stalled receivers
         self.sending: dict[Key, _Active] = {}  # senders seen from their own telemetry

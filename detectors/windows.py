@@ -105,6 +105,12 @@ class WindowEngine:
         return int(self.config.lateness_s * 1e9)
 
     # --- closing ---------------------------------------------------------------------------------
+    def keep_history(self, seconds: float) -> None:
+        """Keep only the steps the longest sliding window needs (memory, checkpoint size)."""
+        n = self.steps_in(seconds) + 1
+        if n != self.history.maxlen:
+            self.history = deque(self.history, maxlen=n)
+
     def enter(self, step: Step) -> None:
         """Make ``step`` the newest one the sliding windows see (call in time order)."""
         self.history.append(step)

@@ -14,6 +14,7 @@ Delivery is at least once, with effects made exactly once:
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import pickle
@@ -168,6 +169,21 @@ def publish_scenario(scenario: Path, cfg: Config, rate: float = 0.0) -> int:
 # --- the detector service ---------------------------------------------------------------------
 
 
+def _frame_from_ipc(data: bytes) -> pl.DataFrame:
+    return pl.read_ipc(io.BytesIO(data))
+
+
+class _StatePickler(pickle.Pickler):
+    """Pickles Polars frames as Arrow IPC: several times faster than their default pickling."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, pl.DataFrame):
+            buf = io.BytesIO()
+            obj.write_ipc(buf, compression="uncompressed")
+            return (_frame_from_ipc, (buf.getvalue(),))
+        return NotImplemented
+
+
 @dataclass
 class Checkpoint:
     version: int
@@ -319,7 +335,7 @@ class DetectService:
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".tmp")
         with tmp.open("wb") as fh:
-            fh.write(pickle.dumps(cp, protocol=pickle.HIGHEST_PROTOCOL))
+            _StatePickler(fh, protocol=pickle.HIGHEST_PROTOCOL).dump(cp)
             fh.flush()
             os.fsync(fh.fileno())
         tmp.replace(self.state_path)

@@ -142,6 +142,16 @@ class Pipeline:
         self.stats = stats or Stats()
         self.engine = WindowEngine(self.config.window, self.stats)
         self.detectors: list[Detector] = build_detectors(topology, self.config.detectors)
+        # detectors that declare their longest window (window_s) let the engine keep less
+        self.engine.keep_history(
+            max(
+                (
+                    float(getattr(d, "window_s", self.config.window.history_s))
+                    for d in self.detectors
+                ),
+                default=self.config.window.history_s,
+            )
+        )
         self.retain = retain
         self.lifecycle = AlertLifecycle(self.config.lifecycle, retain=retain)
         self.policy = DrainPolicy(self.config.policy, topology, executor or DryRunExecutor())
