@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,6 +34,9 @@ class StepContext:
     topology: Topology
     start: int
     end: int
+    # label sets of the alerts firing now, those raised earlier in this step included (the
+    # pipeline fills it; None where no alert lifecycle runs)
+    firing: Callable[[], Iterable[Mapping[str, str]]] | None = None
 
 
 class Detector(Protocol):

@@ -5,11 +5,38 @@ from __future__ import annotations
 from typing import Any
 
 from detectors.base import Detector
+from detectors.ecn_congestion import EcnCongestionConfig, EcnCongestionDetector
+from detectors.flaky_link import FlakyLinkConfig, FlakyLinkDetector
+from detectors.isolation_forest import IsolationForestConfig, IsolationForestDetector
+from detectors.pcie_downgrade import PcieDowngradeConfig, PcieDowngradeDetector
 from detectors.pfc_storm import PfcStormConfig, PfcStormDetector
+from detectors.queue_buildup import QueueBuildupConfig, QueueBuildupDetector
+from detectors.straggler import StragglerConfig, StragglerDetector
+from detectors.transport_errors import TransportErrorsConfig, TransportErrorsDetector
 from rocewatch.topology import Topology
 
 DETECTORS: dict[str, tuple[type[Any], type[Any]]] = {
     "pfc_storm": (PfcStormDetector, PfcStormConfig),
+    "ecn_congestion": (EcnCongestionDetector, EcnCongestionConfig),
+    "queue_buildup": (QueueBuildupDetector, QueueBuildupConfig),
+    "transport_errors": (TransportErrorsDetector, TransportErrorsConfig),
+    "flaky_link": (FlakyLinkDetector, FlakyLinkConfig),
+    "pcie_downgrade": (PcieDowngradeDetector, PcieDowngradeConfig),
+    "straggler": (StragglerDetector, StragglerConfig),
+    # last: it reads the rule alerts raised before it in the same step
+    "isolation_forest": (IsolationForestDetector, IsolationForestConfig),
+}
+
+# the alertname each detector raises (CONTRACTS.md section 6)
+ALERTNAMES: dict[str, str] = {
+    "pfc_storm": "PFCStorm",
+    "ecn_congestion": "ECNCongestion",
+    "queue_buildup": "QueueBuildup",
+    "transport_errors": "TransportErrors",
+    "flaky_link": "FlakyLink",
+    "pcie_downgrade": "PCIeDowngrade",
+    "straggler": "Straggler",
+    "isolation_forest": "PortAnomaly",
 }
 
 

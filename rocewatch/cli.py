@@ -67,6 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit after this many seconds without input (0: run forever)",
     )
 
+    ev = sub.add_parser(
+        "evaluate",
+        help="score the detectors on labelled simulated scenarios "
+        "(precision, recall, time to detect, wrong-node drains)",
+    )
+    ev.add_argument("--out", type=Path, default=Path("evaluation"), help="where to write results")
+    ev.add_argument("--json", action="store_true", help="print the results as JSON")
+    ev.add_argument("--quick", action="store_true", help="a small suite (tests, CI)")
+    ev.add_argument("--config", type=Path, help="rocewatch config (detector thresholds, policy)")
+
     t = sub.add_parser("topology", help="topology file tools")
     tsub = t.add_subparsers(dest="topology_command", required=True)
     tc = tsub.add_parser("check", help="validate a topology file")
@@ -132,7 +142,12 @@ def _dispatch(args: argparse.Namespace) -> int:
             store = Store(cfg.storage_url)
             store.create_schema()
         res = replay(
-            args.scenario_dir, args.out, cfg, show_progress=sys.stderr.isatty(), store=store
+            args.scenario_dir,
+            args.out,
+            cfg,
+            show_progress=sys.stderr.isatty(),
+            store=store,
+            model=args.model,
         )
         firing = sum(1 for a in res.alerts if a["status"] == "firing")
         print(
@@ -158,6 +173,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         cfg = load_config(args.config)
         DetectService(cfg).run(max_idle_s=args.max_idle)
         return 0
+    if args.command == "evaluate":
+        from rocewatch.evaluate import run_evaluate
+
+        return run_evaluate(args.out, args.json, args.quick, args.config, args.verbose)
     if args.command == "topology":
         from rocewatch.topology import Topology
 

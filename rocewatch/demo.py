@@ -6,12 +6,13 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
+
+from detectors.registry import ALERTNAMES
 from rocewatch.config import Config
 from rocewatch.pipeline import Output, Pipeline
 from rocewatch.progress import Progress
 from rocewatch.replay import write_jsonl
-
-DETECTED_KINDS = {"PFCStorm"}  # alertnames with a detector in this build
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -136,7 +137,7 @@ def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None)
         found = (
             f"yes, in {(min(h.starts_at for h in hits) - f['onset_ns']) / 1e9:.2f} s"
             if hits
-            else ("no" if f["alertname"] in DETECTED_KINDS else "no detector yet")
+            else ("no" if f["alertname"] in ALERTNAMES.values() else "no detector yet")
         )
         entity = "/".join(str(v) for v in f["labels"].values())
         truth_rows.append([f["kind"], entity, rel(f["onset_ns"]), found])
@@ -158,4 +159,5 @@ def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None)
         out.mkdir(parents=True, exist_ok=True)
         write_jsonl(out / "alerts.jsonl", [a.to_json() for a in alerts])
         write_jsonl(out / "actions.jsonl", [a.to_json() for a in pipeline.actions])
+        (out / "truth.json").write_bytes(orjson.dumps(sim.truth(), option=orjson.OPT_INDENT_2))
     return 0

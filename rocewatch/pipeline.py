@@ -183,7 +183,9 @@ class Pipeline:
         t0 = time.process_time()
         for step in steps:
             self.engine.enter(step)
-            ctx = StepContext(self.engine, self.topology, step.start, step.end)
+            ctx = StepContext(
+                self.engine, self.topology, step.start, step.end, firing=self._firing_labels
+            )
             events: list[Alert] = []
             for det in self.detectors:
                 events += self.lifecycle.update(det.name, step.end, det.evaluate(ctx))
@@ -203,6 +205,9 @@ class Pipeline:
         out.steps = len(steps)
         self.detector_seconds += time.process_time() - t0
         return out
+
+    def _firing_labels(self) -> list[dict[str, str]]:
+        return [a.labels for a in self.lifecycle.firing.values()]
 
     def all_alerts(self) -> list[Alert]:
         return self.lifecycle.all_alerts()

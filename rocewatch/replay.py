@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -45,8 +46,18 @@ def replay(
     config: Config | None = None,
     show_progress: bool = False,
     store: Any = None,
+    model: Path | None = None,
 ) -> ReplayResult:
+    """``model``: an isolation-forest model file to score with instead of learning a baseline."""
     config = config or Config()
+    if model is not None:
+        from detectors.isolation_forest import IsolationForestConfig
+
+        forest = config.detectors.get("isolation_forest") or IsolationForestConfig()
+        forest = dataclasses.replace(forest, model_path=str(model))
+        config = dataclasses.replace(
+            config, detectors={**config.detectors, "isolation_forest": forest}
+        )
     if not scenario.is_dir():
         raise ConfigError(f"{scenario}: not a scenario directory")
     topo_path = scenario / "topology.yaml"

@@ -119,6 +119,35 @@ def test_golden_case(name: str, tmp_path: Path, recordings: dict) -> None:
                     k: a["labels"][k] for k in ("switch", "port", "node", "nic") if k in a["labels"]
                 }
                 assert tuple(sorted(ent.items())) in victims, f"not a victim in truth: {ent}"
+
+    def hits_fault(a: dict, f: dict) -> bool:
+        """The ground truth's match rule: name, labels (either end of a cable) and time."""
+        name = a["labels"]["alertname"]
+        if name != f["alertname"] and name not in f.get("also", []):
+            return False
+        sets = f.get("match") or [f["labels"]]
+        if not any(all(a["labels"].get(k) == v for k, v in m.items()) for m in sets):
+            return False
+        ends = parse_rfc3339(a["endsAt"]) or truth["end_ns"]
+        return parse_rfc3339(a["startsAt"]) <= f["end_ns"] and ends >= f["onset_ns"]
+
+    # found: [Name, ...]: every fault that Name should report (its alertname or `also`) has a
+    # matching alert within max_ttd_s (a number, or a mapping per name) of its onset
+    for name in expect.get("found", []):
+        faults = [f for f in truth["faults"] if name in (f["alertname"], *f.get("also", []))]
+        assert faults, f"the case needs a fault that {name} reports"
+        limit = expect["max_ttd_s"]
+        limit = limit[name] if isinstance(limit, dict) else limit
+        for f in faults:
+            hits = [a for a in alerts if a["labels"]["alertname"] == name and hits_fault(a, f)]
+            assert hits, f"{name}: {f['id']} {f['labels']} not found"
+            ttd = (min(parse_rfc3339(h["startsAt"]) for h in hits) - f["onset_ns"]) / 1e9
+            assert 0 <= ttd <= limit, (name, f["id"], ttd)
+    # no_false: [Name, ...]: every alert of those names matches some fault
+    for name in expect.get("no_false", []):
+        for a in alerts:
+            if a["labels"]["alertname"] == name:
+                assert any(hits_fault(a, f) for f in truth["faults"]), f"false alert {a['labels']}"
     if expect.get("drains") == "culprits_only":
         culprits = {f["culprit_node"] for f in truth["faults"] if f.get("culprit_node")}
         drained = [
@@ -128,7 +157,12 @@ def test_golden_case(name: str, tmp_path: Path, recordings: dict) -> None:
         ]
         assert drained, "the storm's origin should be drained (dry-run)"
         assert set(drained) <= culprits
-        assert all(a["outcome"] == "dry-run" and a["executed"] is False for a in actions)
+        # nothing executed: every drain decided is a dry-run, or withheld by a policy rule
+        assert all(
+            a["executed"] is False
+            and (a["outcome"] == "dry-run" or a["outcome"].startswith("refused"))
+            for a in actions
+        )
     if expect.get("same_as_clean"):
         ref = replay(clean, tmp_path / "clean")
         assert alerts == ref.alerts and actions == ref.actions

@@ -1,0 +1,509 @@
+"""FlakyLink: a cable whose physical layer degrades: BER above its own baseline, errors, flaps.
+
+A bad cable or optic shows long before it fails outright:
+
+- pre-FEC BER rising above the link's *own* learned baseline. The driver exports no bit counter,
+  so BER = corrected bits / (link speed x interval), from the NIC end (``rx_corrected_bits_phy``);
+  speed from the netdev (``speed_mbps``), else the topology's ``speed_gbps``, else 400G.
+  Healthy PAM4 links run around 1e-8..1e-6, each at its own level, so a rise of ``ber_ratio``
+  over the baseline (and above ``ber_floor``) flags a link early; ``ber_max`` flags any link
+  whatever its history (one that was already bad when rocewatch started);
+- FCS/CRC errored frames at either end (``in-fcs-errors`` on the switch, ``rx_crc_errors_phy``
+  on the NIC), symbol errors, FEC-uncorrectable blocks (post-FEC errors: critical);
+- flaps: carrier transitions at a switch end, ``link_down_events_phy`` at a NIC end (critical).
+
+Hysteresis: BER must stay above threshold for ``ber_min_s`` without a reading below; errors need
+``min_*`` within ``error_window_s``, seen in two reads (one burst in one read is not a trend);
+a flagged cable stays flagged until ``clear_s`` passed with nothing bad (BER back below the
+exit threshold, no errors, no flap). One flap on its own (a reboot, a re-seated cable) is not a
+flaky link; ``min_flaps`` within ``flap_window_s`` are, and any flap on a flagged cable makes
+it critical.
+
+The alert names the cable: for a NIC cable ``node``+``nic`` and ``switch``+``port`` of the leaf
+end (both ends, from the topology); for a switch-to-switch cable the end that saw errors, with
+the peer in the ``peer`` annotation. The ``strands`` annotation names the node that loses the
+rail when the cable goes down.
+
+Cost: a healthy step reads the maximum of six error counters' deltas (a few µs); every
+``ber_every_s`` one reading per link is matched to the link's state (numpy arrays over entity
+slots: no join, no loop per row) to judge BER and learn the baselines.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import polars as pl
+
+from detectors.base import Finding, StepContext, node_labels, port_labels
+from rocewatch.errors import ConfigError
+from rocewatch.topology import NicEnd, PortEnd, Topology
+
+log = logging.getLogger(__name__)
+
+S = 1_000_000_000
+# error and flap counters -> what they count
+ERROR_METRICS: dict[str, str] = {
+    "port_in_fcs_errors": "fcs",
+    "nic_rx_crc_errors": "fcs",
+    "nic_rx_symbol_errors": "symbol",
+    "nic_rx_uncorrectable": "uncorrectable",
+    "port_carrier_transitions": "carrier",
+    "nic_link_down_events": "link_down",
+}
+_FLAP_KINDS = ("carrier", "link_down")
+CableKey = tuple[str, str, str]  # ("nic", node, nic) | ("link", end, end) | ("port", sw, port)
+
+
+@dataclass(frozen=True)
+class FlakyLinkConfig:
+    """Thresholds for a flaky cable. Defaults follow what operators of 400G PAM4 fabrics use."""
+
+    enabled: bool = True
+    # pre-FEC BER, one reading per link every ber_every_s
+    ber_every_s: float = 0.5
+    ber_min_s: float = 0.5  # above threshold this long (two readings), none below, to flag
+    ber_ratio: float = 100.0  # two decades over the link's own baseline...
+    ber_floor: float = 1e-6  # ...and above the worst healthy PAM4 link
+    ber_max: float = 1e-5  # any link: little FEC margin left (KP4 corrects up to ~2.4e-4)
+    ber_exit_factor: float = 0.1  # recovered below max(threshold x this, baseline x exit_ratio)
+    ber_exit_ratio: float = 3.0
+    baseline_tau_s: float = 600.0  # EWMA of log10(BER): follows slow drift, not a failing optic
+    baseline_min_s: float = 3.0  # the ratio test needs this much clean history
+    default_speed_gbps: float = 400.0
+    # error counters (either end of the cable), counted over error_window_s
+    error_window_s: float = 1.0
+    min_frame_errors: int = 5  # FCS/CRC errored frames
+    min_symbol_errors: int = 20
+    min_uncorrectable: int = 3  # FEC-uncorrectable blocks: errors that reach the traffic
+    # flaps: one down/up is a reboot or a re-seat; two within the window is a flapping cable
+    flap_window_s: float = 60.0
+    min_flaps: int = 2
+    clear_s: float = 10.0  # a flagged cable resolves after this long with nothing bad
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        problems = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "enabled":
+                continue
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+                problems.append(f"{f.name}: {v!r} is not a number")
+            elif v <= 0 and f.name not in ("min_frame_errors", "min_symbol_errors"):
+                problems.append(f"{f.name}: must be > 0, not {v!r}")
+            elif v < 0:
+                problems.append(f"{f.name}: must be >= 0, not {v!r}")
+        if not problems:
+            if not 0 < self.ber_exit_factor <= 1:
+                problems.append("ber_exit_factor: must be within (0, 1]")
+            if self.ber_ratio <= 1 or self.ber_exit_ratio < 1:
+                problems.append("ber_ratio must be > 1 and ber_exit_ratio >= 1")
+            if self.ber_floor > self.ber_max:
+                problems.append("ber_floor must not exceed ber_max")
+            for name in ("min_frame_errors", "min_symbol_errors", "min_uncorrectable", "min_flaps"):
+                if int(getattr(self, name)) != getattr(self, name):
+                    problems.append(f"{name}: must be a whole number")
+        if problems:
+            raise ConfigError("flaky_link: " + "; ".join(problems))
+
+
+class EntitySlots:
+    """Stable small integers for (device, port) entities, assigned to a frame's rows at once.
+
+    Detectors keep per-entity state in numpy arrays indexed by slot, so a step's rows update
+    every entity without a join or a Python loop per row; only an entity seen for the first
+    time costs a Python step. Pickles as its key list (hashes are rebuilt on load, so a
+    checkpoint survives a Polars upgrade).
+
+    >>> s = EntitySlots()
+    >>> f = pl.DataFrame({"device": ["a", "b", "a"], "port": ["x", "x", "x"]})
+    >>> s.rows(f).tolist(), s.keys, s.index[("b", "x")]
+    ([0, 1, 0], [('a', 'x'), ('b', 'x')], 1)
+    """
+
+    SEED = 0x5EED
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[str, str]] = []
+        self.index: dict[tuple[str, str], int] = {}
+        self._sorted = np.empty(0, dtype=np.uint64)
+        self._order = np.empty(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @classmethod
+    def _hash(cls, frame: pl.DataFrame) -> np.ndarray:
+        return frame.select(pl.struct("device", "port").hash(seed=cls.SEED)).to_series().to_numpy()
+
+    def _lookup(self, h: np.ndarray) -> np.ndarray:
+        if len(self._sorted) == 0:
+            return np.full(len(h), -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self._sorted, h), len(self._sorted) - 1)
+        return np.where(self._sorted[pos] == h, self._order[pos], -1)
+
+    def _rebuild(self) -> None:
+        self.index = {k: i for i, k in enumerate(self.keys)}
+        if not self.keys:
+            self._sorted = np.empty(0, dtype=np.uint64)
+            self._order = np.empty(0, dtype=np.int64)
+            return
+        d, p = zip(*self.keys, strict=True)
+        h = self._hash(pl.DataFrame({"device": list(d), "port": list(p)}))
+        self._order = np.argsort(h, kind="stable").astype(np.int64)
+        self._sorted = h[self._order]
+
+    def rows(self, frame: pl.DataFrame) -> np.ndarray:
+        """The slot of every row of ``frame`` (columns ``device``, ``port``)."""
+        if frame.height == 0:
+            return np.empty(0, dtype=np.int64)
+        h = self._hash(frame)
+        slots = self._lookup(h)
+        missing = np.flatnonzero(slots < 0)
+        if len(missing):
+            _, first = np.unique(h[missing], return_index=True)
+            new = frame[missing[np.sort(first)].tolist()].select("device", "port")
+            self.keys += [(str(d), str(p)) for d, p in new.iter_rows()]  # new entities only
+            self._rebuild()
+            slots = self._lookup(h)
+        return slots
+
+    def __getstate__(self) -> list[tuple[str, str]]:
+        return self.keys
+
+    def __setstate__(self, keys: list[tuple[str, str]]) -> None:
+        self.keys = list(keys)
+        self._rebuild()
+
+
+@dataclass
+class _Cable:
+    """What one cable has shown lately (only cables with something to show are kept)."""
+
+    errors: deque[tuple[int, str, float, str]] = field(default_factory=lambda: deque(maxlen=4096))
+    flaps: deque[tuple[int, str, float, str]] = field(default_factory=lambda: deque(maxlen=1024))
+    active: bool = False
+    since: int = 0  # startsAt of the warning alert
+    crit_since: int | None = None  # startsAt of the critical one
+    last_bad: int = 0  # step end when something bad was last seen
+    end: str = ""  # the end that saw errors first (labels a switch-to-switch cable)
+    ber_bad: bool = False  # from the latest BER window: above the entry threshold long enough
+    ber_stay: bool = False  # ... above the exit threshold
+    ber_ts: int = 0
+    ber_evidence: str = ""
+    evidence: str = ""
+    crit_evidence: str = ""
+
+
+@dataclass
+class FlakyLinkDetector:
+    topology: Topology
+    config: FlakyLinkConfig = field(default_factory=FlakyLinkConfig)
+    name: str = "flaky_link"
+
+    @property
+    def window_s(self) -> float:
+        """The longest sliding window this detector reads: none, it keeps its own state."""
+        return 0.0
+
+    def __post_init__(self) -> None:
+        self.cables: dict[CableKey, _Cable] = {}
+        self.slots = EntitySlots()  # NICs, for BER
+        self.base_log = np.empty(0)  # learned log10(BER) baseline (nan: none yet)
+        self.base_n = np.empty(0)
+        self.base_age = np.empty(0)  # seconds of clean history learned
+        self.speed_bps = np.empty(0)
+        self.bad_since = np.empty(0, dtype=np.int64)  # first reading of a run above threshold
+        self.next_ber_ns = 0
+        self.next_prune_ns = 0
+        self.speed_sig: tuple[object, ...] = ()  # the speed gauges last matched to links
+
+    # --- BER against each link's own baseline ----------------------------------------------------
+    def _grow(self) -> None:
+        n, have = len(self.slots), len(self.base_log)
+        if n == have:
+            return
+        add = n - have
+        speeds = []
+        for node, nic in self.slots.keys[have:]:  # entities seen for the first time
+            mbps = self.topology.nic_speed_mbps(node, nic)
+            speeds.append((mbps or self.config.default_speed_gbps * 1000) * 1e6)
+        self.base_log = np.concatenate([self.base_log, np.full(add, np.nan)])
+        self.base_n = np.concatenate([self.base_n, np.zeros(add)])
+        self.base_age = np.concatenate([self.base_age, np.zeros(add)])
+        self.speed_bps = np.concatenate([self.speed_bps, np.array(speeds)])
+        self.bad_since = np.concatenate([self.bad_since, np.zeros(add, dtype=np.int64)])
+
+    def _ber(self, ctx: StepContext) -> bool:
+        """Every ``ber_every_s``, judge each NIC link's BER reading; flag cables, learn baselines.
+
+        Returns whether a cable's BER state changed (it needs judging now). BER moves slowly, so
+        one reading per link per ``ber_every_s`` (0.1 s of a 400G link is 4e10 bits: no Poisson
+        noise left at any threshold) judges it as well as all of them, at a fifth of the cost.
+        """
+        cfg = self.config
+        cur = ctx.engine.current()
+        if ctx.end < self.next_ber_ns or cur is None:
+            return False
+        cb = cur.get("nic_rx_corrected_bits")
+        if cb.height == 0:
+            return False  # try the next step
+        w = round(cfg.ber_every_s * S)
+        self.next_ber_ns = (ctx.end // w + 1) * w
+        slot = self.slots.rows(cb)
+        sp = cur.get("nic_link_speed_mbps")
+        if sp.height:
+            col = sp.get_column("last")
+            sig = (sp.height, col.min(), col.max(), col.sum(), len(self.slots))
+            if sig != self.speed_sig:  # a speed changed (or new links): match the gauges
+                s = self.slots.rows(sp)
+                self._grow()
+                v = np.nan_to_num(col.to_numpy())
+                self.speed_bps[s[v > 0]] = v[v > 0] * 1e6
+                self.speed_sig = (sp.height, col.min(), col.max(), col.sum(), len(self.slots))
+        self._grow()
+        ts = cb.get_column("ts").to_numpy()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = cb.get_column("delta").to_numpy() / cb.get_column("dt").to_numpy()
+            valid = np.isfinite(rate) & (rate >= 0)
+            ber = rate / self.speed_bps[slot]
+            ready = self.base_age[slot] >= cfg.baseline_min_s
+            base = np.where(ready, 10.0 ** self.base_log[slot], np.nan)
+            thr = np.where(ready, np.maximum(cfg.ber_ratio * base, cfg.ber_floor), np.inf)
+            thr = np.minimum(thr, cfg.ber_max)
+            exit_thr = np.maximum(
+                thr * cfg.ber_exit_factor, np.where(ready, cfg.ber_exit_ratio * base, 0.0)
+            )
+            bad = valid & (ber >= thr)
+            stay = valid & (ber >= exit_thr)
+        since = self.bad_since[slot]
+        since = np.where(bad, np.where(since > 0, since, ts), np.where(valid, 0, since))
+        self.bad_since[slot] = since
+        changed = False
+        enter = np.flatnonzero(bad & (ts - since >= round(cfg.ber_min_s * S)))
+        entered = set()
+        for r in enter.tolist():  # the few links over threshold long enough
+            node, nic = self.slots.keys[int(slot[r])]
+            c = self.cables.setdefault(("nic", node, nic), _Cable())
+            why = f"{cfg.ber_ratio:g}x baseline {base[r]:.1e}" if ready[r] else "absolute"
+            c.ber_bad, c.ber_stay, c.ber_ts = True, True, int(ts[r])
+            c.ber_evidence = (
+                f"{node}/{nic} pre-FEC BER {ber[r]:.1e} ({self.speed_bps[slot[r]] / 1e9:g} Gb/s)"
+                f" above {thr[r]:.1e} ({why}; floor {cfg.ber_floor:.0e}, max {cfg.ber_max:.0e})"
+                f" for {(ts[r] - since[r]) / S:.1f} s (minimum {cfg.ber_min_s:g} s)"
+            )
+            c.end = c.end or f"{node}/{nic}"
+            entered.add((node, nic))
+            changed = True
+        # NIC cables flagged or close to it: is their BER still above the exit threshold?
+        flagged: list[int] = []
+        for k, c in self.cables.items():
+            if k[0] != "nic" or (k[1], k[2]) in entered or not (c.active or c.ber_stay):
+                continue
+            i = self.slots.index.get((k[1], k[2]), -1)
+            if c.active:
+                flagged.append(i)
+            rows = np.flatnonzero(valid & (slot == i))
+            if i < 0 or len(rows) == 0:
+                continue  # no reading this time: neither bad nor clean
+            now_stay = bool(stay[rows[0]])
+            changed |= c.ber_bad or c.ber_stay != now_stay
+            c.ber_bad, c.ber_stay = False, now_stay
+        # learn from clean readings only, so a failing optic never becomes its own baseline
+        learn = valid & (ber > 0) & ~stay & ~np.isin(slot, flagged)
+        s, lb = slot[learn], np.log10(ber[learn])
+        n = self.base_n[s] + 1
+        alpha = np.maximum(1.0 / n, -math.expm1(-cfg.ber_every_s / cfg.baseline_tau_s))
+        old = self.base_log[s]
+        self.base_log[s] = np.where(np.isnan(old), lb, old + alpha * (lb - old))
+        self.base_n[s] = n
+        self.base_age[s] += cfg.ber_every_s
+        return changed
+
+    # --- error and flap events -------------------------------------------------------------------
+    def _events(self, ctx: StepContext) -> list[tuple[str, str, str, float, int]]:
+        cur = ctx.engine.current()
+        if cur is None:
+            return []
+        out: list[tuple[str, str, str, float, int]] = []
+        for m in ERROR_METRICS:
+            f = cur.get(m)
+            if f.height == 0:
+                continue
+            top = f.get_column("delta").max()
+            if top is None or top <= 0:  # type: ignore[operator]
+                continue
+            rows = f.filter(pl.col("delta") > 0).select("device", "port", "delta", "ts")
+            out += [(m, d, p, float(x), int(t)) for d, p, x, t in rows.iter_rows()]
+        return out
+
+    def _cable_of(self, metric: str, dev: str, port: str) -> CableKey:
+        if metric.startswith("nic_"):
+            return ("nic", dev, port)
+        peer = self.topology.peer_of_port(dev, port)
+        if isinstance(peer, NicEnd):
+            return ("nic", peer.node, peer.nic)
+        if isinstance(peer, PortEnd):
+            a, b = sorted((f"{dev}/{port}", str(peer)))
+            return ("link", a, b)
+        return ("port", dev, port)
+
+    # --- the cable state machine -----------------------------------------------------------------
+    def evaluate(self, ctx: StepContext) -> list[Finding]:
+        events = self._events(ctx)
+        ber_changed = self._ber(ctx)
+        if not events and not ber_changed and not any(c.active for c in self.cables.values()):
+            if ctx.end >= self.next_prune_ns:
+                self._prune(ctx.end)
+            return []  # the healthy fast path
+        touched: set[CableKey] = {k for k, c in self.cables.items() if c.ber_bad or c.active}
+        for m, dev, port, n, ts in events:
+            key = self._cable_of(m, dev, port)
+            c = self.cables.setdefault(key, _Cable())
+            kind = ERROR_METRICS[m]
+            (c.flaps if kind in _FLAP_KINDS else c.errors).append((ts, kind, n, f"{dev}/{port}"))
+            c.end = c.end or f"{dev}/{port}"
+            touched.add(key)
+        findings = []
+        for key in sorted(touched):
+            c = self.cables[key]
+            self._judge(key, c, ctx.end)
+            if c.active:
+                findings += self._findings(key, c)
+        if ctx.end >= self.next_prune_ns:
+            self._prune(ctx.end)
+        return findings
+
+    def _judge(self, key: CableKey, c: _Cable, now: int) -> None:
+        cfg = self.config
+        err_from = now - round(cfg.error_window_s * S)
+        flap_from = now - round(cfg.flap_window_s * S)
+        while c.errors and c.errors[0][0] < err_from:
+            c.errors.popleft()
+        while c.flaps and c.flaps[0][0] < flap_from:
+            c.flaps.popleft()
+        reasons: list[tuple[int, str]] = []  # (ts of the newest sample behind it, evidence)
+        crit: list[tuple[int, str]] = []
+        w = f"{cfg.error_window_s:g} s"
+        for kind, floor, what in (
+            ("fcs", cfg.min_frame_errors, "FCS/CRC errored frames"),
+            ("symbol", cfg.min_symbol_errors, "symbol errors"),
+            ("uncorrectable", cfg.min_uncorrectable, "FEC-uncorrectable blocks"),
+        ):
+            items = [e for e in c.errors if e[1] == kind]
+            total = sum(e[2] for e in items)
+            reads = len({(e[0], e[3]) for e in items})
+            if items and total >= max(floor, 1) and reads >= 2:
+                ts = max(e[0] for e in items)
+                ends = sorted({e[3] for e in items})
+                r = (ts, f"{int(total)} {what} in {w} at {', '.join(ends)} (threshold {floor})")
+                (crit if kind == "uncorrectable" else reasons).append(r)
+        if c.ber_bad:
+            reasons.append((c.ber_ts, c.ber_evidence))
+        if c.flaps:
+            per_end: dict[str, float] = {}
+            for _, kind, n, end in c.flaps:
+                per_end[end] = per_end.get(end, 0.0) + (n / 2 if kind == "carrier" else n)
+            flaps = math.ceil(max(per_end.values()))
+            if flaps >= cfg.min_flaps or (flaps >= 1 and (c.active or reasons or crit)):
+                ts = max(e[0] for e in c.flaps)
+                crit.append(
+                    (
+                        ts,
+                        f"{flaps} flap(s) in {cfg.flap_window_s:g} s at "
+                        f"{', '.join(sorted(per_end))} (threshold {cfg.min_flaps}, or 1 on a "
+                        "cable already erroring)",
+                    )
+                )
+        # fresh trouble (not a flap from a minute ago) keeps a flagged cable flagged
+        recent = bool(c.errors) or any(e[0] >= err_from for e in c.flaps)
+        if reasons or recent or c.ber_stay:
+            c.last_bad = now
+        if not c.active and (reasons or crit):
+            c.active = True
+            c.since = min(t for t, _ in reasons + crit)
+            c.evidence = "; ".join(e for _, e in reasons + crit)
+        if c.active and crit and c.crit_since is None:
+            c.crit_since = max(t for t, _ in crit)
+            c.crit_evidence = "; ".join(e for _, e in crit + reasons)
+        if c.active and now - c.last_bad >= round(cfg.clear_s * S):
+            # the episode is over: a later one starts from a clean slate
+            c.active, c.crit_since, c.ber_bad = False, None, False
+            c.errors.clear()
+            c.flaps.clear()
+
+    def _prune(self, now: int) -> None:
+        """Forget quiet cables (bounded state: only cables with recent trouble are kept)."""
+        self.next_prune_ns = now + S
+        keep_from = now - round(max(self.config.flap_window_s, self.config.error_window_s) * S)
+        for key in [
+            k
+            for k, c in self.cables.items()
+            if not c.active
+            and not c.ber_stay
+            and all(e[0] < keep_from for e in c.flaps)
+            and all(e[0] < keep_from for e in c.errors)
+        ]:
+            del self.cables[key]
+
+    # --- alerts -----------------------------------------------------------------------------------
+    def _findings(self, key: CableKey, c: _Cable) -> list[Finding]:
+        topo = self.topology
+        extra: dict[str, str] = {}
+        if key[0] == "nic":
+            _, node, nic = key
+            labels = node_labels(topo, node, nic)
+            sp = topo.nics.get((node, nic))
+            far = sp.switch_port if sp is not None else None
+            if far is not None:
+                labels.update(switch=far.switch, port=far.port)
+            rail = labels.get("rail")
+            cable = f"{node}/{nic} <-> {far}" if far else f"{node}/{nic} <-> (switch end unknown)"
+            extra["strands"] = node
+            strands = f"{node} loses {nic}" + (f" (rail {rail})" if rail else "")
+        else:
+            end = f"{key[1]}/{key[2]}" if key[0] == "port" else c.end
+            if key[0] == "link" and end not in key[1:]:
+                end = key[1]
+            sw, _, port = end.partition("/")
+            labels = port_labels(topo, sw, port)
+            if key[0] == "link":
+                peer = key[2] if end == key[1] else key[1]
+                extra["peer"] = peer
+                cable = f"{end} <-> {peer}"
+                strands = f"no node directly (switch-to-switch cable; {sw} loses one path)"
+                extra["strands"] = "none"
+            else:
+                cable = f"{end} <-> (peer not in the topology)"
+                strands = "unknown (the port's peer is not in the topology)"
+                extra["strands"] = "unknown"
+        extra["cable"] = cable
+        crit = c.crit_since is not None
+        return [
+            Finding(
+                "FlakyLink",
+                labels,
+                "critical" if crit else "warning",
+                c.crit_since if c.crit_since is not None else c.since,
+                summary=f"Flaky cable {cable}"
+                + (": flapping or losing data" if crit else ": physical-layer errors"),
+                description=f"The cable {cable} shows physical-layer degradation; replace or "
+                f"re-seat it. Strands: {strands}.",
+                evidence=c.crit_evidence if crit else c.evidence,
+                extra=extra,
+            )
+        ]
+
+
+def build(topology: Topology, config: FlakyLinkConfig | None = None) -> FlakyLinkDetector:
+    return FlakyLinkDetector(topology, config or FlakyLinkConfig())
+
+
+__all__ = ["EntitySlots", "FlakyLinkConfig", "FlakyLinkDetector", "build"]

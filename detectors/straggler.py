@@ -1,0 +1,322 @@
+"""Straggler: a NIC persistently slower than its peers in the same job (or rail).
+
+NCCL rings run at the pace of their slowest member, so one slow NIC (a PCIe link trained down,
+a host that cannot drain its receive buffers) costs the whole job. Peers are the NICs of the
+job's nodes (topology ``jobs``), or of the rail for NICs in no job. Every ``window_s`` each
+NIC's window is compared with its peers' by a robust z-score (median and MAD, which a few
+outliers cannot drag along):
+
+- **pressure**: the NIC's own backpressure, the share of time it asked its leaf to pause
+  (``tx_prio<N>_pause_duration``), or congestion toward it (ECN-marked packets it received),
+  far above its peers';
+- **throughput**: its RDMA transmit rate well below its peers' (their upper quartile, since with
+  few rails the slow NIC's rail, which waits for it, can be half the job; the robust z-score of
+  throughput is quoted as evidence).
+
+A slow NIC slows its whole rail's ring, so low throughput alone does not single it out (every
+NIC of that rail in the job is just as slow), and pressure alone is not slowness (an incast
+receiver is congested but sends at full rate). A straggler shows both, in ``min_windows``
+windows in a row; it resolves after ``clear_windows`` normal ones. A PCIe link below its
+maximum is quoted as evidence.
+
+Cost: a healthy step reads the highest pause share and ECN rate of the step (two column
+reductions); if no NIC could reach the pressure thresholds in a window and none is being
+followed, the window is not evaluated at all.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import polars as pl
+
+from detectors.base import Finding, StepContext, node_labels, pct
+from detectors.flaky_link import EntitySlots
+from rocewatch.errors import ConfigError
+from rocewatch.topology import Topology
+
+S = 1_000_000_000
+PAUSE, ECN, TPUT = "nic_tx_pause_us", "nic_ecn_marked_pkts", "nic_tx_rdma_bytes"
+SIGNALS = (PAUSE, ECN, TPUT)
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    enabled: bool = True
+    window_s: float = 1.0  # two all-reduce iterations; at most the window engine's history
+    min_windows: int = 3  # "persistently": three windows in a row
+    clear_windows: int = 2
+    z_threshold: float = 3.5  # modified z-score cut-off (Iglewicz & Hoaglin)
+    min_pause_share: float = 0.05  # the NIC asks for pause at least 5% of the time...
+    # ...or receives this many ECN-marked packets per second (~0.4% of a 400G port's 4 KB
+    # packets: healthy all-reduce marks a few thousand a second)
+    min_ecn_rate: float = 50_000.0
+    ecn_ratio: float = 5.0  # ...and that many times its peers' median
+    max_throughput_ratio: float = 0.9  # RDMA transmit at most 90% of its peers' upper quartile
+    min_peers: int = 4  # NICs with data in the group, itself included
+    pause_mad_floor: float = 0.005  # z-score scale floors, so a flat group is not all outliers
+    ecn_mad_floor: float = 1_000.0
+    throughput_mad_floor: float = 0.01  # relative to the median
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "enabled":
+                continue
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+                raise ConfigError(f"straggler: {f.name}: {v!r} is not a number")
+            if v <= 0:
+                raise ConfigError(f"straggler: {f.name}: must be > 0, not {v!r}")
+        for name in ("min_windows", "clear_windows", "min_peers"):
+            if int(getattr(self, name)) != getattr(self, name):
+                raise ConfigError(f"straggler: {name}: must be a whole number")
+        if not 0 < self.max_throughput_ratio < 1 or not 0 < self.min_pause_share <= 1:
+            raise ConfigError(
+                "straggler: max_throughput_ratio must be within (0, 1), min_pause_share (0, 1]"
+            )
+
+
+@dataclass
+class _Active:
+    ts: int
+    evidence: str
+    pcie: str
+
+
+@dataclass
+class StragglerDetector:
+    topology: Topology
+    config: StragglerConfig = field(default_factory=StragglerConfig)
+    name: str = "straggler"
+
+    @property
+    def window_s(self) -> float:
+        """The longest sliding window this detector reads."""
+        return self.config.window_s
+
+    def __post_init__(self) -> None:
+        self.slots = EntitySlots()
+        self.group = np.empty(0, dtype=np.int64)  # peer group of each slot (-1: none)
+        self.rail = np.empty(0, dtype=np.int64)
+        self.group_names: list[str] = []
+        self.streak = np.empty(0, dtype=np.int64)  # windows in a row that looked slow
+        self.calm = np.empty(0, dtype=np.int64)  # ... that looked normal
+        self.active: dict[int, _Active] = {}
+        self.next_eval_ns = 0
+        self.peak_pause = 0.0  # the highest step pause share / ECN rate since the last window
+        self.peak_ecn = 0.0
+
+    def _grow(self) -> None:
+        have = len(self.group)
+        if have == len(self.slots):
+            return
+        topo = self.topology
+        groups, rails = [], []
+        for node, nic in self.slots.keys[have:]:  # NICs seen for the first time
+            jobs = topo.node_jobs.get(node)
+            rail = topo.nic_rail(node, nic)
+            name = f"job:{jobs[0]}" if jobs else (f"rail:{rail}" if rail is not None else "")
+            if name and name not in self.group_names:
+                self.group_names.append(name)
+            groups.append(self.group_names.index(name) if name else -1)
+            rails.append(-1 if rail is None else rail)
+        self.group = np.concatenate([self.group, np.array(groups, dtype=np.int64)])
+        self.rail = np.concatenate([self.rail, np.array(rails, dtype=np.int64)])
+        z = np.zeros(len(groups), dtype=np.int64)
+        self.streak = np.concatenate([self.streak, z])
+        self.calm = np.concatenate([self.calm, z])
+
+    def evaluate(self, ctx: StepContext) -> list[Finding]:
+        cfg = self.config
+        cur = ctx.engine.current()
+        if cur is None:
+            return []
+        for metric, attr, scale in ((PAUSE, "peak_pause", 1e6), (ECN, "peak_ecn", 1.0)):
+            f = cur.get(metric)
+            if f.height:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    r = f.get_column("delta").to_numpy() / (f.get_column("dt").to_numpy() * scale)
+                top = float(np.nanmax(r)) if np.isfinite(r).any() else 0.0
+                if top > getattr(self, attr):
+                    setattr(self, attr, top)
+        if ctx.end < self.next_eval_ns:
+            return self._findings()
+        w = round(cfg.window_s * S)
+        self.next_eval_ns = (ctx.end // w + 1) * w
+        quiet = self.peak_pause < cfg.min_pause_share and self.peak_ecn < cfg.min_ecn_rate
+        self.peak_pause = self.peak_ecn = 0.0
+        if quiet and not self.active and not self.streak.any():
+            return []  # no NIC could look pressed in this window: nothing to compare
+        self._window(ctx, w)
+        return self._findings()
+
+    def _window(self, ctx: StepContext, w: int) -> None:
+        """Compare every NIC's last window with its peers'; update streaks and alerts."""
+        cfg = self.config
+        hist = [h for h in ctx.engine.history if h.end > ctx.end - w]
+        parts, which = [], []
+        for i, metric in enumerate(SIGNALS):
+            for h in hist:
+                f = h.get(metric)
+                if f.height:
+                    parts.append(f)
+                    which.append(np.full(f.height, i, dtype=np.int64))
+        if not parts:
+            return
+        rows = pl.concat(parts, how="vertical", rechunk=False)
+        slot = self.slots.rows(rows)
+        self._grow()
+        n = len(self.slots)
+        k = slot * 3 + np.concatenate(which)
+        delta = np.bincount(k, np.nan_to_num(rows.get_column("delta").to_numpy()), minlength=3 * n)
+        dt = np.bincount(k, np.nan_to_num(rows.get_column("dt").to_numpy()), minlength=3 * n)
+        delta, dt = delta.reshape(n, 3), dt.reshape(n, 3)
+        ts = np.zeros(n, dtype=np.int64)
+        np.maximum.at(ts, slot, rows.get_column("ts").to_numpy())
+        win = w / S
+        covered = (dt >= 0.5 * win) & (dt <= 1.5 * win)  # a gap's catch-up is not comparable
+        with np.errstate(divide="ignore", invalid="ignore"):
+            val = np.where(covered, delta / dt, np.nan)
+        pause, ecn, tput = val[:, 0] / 1e6, val[:, 1], val[:, 2]
+        judged = np.zeros(n, dtype=bool)
+        cond = np.zeros(n, dtype=bool)
+        stats: dict[int, tuple[float, float, float, float, float]] = {}
+        zs = np.full((n, 3), np.nan)
+        for g in np.unique(self.group[covered[:, 2] & (self.group >= 0)]).tolist():
+            m = np.flatnonzero((self.group == g) & covered[:, 2])  # the group's NICs with data
+            if len(m) < cfg.min_peers:
+                continue
+            zp, med_p = _robust_z(pause[m], cfg.pause_mad_floor)
+            ze, med_e = _robust_z(ecn[m], cfg.ecn_mad_floor)
+            zt, med_t = _robust_z(tput[m], cfg.throughput_mad_floor, relative=True)
+            pressed = (np.nan_to_num(pause[m]) >= cfg.min_pause_share) & (
+                np.nan_to_num(zp) >= cfg.z_threshold
+            )
+            pressed |= (
+                (np.nan_to_num(ecn[m]) >= cfg.min_ecn_rate)
+                & (np.nan_to_num(ecn[m]) >= cfg.ecn_ratio * np.nan_to_num(med_e))
+                & (np.nan_to_num(ze) >= cfg.z_threshold)
+            )
+            # the reference is the peers' upper quartile, not their median: with few rails,
+            # the slow NIC's whole rail (which waits for it) can be half of the job
+            ref_t = float(np.nanpercentile(tput[m], 75))
+            slow = tput[m] <= cfg.max_throughput_ratio * ref_t
+            judged[m] = True
+            cond[m] = pressed & slow
+            zs[m] = np.stack([zp, ze, zt], axis=1)
+            stats[g] = (med_p, med_e, med_t, float(len(m)), ref_t)
+        self.streak = np.where(cond, self.streak + 1, np.where(judged, 0, self.streak))
+        self.calm = np.where(cond, 0, np.where(judged, self.calm + 1, self.calm))
+        for i in [i for i in self.active if self.calm[i] >= cfg.clear_windows]:
+            del self.active[i]
+        enter = np.flatnonzero(cond & (self.streak >= cfg.min_windows))
+        for i in enter.tolist():  # the few stragglers
+            if i in self.active:
+                continue
+            g = int(self.group[i])
+            med_p, med_e, med_t, size, ref_t = stats[g]
+            node, nic = self.slots.keys[i]
+            same_rail = np.flatnonzero(
+                (self.group == g) & (self.rail == self.rail[i]) & covered[:, 2]
+            )
+            ring = float(np.nanmedian(tput[same_rail])) / ref_t if ref_t > 0 else math.nan
+            peers = f"{self.group_names[g]} ({int(size)} NICs)"
+            ev = [
+                f"pause requested {pct(pause[i])} of the time (peer median {pct(med_p)}, "
+                f"robust z {zs[i, 0]:.0f}; thresholds {pct(cfg.min_pause_share)}, "
+                f"z {cfg.z_threshold:g})",
+                f"ECN-marked packets {ecn[i]:,.0f}/s (peer median {med_e:,.0f}/s, z "
+                f"{zs[i, 1]:.0f})",
+                f"RDMA transmit {tput[i] * 8 / 1e9:.1f} Gb/s = {pct(tput[i] / ref_t)} of the "
+                f"peers' upper quartile {ref_t * 8 / 1e9:.1f} Gb/s (threshold "
+                f"{pct(cfg.max_throughput_ratio)}; median {med_t * 8 / 1e9:.1f} Gb/s, z "
+                f"{zs[i, 2]:.1f})",
+            ]
+            if self.rail[i] >= 0 and math.isfinite(ring):
+                ev.append(
+                    f"its rail {self.rail[i]} runs at {pct(ring)} of that (the ring waits for it)"
+                )
+            self.active[i] = _Active(
+                int(ts[i]),
+                f"{node}/{nic} among {peers}, over {cfg.window_s:g} s windows, "
+                f"{int(self.streak[i])} in a row: " + "; ".join(ev),
+                self._pcie(ctx, node, nic),
+            )
+
+    def _pcie(self, ctx: StepContext, node: str, nic: str) -> str:
+        """The NIC's PCIe link, if the newest step shows it below its maximum (evidence)."""
+        cur = ctx.engine.current()
+        if cur is None:
+            return ""
+        got: dict[str, float] = {}
+        for m in ("nic_pcie_speed_gts", "nic_pcie_max_speed_gts", "nic_pcie_width"):
+            f = cur.get(m)
+            if f.height:
+                hit = f.filter((pl.col("device") == node) & (pl.col("port") == nic))
+                if hit.height:
+                    got[m] = float(hit.get_column("last")[0])
+        f = cur.get("nic_pcie_max_width")
+        if f.height:
+            hit = f.filter((pl.col("device") == node) & (pl.col("port") == nic))
+            if hit.height:
+                got["nic_pcie_max_width"] = float(hit.get_column("last")[0])
+        s, ms = got.get("nic_pcie_speed_gts"), got.get("nic_pcie_max_speed_gts")
+        wd, mw = got.get("nic_pcie_width"), got.get("nic_pcie_max_width")
+        if (s and ms and s < ms) or (wd and mw and wd < mw):
+            return f"PCIe link {_gts(s, wd)} below its maximum {_gts(ms, mw)}"
+        return ""
+
+    def _findings(self) -> list[Finding]:
+        out = []
+        for i, act in self.active.items():
+            node, nic = self.slots.keys[i]
+            labels = node_labels(self.topology, node, nic)
+            where = labels.get("job") or (f"rail {labels['rail']}" if "rail" in labels else "")
+            extra = {"pcie": act.pcie} if act.pcie else {}
+            out.append(
+                Finding(
+                    "Straggler",
+                    labels,
+                    "warning",
+                    act.ts,
+                    summary=f"{node}/{nic} is persistently slower than its peers"
+                    + (f" in {where}" if where else ""),
+                    description=f"{node}/{nic} backs up (it asks for pause or gets ECN-marked "
+                    "traffic) while sending well below its peers; every ring it is in waits "
+                    "for it." + (f" {act.pcie}: a likely cause." if act.pcie else ""),
+                    evidence=act.evidence + (f"; {act.pcie}" if act.pcie else ""),
+                    extra=extra,
+                )
+            )
+        return out
+
+
+def _gts(speed: float | None, width: float | None) -> str:
+    return (f"{speed:g}" if speed else "?") + " GT/s" + (f" x{width:g}" if width else "")
+
+
+def _robust_z(x: np.ndarray, floor: float, relative: bool = False) -> tuple[np.ndarray, float]:
+    """Robust z-scores (median and 1.4826 x MAD) of ``x``, with a floor on the scale.
+
+    >>> z, med = _robust_z(np.array([1.0, 1.0, 1.1, 0.9, 5.0]), 0.01)
+    >>> med, round(float(z[-1]), 1)
+    (1.0, 27.0)
+    """
+    if not np.isfinite(x).any():
+        return np.full(len(x), np.nan), math.nan
+    med = float(np.nanmedian(x))
+    mad = float(np.nanmedian(np.abs(x - med)))
+    scale = max(1.4826 * mad, floor * abs(med) if relative else floor, 1e-12)
+    return (x - med) / scale, med
+
+
+def build(topology: Topology, config: StragglerConfig | None = None) -> StragglerDetector:
+    return StragglerDetector(topology, config or StragglerConfig())
+
+
+__all__ = ["StragglerConfig", "StragglerDetector", "build"]

@@ -1,0 +1,199 @@
+"""Straggler on a hand-built job: a NIC that backs up and sends less than its peers."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import polars as pl
+import pytest
+
+from detectors.straggler import StragglerConfig
+from rocewatch.errors import ConfigError
+from rocewatch.model import Alert, conform
+from rocewatch.pipeline import Pipeline
+from rocewatch.topology import Topology
+
+S = 1_000_000_000
+STEP = S // 10
+T0 = 1_795_946_400 * S
+
+JOB = [f"gpu-00{i}" for i in range(1, 9)]
+SPARE = ["gpu-101", "gpu-102", "gpu-103", "gpu-104"]  # in no job: compared within their rail
+TOPO = Topology.from_dict(
+    {
+        "switches": [{"name": f"leaf-{r}", "role": "leaf", "rail": r} for r in range(2)],
+        "nodes": [
+            {
+                "name": n,
+                "nics": [
+                    {"nic": f"mlx5_{r}", "rail": r, "switch_port": f"leaf-{r}/Ethernet1/{i + 1}"}
+                    for r in range(2)
+                ],
+            }
+            for i, n in enumerate(JOB + SPARE)
+        ],
+        "jobs": [{"name": "llm", "tenant": "a", "nodes": JOB}],
+    }
+)
+NICS = [(n, f"mlx5_{r}") for n in JOB + SPARE for r in range(2)]
+LINE = 5e9  # bytes per 0.1 s tick at ~400 Gb/s
+
+
+def active(t: float) -> float:
+    """NCCL all-reduce: 60% of each 0.5 s iteration communicating (same for the whole job)."""
+    return 1.0 if (t % 0.5) < 0.3 else 0.1
+
+
+# (node, nic, t, rng) -> (tx bytes, pause µs, ECN-marked packets) in the tick ending at t
+Signals = Callable[[str, str, float, np.random.Generator], tuple[float, float, float]]
+
+
+def healthy(node: str, nic: str, t: float, rng: np.random.Generator) -> tuple[float, float, float]:
+    a = active(t)
+    return (
+        LINE * a * rng.uniform(0.98, 1.0),
+        rng.exponential(150.0) * a,
+        float(rng.poisson(80 * a)),
+    )
+
+
+def feed(
+    seconds: float,
+    sig: Signals,
+    seed: int = 1,
+    silent: Callable[[str, float], bool] = lambda n, t: False,
+    clear: Callable[[str, float], bool] = lambda n, t: False,
+    pcie: Callable[[str, str, float], float] = lambda n, c, t: 32.0,
+) -> Iterator[pl.DataFrame]:
+    rng = np.random.default_rng(seed)
+    cum: dict[tuple[str, str, str], int] = {}
+    metrics = ("nic_tx_rdma_bytes", "nic_tx_pause_us", "nic_ecn_marked_pkts")
+    for i in range(int(seconds * 10) + 1):
+        t = i / 10
+        ts = T0 + i * STEP + 4_000_000
+        rows = []
+        for node, nic in NICS:
+            incs = sig(node, nic, t, rng) if i else (0.0, 0.0, 0.0)
+            for m, x in zip(metrics, incs, strict=True):
+                k = (node, nic, m)
+                if clear(node, t):
+                    cum[k] = 0
+                cum[k] = cum.get(k, 10**12) + int(x)
+                if not silent(node, t):
+                    q = "3" if m == "nic_tx_pause_us" else ""
+                    rows.append((ts, node, nic, q, m, float(cum[k]), cum[k]))
+            if not silent(node, t):
+                rows.append((ts, node, nic, "", "nic_pcie_speed_gts", pcie(node, nic, t), None))
+                rows.append((ts, node, nic, "", "nic_pcie_max_speed_gts", 32.0, None))
+        yield conform(
+            pl.DataFrame(
+                rows,
+                schema=["ts", "device", "port", "qual", "metric", "value", "raw"],
+                orient="row",
+            )
+        )
+
+
+def run(frames: Iterator[pl.DataFrame], cut: int | None = None) -> list[Alert]:
+    p = Pipeline(TOPO, rollup_s=None)
+    p.detectors = [d for d in p.detectors if d.name == "straggler"]  # this detector alone
+    for n, f in enumerate(frames):
+        if n == cut:
+            p = pickle.loads(pickle.dumps(p))  # a checkpoint, as the service takes
+        p.ingest(f)
+        p.advance(int(f["ts"].max()) - p.engine.lateness_ns())  # type: ignore[arg-type]
+    p.finish()
+    return [a for a in p.all_alerts() if a.name == "Straggler"]
+
+
+ONSET = 4.0
+CULPRIT = ("gpu-003", "mlx5_1")
+
+
+def pcie_slow(t: float) -> bool:
+    return t >= ONSET
+
+
+def straggling(node: str, nic: str, t: float, rng: np.random.Generator) -> tuple[float, ...]:
+    """From ONSET, gpu-003/mlx5_1 cannot drain its receive buffers (PCIe Gen4 behind a 400G
+    port): it pauses its leaf and gets ECN-marked traffic; its whole rail's ring slows."""
+    tx, pause, ecn = healthy(node, nic, t, rng)
+    if pcie_slow(t) and nic == "mlx5_1" and node in JOB:
+        tx *= 0.55  # the ring waits for its slowest member
+        if node == CULPRIT[0]:
+            pause = rng.uniform(0.2, 0.3) * 1e5 * active(t)
+            ecn = float(rng.poisson(20_000 * active(t)))
+    return tx, pause, ecn
+
+
+def test_the_slow_nic_is_found_not_its_rail_peers() -> None:
+    pcie = lambda n, c, t: 16.0 if (n, c) == CULPRIT and pcie_slow(t) else 32.0  # noqa: E731
+    alerts = run(feed(10.0, straggling, pcie=pcie), cut=55)
+    assert [(a.labels["node"], a.labels["nic"]) for a in alerts] == [CULPRIT]
+    a = alerts[0]
+    assert a.labels["severity"] == "warning" and a.labels["job"] == "llm"
+    assert a.labels["rail"] == "1" and a.labels["tenant"] == "a"
+    # three 1 s windows in a row: found 2-4 s after the onset
+    ttd = (a.starts_at - (T0 + int(ONSET * S))) / S
+    assert 2.5 <= ttd <= 4.0, ttd
+    ev = a.annotations["evidence"]
+    assert "among job:llm (16 NICs)" in ev and "3 in a row" in ev, ev
+    assert "pause requested" in ev and "RDMA transmit" in ev and "upper quartile" in ev
+    assert "its rail 1 runs at" in ev
+    assert a.annotations["pcie"] == "PCIe link 16 GT/s below its maximum 32 GT/s"
+
+
+def test_look_alikes_gaps_and_clears_are_not_stragglers() -> None:
+    """An incast receiver (congested, sends at full rate), a PFC storm's origin (pauses all the
+    time, but its whole job stalls with it), a rail whose ring runs slow (slow, not pressed), a
+    NIC 7% slower (transport retries), MoE-like pause spikes, an agent gap and a counter clear.
+    """
+
+    def sig(node: str, nic: str, t: float, rng: np.random.Generator) -> tuple[float, ...]:
+        tx, pause, ecn = healthy(node, nic, t, rng)
+        if rng.random() < 0.03:
+            pause = rng.uniform(0.3, 0.6) * 1e5  # a brief heavy pause
+        if (node, nic) == ("gpu-005", "mlx5_0") and 1.0 <= t < 5.0:
+            ecn = float(rng.poisson(60_000))  # incast target
+        if 2.0 <= t < 5.0 and node in JOB:
+            tx *= 0.02  # the storm stalls the whole job
+            if (node, nic) == ("gpu-006", "mlx5_0"):
+                pause = 1e5
+        if 6.0 <= t < 10.0 and nic == "mlx5_0" and node in JOB:
+            tx *= 0.6  # rail 0's ring slow, no NIC backs up
+        if (node, nic) == ("gpu-007", "mlx5_1"):
+            tx *= 0.93
+        return tx, pause, ecn
+
+    alerts = run(
+        feed(
+            11.0,
+            sig,
+            seed=2,
+            silent=lambda n, t: n == "gpu-008" and 3.0 <= t < 5.5,
+            clear=lambda n, t: n in ("gpu-002", "gpu-101") and abs(t - 7.0) < 0.05,
+        )
+    )
+    assert alerts == [], [a.labels for a in alerts]
+
+
+def test_outside_jobs_peers_are_the_rail() -> None:
+    def sig(node: str, nic: str, t: float, rng: np.random.Generator) -> tuple[float, ...]:
+        tx, pause, ecn = healthy(node, nic, t, rng)
+        if (node, nic) == ("gpu-102", "mlx5_0") and t >= 1.0:
+            tx, pause = tx * 0.5, 3e4 * active(t)
+        return tx, pause, ecn
+
+    alerts = run(feed(6.0, sig, seed=3))
+    assert [(a.labels["node"], a.labels["nic"]) for a in alerts] == [("gpu-102", "mlx5_0")]
+    assert "job" not in alerts[0].labels
+    assert "among rail:0 (4 NICs)" in alerts[0].annotations["evidence"]
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ConfigError, match="max_throughput_ratio"):
+        StragglerConfig(max_throughput_ratio=1.5)
+    with pytest.raises(ConfigError, match="min_windows"):
+        StragglerConfig(min_windows=2.5)

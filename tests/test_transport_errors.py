@@ -1,0 +1,170 @@
+"""TransportErrors on hand-built frames: retransmissions and out-of-sequence packets beyond a
+NIC's own and the fabric's baseline; healthy reordering, stray errors and counter clears must
+not fire."""
+
+import numpy as np
+import polars as pl
+import pytest
+
+from detectors.transport_errors import TransportErrorsConfig
+from rocewatch.config import Config, config_from_dict
+from rocewatch.errors import ConfigError
+from rocewatch.model import conform
+from rocewatch.pipeline import Pipeline
+from rocewatch.topology import Topology
+
+S = 1_000_000_000
+STEP = S // 10
+T0 = 1_795_946_400 * S
+
+NICS = [(f"gpu-00{i}", f"mlx5_{r}") for i in range(1, 5) for r in range(2)]
+TOPO = Topology.from_dict(
+    {
+        "switches": [{"name": "leaf-0", "role": "leaf", "rail": 0}],
+        "nodes": [
+            {
+                "name": f"gpu-00{i}",
+                "nics": [
+                    {"nic": f"mlx5_{r}", "switch_port": f"leaf-0/Ethernet1/{2 * i + r}"}
+                    for r in range(2)
+                ],
+            }
+            for i in range(1, 5)
+        ],
+        "jobs": [{"name": "llm", "tenant": "a", "nodes": ["gpu-001", "gpu-002", "gpu-003"]}],
+    }
+)
+SICK = ("gpu-002", "mlx5_1")
+# healthy per second: adaptive routing reorders a little; errors are stray single events
+OOS_PPS = 25.0
+STRAY = {
+    "nic_packet_seq_err": 0.02,
+    "nic_local_ack_timeout": 0.002,
+    "nic_implied_nak_seq_err": 0.03,
+}
+# a sick NIC per second (the simulator's TransportErrors fault, a little weaker)
+FAULT = {
+    "nic_out_of_sequence": 2_500.0,
+    "nic_packet_seq_err": 200.0,
+    "nic_local_ack_timeout": 25.0,
+    "nic_implied_nak_seq_err": 60.0,
+}
+METRICS = ["nic_out_of_sequence", *STRAY, "nic_rnr_nak_retry_err"]
+
+
+def ticks(seconds, fault=lambda t, nic: {}, oos=lambda nic: OOS_PPS, clears=(), seed=1):
+    """One snapshot per NIC every 100 ms, counts drawn from Poisson with the per-second rates
+    of the healthy baseline (``oos(nic)`` for out_of_sequence) plus ``fault(t, nic)`` for the
+    interval ending at ``t``; ``clears`` (t, node): that node's counters restart from 0."""
+    rng = np.random.default_rng(seed)
+    cum = {k: 10_000 for k in ((n, m) for n in NICS for m in METRICS)}
+    for i in range(int(seconds * 10) + 1):
+        t = round(i / 10, 1)
+        ts = T0 + i * STEP + 2_000_000
+        rows = []
+        for nic in NICS:
+            if (t, nic[0]) in clears:
+                for m in METRICS:
+                    cum[(nic, m)] = 0
+            extra = fault(t, nic)
+            for m in METRICS:
+                rate = (oos(nic) if m == "nic_out_of_sequence" else STRAY.get(m, 0.0)) + extra.get(
+                    m, 0.0
+                )
+                cum[(nic, m)] += int(rng.poisson(rate / 10)) if i else 0
+                rows.append((ts, *nic, "", m, float(cum[(nic, m)]), cum[(nic, m)]))
+        yield conform(
+            pl.DataFrame(
+                rows,
+                schema=["ts", "device", "port", "qual", "metric", "value", "raw"],
+                orient="row",
+            )
+        )
+
+
+def run(frames, config=None):
+    p = Pipeline(TOPO, config or Config(), rollup_s=None)
+    # the real pipeline, with the detector this file is about
+    p.detectors = [d for d in p.detectors if d.name == "transport_errors"]
+    for f in frames:
+        p.ingest(f)
+        p.advance(int(f["ts"].max()) - p.engine.lateness_ns())
+    p.finish()
+    return p
+
+
+def found(p):
+    return [a for a in p.all_alerts() if a.name == "TransportErrors"]
+
+
+def sick(a, b, rates=FAULT):
+    return lambda t, nic: rates if nic == SICK and a < t <= b + 1e-9 else {}
+
+
+def test_sick_nic_found_with_labels_and_onset():
+    p = run(ticks(18, sick(12.0, 15.0)))
+    (a,) = found(p)
+    assert a.labels == {
+        "alertname": "TransportErrors",
+        "severity": "warning",
+        "node": "gpu-002",
+        "nic": "mlx5_1",
+        "rail": "0",
+        "job": "llm",
+        "tenant": "a",
+    }
+    ttd = (a.starts_at - (T0 + 12 * S)) / 1e9
+    assert 1.9 <= ttd <= 2.3, ttd
+    assert a.ends_at and T0 + 15 * S < a.ends_at < T0 + 18 * S
+    ev = a.annotations["evidence"]
+    assert "NAK sequence errors" in ev and "local ACK timeouts" in ev and "threshold 5/s" in ev
+    assert "10x baseline: own" in ev and "fabric median" in ev
+
+
+def test_errors_alone_fire_while_the_baseline_is_learning():
+    # 3 s into the run no NIC has its own out_of_sequence baseline yet: retransmissions and
+    # timeouts alone still make the case
+    (a,) = found(run(ticks(7, sick(3.0, 6.0))))
+    assert (a.labels["node"], a.labels["nic"]) == SICK
+    assert "not judged: its own baseline is still learning" in a.annotations["evidence"]
+
+
+def test_out_of_sequence_alone_against_the_baselines():
+    # reordering 100x its usual rate, no retransmissions: judged once the NIC knows its normal;
+    # a NIC that always reorders 10x more than its peers is not a fault
+    only_oos = {"nic_out_of_sequence": 2_500.0}
+    noisy = ("gpu-003", "mlx5_0")
+    p = run(ticks(16, sick(12.0, 15.0, only_oos), oos=lambda n: 250.0 if n == noisy else OOS_PPS))
+    (a,) = found(p)
+    assert (a.labels["node"], a.labels["nic"]) == SICK
+    assert "retransmission errors 0.0/s" in a.annotations["evidence"]
+
+
+def test_a_fault_does_not_become_its_own_baseline():
+    # a 12 s fault with a 3 s baseline time constant: the NIC's baseline is frozen while it is
+    # suspect, so the alert holds for the whole fault instead of fading as the EWMA catches up
+    cfg = Config(detectors={"transport_errors": TransportErrorsConfig(baseline_tau_s=3.0)})
+    only_oos = {"nic_out_of_sequence": 2_500.0}
+    (a,) = found(run(ticks(26, sick(12.0, 24.0, only_oos)), cfg))
+    assert a.ends_at > T0 + 24 * S
+
+
+def test_healthy_reordering_and_stray_errors_do_not_fire():
+    assert found(run(ticks(20, seed=7))) == []
+
+
+def test_counter_clears_do_not_fire():
+    # a node's agent restarts the driver: every counter of its NICs drops to 0 at 5 s
+    clears = {(5.0, "gpu-001"), (14.0, "gpu-004")}
+    p = run(ticks(18, clears=clears))
+    assert found(p) == []
+    assert p.stats.get("counter_resets") > 0
+
+
+def test_config_validation():
+    cfg = config_from_dict({"detectors": {"transport_errors": {"error_min_rate": 2}}})
+    assert cfg.detectors["transport_errors"].error_min_rate == 2
+    with pytest.raises(ConfigError, match="exit_ratio"):
+        config_from_dict({"detectors": {"transport_errors": {"exit_ratio": 0}}})
+    with pytest.raises(ConfigError, match="oos_factor"):
+        TransportErrorsConfig(oos_factor=0.5)
