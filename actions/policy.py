@@ -3,6 +3,11 @@
 Draining is destructive, so every decision passes these rules, in this order; the first that
 withholds a drain names the refusal (``refused: <rule>`` in the action record):
 
+``fabric_incident``
+    a FabricIncident raised by the detectors (fed to ``on_alert``; its ``scope`` label names
+    ``fabric``, ``job:<name>``, ``rail:<n>`` or ``switch:<name>``) fires and the node is in
+    that scope: the detectors already see a fabric event there. Recorded once per node and
+    incident; reconsidered on every tick, so the drain goes ahead once the incident resolves.
 ``blast_radius``
     more distinct candidate nodes than ``blast_radius_nodes`` started within ``hold_down_s`` of
     each other: the fabric is at fault, not the nodes. Nobody in that window is drained, ever;
@@ -205,6 +210,10 @@ class DrainPolicy:
         self._job_last_drain: dict[str, int] = {}
         self._drain_log: list[tuple[int, str]] = []  # (time, scheduler)
         self._incidents: dict[str, _Incident] = {}  # open incidents by scope
+        # firing FabricIncidents from the detectors: fingerprint -> scope; and the
+        # "node@fingerprint" refusals already recorded under them
+        self._detector_incidents: dict[str, str] = {}
+        self._incident_refused: set[str] = set()
         self._now = 0
         self._warned_unknown: set[str] = set()
         self._rail_nodes: dict[int, set[str]] = {}
@@ -217,6 +226,8 @@ class DrainPolicy:
     def on_alert(self, alert: Alert, now_ns: int) -> None:
         """Take one alert event; only drain candidates are remembered."""
         self._now = max(self._now, now_ns)
+        if self._on_detector_incident(alert):
+            return
         if not self._is_candidate(alert):
             return
         key = f"{alert.fingerprint}@{alert.starts_at}"
@@ -296,6 +307,8 @@ class DrainPolicy:
         rec = self._nodes.get(c.node)
         if rec is not None:
             self._attach(c, rec)
+            return
+        if self._withheld_by_detector_incident(c, now, out):
             return
         if not c.blast_checked:
             c.blast_checked = True
@@ -502,6 +515,52 @@ class DrainPolicy:
             rec.status = "drained"  # faulting again: stop trying to resume it
             rec.attempts = 0
 
+    # --- FabricIncidents raised by the detectors --------------------------------------------
+    def _on_detector_incident(self, alert: Alert) -> bool:
+        """Track a detector FabricIncident event; True when ``alert`` was one."""
+        labels = alert.labels
+        if labels.get("alertname") != "FabricIncident" or not labels.get("scope"):
+            return False
+        fp = alert.fingerprint
+        if alert.ends_at:
+            if self._detector_incidents.pop(fp, None) is not None:
+                log.warning("fabric incident %s resolved: drains reconsidered", labels["scope"])
+            self._incident_refused = {k for k in self._incident_refused if not k.endswith(f"@{fp}")}
+        elif fp not in self._detector_incidents:
+            self._detector_incidents[fp] = labels["scope"]
+            log.warning("fabric incident %s: drains there withheld", labels["scope"])
+        return True
+
+    def _in_scope(self, node: str, scope: str) -> bool:
+        kind, _, name = scope.partition(":")
+        if kind == "fabric":
+            return True
+        if kind == "job":
+            return name in self.topology.node_jobs.get(node, [])
+        if kind == "rail":
+            return name.isdigit() and node in self._rail_nodes.get(int(name), set())
+        if kind == "switch":
+            n = self.topology.nodes.get(node)
+            return n is not None and any(
+                x.switch_port is not None and x.switch_port.switch == name for x in n.nics
+            )
+        return False
+
+    def _withheld_by_detector_incident(self, c: _Candidate, now: int, out: list[Action]) -> bool:
+        """Withhold ``c`` while a detector FabricIncident covering its node fires."""
+        for fp, scope in sorted(self._detector_incidents.items(), key=lambda x: x[1]):
+            if not self._in_scope(c.node, scope):
+                continue
+            c.refused = "fabric_incident"
+            noted = f"{c.node}@{fp}"
+            if noted not in self._incident_refused:
+                self._incident_refused.add(noted)
+                why = f"FabricIncident in {scope} fires: a fabric event, drains there withheld"
+                out.append(self._action(now, "drain", c, False, "refused: fabric_incident", why))
+                log.warning("drain of %s withheld (fabric_incident): %s", c.node, why)
+            return True
+        return False
+
     # --- incidents -----------------------------------------------------------------------------
     def _incident(self, scope: str, now: int) -> _Incident:
         inc = self._incidents.get(scope)
@@ -668,6 +727,8 @@ class DrainPolicy:
             "job_last_drain": dict(self._job_last_drain),
             "drain_log": [[t, s] for t, s in self._drain_log],
             "incidents": [dataclasses.asdict(i) for i in self._incidents.values()],
+            "detector_incidents": dict(self._detector_incidents),
+            "incident_refused": sorted(self._incident_refused),
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -682,11 +743,17 @@ class DrainPolicy:
             self._last_drain = {str(k): int(v) for k, v in state["last_drain"].items()}
             self._job_last_drain = {str(k): int(v) for k, v in state["job_last_drain"].items()}
             self._now = int(state["now"])
+            detector_incidents = {
+                str(k): str(v) for k, v in state.get("detector_incidents", {}).items()
+            }
+            incident_refused = {str(k) for k in state.get("incident_refused", [])}
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"drain policy state is damaged: {e}") from e
         self._cands = {c.key: c for c in cands}
         self._nodes = {r.node: r for r in nodes}
         self._incidents = {i.scope: i for i in incidents}
+        self._detector_incidents = detector_incidents
+        self._incident_refused = incident_refused
         log.info(
             "drain policy restored: %d nodes held, %d alerts remembered",
             len(self._nodes),

@@ -6,6 +6,7 @@ from typing import Any
 
 from detectors.base import Detector
 from detectors.ecn_congestion import EcnCongestionConfig, EcnCongestionDetector
+from detectors.fabric_incident import FabricIncidentConfig, FabricIncidentDetector
 from detectors.flaky_link import FlakyLinkConfig, FlakyLinkDetector
 from detectors.isolation_forest import IsolationForestConfig, IsolationForestDetector
 from detectors.pcie_downgrade import PcieDowngradeConfig, PcieDowngradeDetector
@@ -23,6 +24,8 @@ DETECTORS: dict[str, tuple[type[Any], type[Any]]] = {
     "flaky_link": (FlakyLinkDetector, FlakyLinkConfig),
     "pcie_downgrade": (PcieDowngradeDetector, PcieDowngradeConfig),
     "straggler": (StragglerDetector, StragglerConfig),
+    # after every rule detector: it groups the alerts they raised in this step
+    "fabric_incident": (FabricIncidentDetector, FabricIncidentConfig),
     # last: it reads the rule alerts raised before it in the same step
     "isolation_forest": (IsolationForestDetector, IsolationForestConfig),
 }
@@ -36,6 +39,7 @@ ALERTNAMES: dict[str, str] = {
     "flaky_link": "FlakyLink",
     "pcie_downgrade": "PCIeDowngrade",
     "straggler": "Straggler",
+    "fabric_incident": "FabricIncident",
     "isolation_forest": "PortAnomaly",
 }
 
