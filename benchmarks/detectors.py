@@ -22,7 +22,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# this file's own name would shadow the detectors package
+sys.path[:] = [str(ROOT)] + [
+    p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent
+]
 
 
 def state_bytes(obj: object) -> int:

@@ -22,7 +22,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+# benchmarks/detectors.py would shadow the detectors package: run from the repository root
+sys.path[:] = [str(ROOT), str(ROOT / "scripts")] + [
+    p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent
+]
 
 
 def log(msg: str) -> None:
