@@ -1,0 +1,315 @@
+"""INT Telemetry Report v2.0 (CONTRACTS.md section 4): parse UDP payloads, and build them.
+
+Wire layout used here (all fields big-endian). Details that could not be checked against the
+P4.org Telemetry Report v2.0 text while writing this are marked (*); every offset and width lives
+in the constants below and in ``_MD_FIELDS``, so a correction is a one-place change.
+
+Telemetry group header, ``GROUP_HDR_LEN`` = 12 bytes::
+
+    word 0: Ver(4) = 2 | HW_ID(6) | Sequence Number(22)
+    word 1: Node ID(32)                          -> the switch (topology ``int_node_id``)
+    word 2: Rep Length(16) | Rsvd(16)  (*)       Rep Length = 4-byte words of individual
+                                                 reports following this header (*)
+
+Individual report header, ``IND_HDR_LEN`` = 12 bytes::
+
+    word 0: RepType(4) | InType(4) | Report Length(8) | MD Length(8) | D Q F I(4) | Rsvd(4)
+    word 1: RepMdBits(16) | Domain Specific ID(16)
+    word 2: DSMdBits(16) | DSMdStatus(16)
+
+    Report Length = 4-byte words after this 12-byte header (metadata + any inner packet) (*)
+    MD Length     = 4-byte words of metadata (standard + domain specific) at the start of them
+
+Only RepType 1 (INT) is decoded; other report types are skipped (counted, not malformed).
+Metadata follows in RepMdBits order, bit 0 = most significant bit of the 16-bit field as in
+the INT spec's instruction bitmap (*: bit 0 is the MSB, ``0x8000``):
+
+    bit0 level-1 ingress port id(16) + egress port id(16)   4 bytes
+    bit1 hop latency (ns, 32)                               4 bytes
+    bit2 queue id(8) + queue occupancy(24, cells)           4 bytes
+    bit3 ingress timestamp(64)                              8 bytes
+    bit4 egress timestamp(64)                               8 bytes
+    bit5 level-2 ingress(32) + egress(32) port ids          8 bytes (skipped over, not output)
+    bit6 egress tx utilisation(32)                          4 bytes (skipped over, not output)
+    bit7 buffer id(8) + buffer occupancy(24, cells)         4 bytes
+    bits 8-15                                               not decoded; they come after the
+                                                            known ones, so MD Length covers them
+
+A report is malformed when its MD Length is shorter than the metadata its known RepMdBits need,
+or when it runs past the group's Rep Length or the datagram; a group header with the wrong
+version or a datagram too short for it is malformed as a whole. Everything malformed is counted
+in ``InbandStats`` and skipped; ``parse_datagrams`` never raises on input bytes.
+
+Occupancy is left in cells (the switch's ``int_cell_bytes`` converts it); hop latency in ns.
+Parsing is batched: a Python loop walks only the headers, then the metadata fields of all
+reports sharing one RepMdBits value are gathered with numpy at fixed offsets.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+# ---- layout: the one place to change ---------------------------------------------------------
+TR_VERSION = 2
+REPTYPE_INT = 1
+GROUP_HDR_LEN = 12
+IND_HDR_LEN = 12
+WORD = 4
+DEFAULT_PORT = 32766
+
+
+def md_bit(n: int) -> int:
+    """RepMdBits mask of metadata bit ``n`` (bit 0 = MSB of the 16-bit field)."""
+    return 1 << (15 - n)
+
+
+# metadata bit -> (size in bytes, [(column, byte offset inside the item, width in bytes)])
+_MD_FIELDS: dict[int, tuple[int, list[tuple[str, int, int]]]] = {
+    0: (4, [("ingress_port", 0, 2), ("egress_port", 2, 2)]),
+    1: (4, [("hop_latency_ns", 0, 4)]),
+    2: (4, [("queue_id", 0, 1), ("queue_occupancy_cells", 1, 3)]),
+    3: (8, [("ingress_ts", 0, 8)]),
+    4: (8, [("egress_ts", 0, 8)]),
+    5: (8, []),
+    6: (4, []),
+    7: (4, [("buffer_id", 0, 1), ("buffer_occupancy_cells", 1, 3)]),
+}
+_KNOWN_MASK = sum(md_bit(b) for b in _MD_FIELDS)
+# ----------------------------------------------------------------------------------------------
+
+REPORT_SCHEMA: dict[str, Any] = {
+    "node_id": pl.UInt32,
+    "seq": pl.UInt32,
+    "hw_id": pl.UInt8,
+    "ingress_port": pl.UInt16,
+    "egress_port": pl.UInt16,
+    "hop_latency_ns": pl.UInt32,
+    "queue_id": pl.UInt8,
+    "queue_occupancy_cells": pl.UInt32,
+    "buffer_id": pl.UInt8,
+    "buffer_occupancy_cells": pl.UInt32,
+    "ingress_ts": pl.UInt64,
+    "egress_ts": pl.UInt64,
+}
+_MD_COLUMNS = [c for c in REPORT_SCHEMA if c not in ("node_id", "seq", "hw_id")]
+
+
+@dataclass
+class InbandStats:
+    """Counters of one or more ``parse_datagrams`` calls (``merge`` adds them up)."""
+
+    datagrams: int = 0
+    reports: int = 0  # INT reports decoded into rows
+    malformed_datagrams: int = 0  # too short for the group header, wrong version, bad Rep Length
+    truncated_reports: int = 0  # report header or body past the group / datagram end
+    malformed_reports: int = 0  # MD Length too short for the RepMdBits
+    skipped_reptype: int = 0  # well-formed reports of a RepType other than 1
+    trailing_bytes: int = 0  # datagrams with bytes after the group's Rep Length
+
+    def merge(self, other: InbandStats) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+def empty_reports() -> pl.DataFrame:
+    return pl.DataFrame(schema=REPORT_SCHEMA)
+
+
+def _md_layout(bits: int) -> tuple[int, dict[str, tuple[int, int]]]:
+    """Known metadata length in bytes for ``bits`` and column -> (offset, width)."""
+    off = 0
+    cols: dict[str, tuple[int, int]] = {}
+    for b, (size, fields) in _MD_FIELDS.items():
+        if bits & md_bit(b):
+            for name, rel, width in fields:
+                cols[name] = (off + rel, width)
+            off += size
+    return off, cols
+
+
+_LAYOUT_CACHE: dict[int, tuple[int, dict[str, tuple[int, int]]]] = {}
+
+
+def _layout(bits: int) -> tuple[int, dict[str, tuple[int, int]]]:
+    got = _LAYOUT_CACHE.get(bits)
+    if got is None:
+        got = _LAYOUT_CACHE[bits] = _md_layout(bits)
+    return got
+
+
+def _gather_be(buf: np.ndarray, idx: np.ndarray, width: int) -> np.ndarray:
+    out = np.zeros(idx.shape[0], dtype=np.uint64)
+    for k in range(width):
+        out = (out << np.uint64(8)) | buf[idx + k].astype(np.uint64)
+    return out
+
+
+def parse_datagrams(
+    payloads: Sequence[bytes], stats: InbandStats | None = None
+) -> tuple[pl.DataFrame, InbandStats]:
+    """Decode UDP payloads into one row per INT report (schema ``REPORT_SCHEMA``).
+
+    Fields the report's RepMdBits did not carry are null. Rows keep datagram/report order.
+    ``stats`` (new if None) is updated and returned.
+    """
+    st = stats if stats is not None else InbandStats()
+    st.datagrams += len(payloads)
+    if not payloads:
+        return empty_reports(), st
+    buf = np.frombuffer(b"".join(payloads), dtype=np.uint8)
+    unpack_g = struct.Struct(">IIH").unpack_from
+    unpack_r = struct.Struct(">BBBBHHHH").unpack_from
+
+    # header walk: per report -> absolute metadata offset, header values
+    md_off: list[int] = []
+    node: list[int] = []
+    seq: list[int] = []
+    hw: list[int] = []
+    mdbits: list[int] = []
+    base = 0
+    for p in payloads:
+        n = len(p)
+        start = base
+        base += n
+        if n < GROUP_HDR_LEN:
+            st.malformed_datagrams += 1
+            continue
+        w0, node_id, rep_words = unpack_g(p, 0)
+        end = GROUP_HDR_LEN + rep_words * WORD
+        if w0 >> 28 != TR_VERSION or end > n:
+            st.malformed_datagrams += 1
+            continue
+        if end < n:
+            st.trailing_bytes += 1
+        g_hw = (w0 >> 22) & 0x3F
+        g_seq = w0 & 0x3FFFFF
+        off = GROUP_HDR_LEN
+        while off < end:
+            if off + IND_HDR_LEN > end:
+                st.truncated_reports += 1
+                break
+            b0, rep_len, md_len, _flags, bits, _dsid, _dsbits, _dsstat = unpack_r(p, off)
+            body = off + IND_HDR_LEN
+            nxt = body + rep_len * WORD
+            if nxt > end:
+                st.truncated_reports += 1
+                break
+            if md_len > rep_len:
+                st.malformed_reports += 1
+            elif b0 >> 4 != REPTYPE_INT:
+                st.skipped_reptype += 1
+            elif _layout(bits)[0] > md_len * WORD:
+                st.malformed_reports += 1
+            else:
+                md_off.append(start + body)
+                node.append(node_id)
+                seq.append(g_seq)
+                hw.append(g_hw)
+                mdbits.append(bits)
+            off = nxt
+
+    if not md_off:
+        return empty_reports(), st
+    st.reports += len(md_off)
+    offs = np.asarray(md_off, dtype=np.int64)
+    bits_arr = np.asarray(mdbits, dtype=np.uint16)
+    order_all = np.arange(offs.shape[0], dtype=np.int64)
+    frames: list[pl.DataFrame] = []
+    node_arr = np.asarray(node, dtype=np.uint32)
+    seq_arr = np.asarray(seq, dtype=np.uint32)
+    hw_arr = np.asarray(hw, dtype=np.uint8)
+    for b in np.unique(bits_arr):
+        sel = np.flatnonzero(bits_arr == b)
+        _, cols = _layout(int(b))
+        data: dict[str, Any] = {
+            "_row": order_all[sel],
+            "node_id": node_arr[sel],
+            "seq": seq_arr[sel],
+            "hw_id": hw_arr[sel],
+        }
+        o = offs[sel]
+        for name in _MD_COLUMNS:
+            if name in cols:
+                rel, width = cols[name]
+                data[name] = _gather_be(buf, o + rel, width)
+        frame = pl.DataFrame(data).with_columns(
+            [pl.lit(None).alias(c) for c in _MD_COLUMNS if c not in cols]
+        )
+        frames.append(
+            frame.select(pl.col("_row"), *[pl.col(c).cast(t) for c, t in REPORT_SCHEMA.items()])
+        )
+    out = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+    if len(frames) > 1:
+        out = out.sort("_row")
+    return out.drop("_row"), st
+
+
+# ---- builder (tests, simulator) --------------------------------------------------------------
+
+
+@dataclass
+class ReportMetadata:
+    """One node's INT metadata; the fields that are set decide RepMdBits."""
+
+    ingress_port: int | None = None
+    egress_port: int | None = None
+    hop_latency_ns: int | None = None
+    queue_id: int | None = None
+    queue_occupancy_cells: int | None = None
+    ingress_ts: int | None = None
+    egress_ts: int | None = None
+    buffer_id: int | None = None
+    buffer_occupancy_cells: int | None = None
+
+
+def _encode_md(md: ReportMetadata) -> tuple[int, bytes]:
+    bits = 0
+    out = bytearray()
+    if md.ingress_port is not None or md.egress_port is not None:
+        bits |= md_bit(0)
+        out += struct.pack(">HH", md.ingress_port or 0, md.egress_port or 0)
+    if md.hop_latency_ns is not None:
+        bits |= md_bit(1)
+        out += struct.pack(">I", md.hop_latency_ns)
+    if md.queue_id is not None or md.queue_occupancy_cells is not None:
+        bits |= md_bit(2)
+        out += struct.pack(">I", ((md.queue_id or 0) << 24) | (md.queue_occupancy_cells or 0))
+    if md.ingress_ts is not None:
+        bits |= md_bit(3)
+        out += struct.pack(">Q", md.ingress_ts)
+    if md.egress_ts is not None:
+        bits |= md_bit(4)
+        out += struct.pack(">Q", md.egress_ts)
+    if md.buffer_id is not None or md.buffer_occupancy_cells is not None:
+        bits |= md_bit(7)
+        out += struct.pack(">I", ((md.buffer_id or 0) << 24) | (md.buffer_occupancy_cells or 0))
+    return bits, bytes(out)
+
+
+def build_report(
+    node_id: int,
+    seq: int,
+    reports: Iterable[ReportMetadata | Mapping[str, int]] = (),
+    *,
+    hw_id: int = 0,
+    rep_type: int = REPTYPE_INT,
+) -> bytes:
+    """Encode one Telemetry Report v2.0 datagram (group header + individual reports).
+
+    ``reports`` items are ``ReportMetadata`` or mappings of its field names.
+    """
+    body = bytearray()
+    for r in reports:
+        md = r if isinstance(r, ReportMetadata) else ReportMetadata(**r)
+        bits, mdb = _encode_md(md)
+        words = len(mdb) // WORD
+        body += struct.pack(">BBBBHHHH", (rep_type & 0xF) << 4, words, words, 0, bits, 0, 0, 0)
+        body += mdb
+    w0 = (TR_VERSION << 28) | ((hw_id & 0x3F) << 22) | (seq & 0x3FFFFF)
+    return struct.pack(">IIHH", w0, node_id & 0xFFFFFFFF, len(body) // WORD, 0) + bytes(body)
