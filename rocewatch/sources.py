@@ -64,19 +64,102 @@ class LineFileSource:
             self._fh.close()
 
 
-def scenario_sources(scenario: Path, topology: Topology, stats: Stats) -> list[LineFileSource]:
+class PcapSource:
+    """INT Telemetry Reports from a classic pcap file, aggregated into canonical samples."""
+
+    def __init__(
+        self, path: Path, topology: Topology, stats: Stats, chunk_datagrams: int = 20_000
+    ) -> None:
+        from collector.inband import InbandStats, PcapStats, iter_pcap_payloads
+        from collector.inband.aggregate import IntAggregator
+
+        self.path = path
+        self.name = path.name
+        self.stats = stats
+        self.hi: int | None = None
+        self.done = False
+        self.bytes_total = path.stat().st_size
+        self._read = 0
+        self._pstats = PcapStats()
+        self._istats = InbandStats()
+        self._counted: dict[str, int] = {}
+        self._agg = IntAggregator(topology, stats)
+        try:
+            self._it: Iterator[list[bytes]] | None = iter_pcap_payloads(
+                path, chunk_size=chunk_datagrams, stats=self._pstats
+            )
+        except ValueError as e:
+            from rocewatch.errors import ConfigError
+
+            raise ConfigError(f"{path}: {e}") from e
+
+    def position(self) -> int:
+        return self.bytes_total if self.done else min(self._read, self.bytes_total)
+
+    def _count(self) -> None:
+        """Move the parser's and reader's skip counters into the shared stats."""
+        for prefix, obj in (("pcap_", self._pstats), ("int_", self._istats)):
+            for name, value in vars(obj).items():
+                if name in ("records", "payloads", "datagrams", "reports"):
+                    continue
+                key = prefix + name
+                if value > self._counted.get(key, 0):
+                    self.stats.inc(key, value - self._counted.get(key, 0))
+                    self._counted[key] = value
+
+    def next(self) -> pl.DataFrame | None:
+        from collector.inband import parse_datagrams
+
+        if self.done:
+            return None
+        chunk = next(self._it, None) if self._it is not None else None
+        if chunk is None:
+            self.done = True
+            self._it = None
+            from collector.inband.report import empty_reports
+
+            df = self._agg.add(empty_reports(), final=True) if self._agg.carry is not None else None
+            self._count()
+            if df is not None and df.height:
+                self._note(df)
+                return df
+            return None
+        self._read += sum(len(p) + 58 for p in chunk)  # payload + pcap/Ethernet/IP/UDP headers
+        reports, _ = parse_datagrams(chunk, self._istats)
+        df = self._agg.add(reports)
+        self._count()
+        if df.height:
+            self._note(df)
+        return df
+
+    def _note(self, df: pl.DataFrame) -> None:
+        m = int(df["ts"].max())  # type: ignore[arg-type]
+        self.hi = m if self.hi is None else max(self.hi, m)
+
+    def close(self) -> None:
+        self._it = None
+
+
+def scenario_sources(
+    scenario: Path, topology: Topology, stats: Stats
+) -> list[LineFileSource | PcapSource]:
     """The recorded inputs of a scenario directory (CONTRACTS.md section 5) that exist."""
-    out: list[LineFileSource] = []
+    out: list[LineFileSource | PcapSource] = []
     sw = scenario / "switch.jsonl"
     if sw.exists():
         out.append(LineFileSource(sw, GnmicEventDecoder(topology, stats).decode_lines, stats))
     nic = scenario / "nic.jsonl"
     if nic.exists():
         out.append(LineFileSource(nic, NicSnapshotDecoder(topology, stats).decode_lines, stats))
+    pcap = scenario / "int.pcap"
+    if pcap.exists():
+        out.append(PcapSource(pcap, topology, stats))
     return out
 
 
-def merged(sources: list[LineFileSource], lateness_ns: int) -> Iterator[tuple[pl.DataFrame, int]]:
+def merged(
+    sources: list[LineFileSource | PcapSource], lateness_ns: int
+) -> Iterator[tuple[pl.DataFrame, int]]:
     """Merge sources on telemetry time; yield (batch sorted by time, watermark).
 
     Reads ahead from whichever source is furthest behind and releases rows only up to the

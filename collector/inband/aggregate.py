@@ -1,0 +1,144 @@
+"""INT report rows -> canonical samples, per switch egress port and queue, per interval.
+
+Each interval (100 ms by default) of reports becomes, per (switch, port, queue):
+``queue_peak_bytes`` (the interval's maximum occupancy: what a detector compares with the
+buffer), ``int_queue_mean_bytes``, ``int_queue_p99_bytes``, ``int_hop_latency_max_ns`` and
+``int_hop_latency_mean_ns``, stamped at the interval's end. The group header's Node ID names the
+switch (topology ``int_node_id``), ``int_ports`` names the port, and occupancy is converted from
+the switch's ``int_cell_bytes`` to bytes. Reports from unknown nodes or without a timestamp are
+counted and skipped. Sequence gaps per node are counted as lost reports.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from rocewatch.model import conform, empty_samples
+from rocewatch.stats import Stats
+from rocewatch.topology import Topology
+
+_METRICS = {
+    "occ_max": "queue_peak_bytes",
+    "occ_mean": "int_queue_mean_bytes",
+    "occ_p99": "int_queue_p99_bytes",
+    "lat_max": "int_hop_latency_max_ns",
+    "lat_mean": "int_hop_latency_mean_ns",
+}
+
+
+class IntAggregator:
+    """Aggregates report rows; an interval is emitted once a later interval has been seen."""
+
+    def __init__(self, topology: Topology, stats: Stats, interval_ns: int = 100_000_000) -> None:
+        self.stats = stats
+        self.interval_ns = interval_ns
+        sw = topology.switches.values()
+        self.nodes = pl.DataFrame(
+            {
+                "node_id": [s.int_node_id for s in sw if s.int_node_id is not None],
+                "device": [s.name for s in sw if s.int_node_id is not None],
+                "cell": [s.int_cell_bytes for s in sw if s.int_node_id is not None],
+            },
+            schema={"node_id": pl.UInt32, "device": pl.String, "cell": pl.Int64},
+        )
+        ports = [
+            (s.int_node_id, pid, name)
+            for s in sw
+            if s.int_node_id is not None
+            for pid, name in s.int_ports.items()
+        ]
+        self.ports = pl.DataFrame(
+            {
+                "node_id": [p[0] for p in ports],
+                "egress_port": [p[1] for p in ports],
+                "port_name": [p[2] for p in ports],
+            },
+            schema={"node_id": pl.UInt32, "egress_port": pl.UInt32, "port_name": pl.String},
+        )
+        self.carry: pl.DataFrame | None = None
+        self.last_seq: dict[int, int] = {}
+
+    def add(self, reports: pl.DataFrame, final: bool = False) -> pl.DataFrame:
+        """Report rows (collector.inband.REPORT_SCHEMA) -> samples of the closed intervals."""
+        if reports.height:
+            self._count_loss(reports)
+        r = reports.with_columns(
+            pl.coalesce("egress_ts", "ingress_ts").cast(pl.Int64).alias("ts"),
+            pl.col("node_id").cast(pl.UInt32),
+            pl.col("egress_port").cast(pl.UInt32),
+        )
+        no_ts = r.filter(pl.col("ts").is_null()).height
+        if no_ts:
+            self.stats.inc("int_reports_without_timestamp", no_ts)
+        r = r.filter(pl.col("ts").is_not_null()).join(self.nodes, on="node_id", how="left")
+        unknown = r.filter(pl.col("device").is_null())
+        if unknown.height:
+            self.stats.inc("int_unknown_node", unknown.height, detail=str(unknown["node_id"][0]))
+            r = r.filter(pl.col("device").is_not_null())
+        r = r.with_columns((pl.col("ts") // self.interval_ns).alias("bucket")).select(
+            "bucket",
+            "device",
+            "node_id",
+            "egress_port",
+            "queue_id",
+            "cell",
+            "queue_occupancy_cells",
+            "hop_latency_ns",
+        )
+        if self.carry is not None and self.carry.height:
+            r = pl.concat([self.carry, r], how="vertical")
+        if r.height == 0:
+            self.carry = None
+            return empty_samples()
+        if final:
+            ready, self.carry = r, None
+        else:
+            newest = int(r["bucket"].max())  # type: ignore[arg-type]
+            ready = r.filter(pl.col("bucket") < newest)
+            self.carry = r.filter(pl.col("bucket") >= newest)
+        if ready.height == 0:
+            return empty_samples()
+        occ = pl.col("queue_occupancy_cells").cast(pl.Float64) * pl.col("cell")
+        lat = pl.col("hop_latency_ns").cast(pl.Float64)
+        agg = (
+            ready.join(self.ports, on=["node_id", "egress_port"], how="left")
+            .with_columns(
+                pl.coalesce("port_name", pl.col("egress_port").cast(pl.String)).alias("port"),
+                pl.col("queue_id").cast(pl.String).fill_null("").alias("qual"),
+                occ.alias("occ"),
+                lat.alias("lat"),
+            )
+            .group_by(["bucket", "device", "port", "qual"])
+            .agg(
+                pl.col("occ").max().alias("occ_max"),
+                pl.col("occ").mean().alias("occ_mean"),
+                pl.col("occ").quantile(0.99, "nearest").alias("occ_p99"),
+                pl.col("lat").max().alias("lat_max"),
+                pl.col("lat").mean().alias("lat_mean"),
+            )
+            .with_columns(((pl.col("bucket") + 1) * self.interval_ns - 1).alias("ts"))
+        )
+        long = agg.unpivot(
+            index=["ts", "device", "port", "qual"],
+            on=list(_METRICS),
+            variable_name="m",
+            value_name="value",
+        ).filter(pl.col("value").is_not_null())
+        long = long.with_columns(pl.col("m").replace_strict(_METRICS).alias("metric"))
+        return conform(long.select("ts", "device", "port", "qual", "metric", "value"))
+
+    def _count_loss(self, reports: pl.DataFrame) -> None:
+        firsts = reports.group_by("node_id", maintain_order=True).agg(
+            pl.col("seq").first().alias("first"),
+            pl.col("seq").last().alias("last"),
+            pl.col("seq").n_unique().alias("n"),
+        )
+        lost = 0
+        for node, first, last, n in firsts.iter_rows():
+            prev = self.last_seq.get(node)
+            start = first if prev is None else prev + 1
+            expected = (int(last) - start + 1) if last >= start else 0
+            lost += max(0, expected - int(n))
+            self.last_seq[node] = int(last)
+        if lost:
+            self.stats.inc("int_report_loss", lost)
