@@ -112,12 +112,6 @@ class GnmicEventDecoder:
                 self._event(doc, cols)
         return cols.frame()
 
-    def decode_events(self, events: Iterable[dict[str, Any]]) -> pl.DataFrame:
-        cols = _Columns()
-        for ev in events:
-            self._event(ev, cols)
-        return cols.frame()
-
     def _event(self, ev: Any, cols: _Columns) -> None:
         st = self.stats
         if not isinstance(ev, dict):
@@ -214,12 +208,6 @@ class NicSnapshotDecoder:
                 self.stats.inc("malformed_lines", detail="nic: not JSON")
                 continue
             self._snapshot(doc, cols)
-        return cols.frame()
-
-    def decode_snapshots(self, docs: Iterable[dict[str, Any]]) -> pl.DataFrame:
-        cols = _Columns()
-        for d in docs:
-            self._snapshot(d, cols)
         return cols.frame()
 
     def _snapshot(self, doc: Any, cols: _Columns) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from detectors.windows import WindowEngine
+from rocewatch.errors import ConfigError
 from rocewatch.topology import Topology
 
 
@@ -70,6 +73,18 @@ def port_labels(topology: Topology, switch: str, port: str) -> dict[str, str]:
     if sw is not None and sw.rail is not None:
         labels["rail"] = str(sw.rail)
     return labels
+
+
+def check_positive_numbers(config: Any, where: str, skip: tuple[str, ...] = ("enabled",)) -> None:
+    """Every field of a config dataclass (but ``skip``) must be a finite number > 0."""
+    for f in dataclasses.fields(config):
+        if f.name in skip:
+            continue
+        v = getattr(config, f.name)
+        if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+            raise ConfigError(f"{where}: {f.name}: {v!r} is not a number")
+        if v <= 0:
+            raise ConfigError(f"{where}: {f.name}: must be > 0, not {v!r}")
 
 
 def pct(x: float) -> str:

@@ -17,14 +17,12 @@ and only while the gauges change or a NIC is still waiting out ``min_duration_s`
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 
-from detectors.base import Finding, StepContext, node_labels
-from rocewatch.errors import ConfigError
+from detectors.base import Finding, StepContext, check_positive_numbers, node_labels
 from rocewatch.topology import Topology
 
 S = 1_000_000_000
@@ -43,14 +41,7 @@ class PcieDowngradeConfig:
         self.validate()
 
     def validate(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name == "enabled":
-                continue
-            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
-                raise ConfigError(f"pcie_downgrade: {f.name}: {v!r} is not a number")
-            if v <= 0:
-                raise ConfigError(f"pcie_downgrade: {f.name}: must be > 0, not {v!r}")
+        check_positive_numbers(self, "pcie_downgrade")
 
 
 def pcie_gbps(gts: float, width: float) -> float:

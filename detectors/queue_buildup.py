@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from detectors.base import Finding, StepContext, port_labels
-from detectors.ecn_congestion import Episode, Key, Row, Sustain, lookup, over
+from detectors.state import Episode, Key, Row, Sustain, lookup, over
 from detectors.windows import Step
 from rocewatch.errors import ConfigError
 from rocewatch.topology import Topology

@@ -27,13 +27,13 @@ followed, the window is not evaluated at all.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 
-from detectors.base import Finding, StepContext, node_labels, pct
-from detectors.flaky_link import EntitySlots
+from detectors.base import Finding, StepContext, check_positive_numbers, node_labels, pct
+from detectors.state import EntitySlots
 from rocewatch.errors import ConfigError
 from rocewatch.topology import Topology
 
@@ -64,14 +64,7 @@ class StragglerConfig:
         self.validate()
 
     def validate(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name == "enabled":
-                continue
-            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
-                raise ConfigError(f"straggler: {f.name}: {v!r} is not a number")
-            if v <= 0:
-                raise ConfigError(f"straggler: {f.name}: must be > 0, not {v!r}")
+        check_positive_numbers(self, "straggler")
         for name in ("min_windows", "clear_windows", "min_peers"):
             if int(getattr(self, name)) != getattr(self, name):
                 raise ConfigError(f"straggler: {name}: must be a whole number")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from detectors.base import Finding, StepContext, node_labels
-from detectors.ecn_congestion import NKEY, NS, Episode, Key, Row, Sustain, lookup, over
+from detectors.state import NKEY, NS, Episode, Key, Row, Sustain, lookup, over
 from detectors.windows import Step
 from rocewatch.errors import ConfigError
 from rocewatch.topology import Topology

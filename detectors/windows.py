@@ -39,7 +39,7 @@ class WindowConfig:
     step_s: float = 0.1
     lateness_s: float = 0.5
     history_s: float = 1.0  # the longest sliding window any detector reads
-    max_empty_steps: int = 100  # x1000: a longer silence is skipped, not replayed step by step
+    max_steps_per_close: int = 100_000  # a longer silence is skipped, not replayed step by step
 
 
 class Step:
@@ -82,7 +82,6 @@ class WindowEngine:
         self.step_ns = round(self.config.step_s * 1e9)
         self.rates = RateEngine(stats=self.stats)
         self.pending: list[pl.DataFrame] = []
-        self.pending_rows = 0
         self.closed_ns: int | None = None  # every step ending at or before this is closed
         self.history: deque[Step] = deque(
             maxlen=max(2, int(self.config.history_s / self.config.step_s))
@@ -99,7 +98,6 @@ class WindowEngine:
                 samples = samples.filter(pl.col("ts") >= self.closed_ns)
         if samples.height:
             self.pending.append(samples)
-            self.pending_rows += samples.height
 
     def lateness_ns(self) -> int:
         return int(self.config.lateness_s * 1e9)
@@ -136,13 +134,12 @@ class WindowEngine:
             ready = buf.filter(pl.col("ts") < boundary)
             rest = buf.filter(pl.col("ts") >= boundary)
             self.pending = [rest] if rest.height else []
-            self.pending_rows = rest.height
         else:
             ready = None
         steps = self._aggregate(ready) if ready is not None and ready.height else {}
         out: list[Step] = []
         n_steps = (boundary - self.closed_ns) // self.step_ns
-        if n_steps <= self.config.max_empty_steps * 1000:
+        if n_steps <= self.config.max_steps_per_close:
             indices = range(self.closed_ns // self.step_ns, boundary // self.step_ns)
         else:  # a long silence (or a clock jump): only the steps that hold data
             indices = range(0)

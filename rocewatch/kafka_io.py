@@ -224,9 +224,10 @@ class DetectService:
         self.offsets: dict[tuple[str, int], int] = {}
         self.part_hi: dict[tuple[str, int], int] = {}
         self.part_seen_wall: dict[tuple[str, int], float] = {}
-        self.pipeline = Pipeline(topology, cfg, stats=self.stats, rollup_s=10, retain=False)
         self.suppress: Counter[tuple[str, str]] = Counter()
         restored = self._restore()
+        if restored is None:  # a fresh start; otherwise the checkpoint brought its pipeline
+            self.pipeline = Pipeline(topology, cfg, stats=self.stats, rollup_s=10, retain=False)
         ensure_topics(k)
         self.producer = make_producer(k)
         self.consumer = KafkaConsumer(

@@ -29,7 +29,6 @@ SAMPLE_SCHEMA: dict[str, pl.DataType] = {
     "raw": pl.UInt64(),
 }
 SERIES_KEY = ["device", "port", "qual", "metric"]
-ENTITY_KEY = ["device", "port", "qual"]
 
 
 def empty_samples() -> pl.DataFrame:
@@ -142,9 +141,6 @@ def is_counter(metric: str) -> bool:
     if d is None:
         return metric.startswith(UNKNOWN_PREFIXES)
     return d.kind is Kind.COUNTER
-
-
-COUNTER_METRICS = [m for m, d in METRICS.items() if d.kind is Kind.COUNTER]
 
 
 # --- time -----------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ import pickle
 import polars as pl
 import pytest
 
-from detectors.ecn_congestion import EcnCongestionConfig, EcnCongestionDetector, Row, Sustain
+from detectors.ecn_congestion import EcnCongestionConfig, EcnCongestionDetector
+from detectors.state import Row, Sustain
 from rocewatch.config import Config, config_from_dict
 from rocewatch.errors import ConfigError
 from rocewatch.model import conform

@@ -9,7 +9,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from detectors.flaky_link import EntitySlots, FlakyLinkConfig
+from detectors.flaky_link import FlakyLinkConfig
+from detectors.state import EntitySlots
 from rocewatch.config import config_from_dict
 from rocewatch.errors import ConfigError
 from rocewatch.model import Alert, conform

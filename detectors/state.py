@@ -1,0 +1,242 @@
+"""Per-entity state shared by the detectors: stable entity slots, row lookups, and ``Sustain``,
+the small state machine behind "held for N seconds, with hysteresis"."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, ...]  # ("queue", switch, port, queue) or ("nic", node, nic)
+QKEY = ["device", "port", "qual"]
+NKEY = ["device", "port"]
+NS = 1_000_000_000
+
+
+def over_idx(
+    f: pl.DataFrame, threshold: float, column: str = "delta", rate: bool = True
+) -> np.ndarray:
+    """Indices of the rows of ``f`` whose ``column`` reaches ``threshold`` (per second of ``dt``
+    when ``rate``), tested in numpy: microseconds where a Polars filter costs a hundred."""
+    if f.height == 0:
+        return np.zeros(0, dtype=np.int64)
+    x = f[column].to_numpy()
+    mask = x >= f["dt"].to_numpy() * threshold if rate else x >= threshold  # null (NaN): False
+    return np.flatnonzero(mask)
+
+
+def rows_at(f: pl.DataFrame, idx: np.ndarray) -> list[dict[str, Any]]:
+    """The rows of ``f`` at ``idx`` as dicts (row by row when few: cheaper than a gather)."""
+    if len(idx) > 64:
+        return f[idx].rows(named=True)
+    return [f.row(int(i), named=True) for i in idx]
+
+
+def over(
+    f: pl.DataFrame, threshold: float, column: str = "delta", rate: bool = True
+) -> list[dict[str, Any]]:
+    """The rows of ``f`` (as dicts) whose ``column`` reaches ``threshold`` (see ``over_idx``)."""
+    return rows_at(f, over_idx(f, threshold, column, rate))
+
+
+def matches(f: pl.DataFrame, keys: Sequence[tuple[str, ...]]) -> np.ndarray:
+    """A mask of the rows of ``f`` whose (device, port[, qual]) is one of ``keys``."""
+    devs, ports = f["device"].to_numpy(), f["port"].to_numpy()
+    out = np.zeros(f.height, dtype=bool)
+    for key in keys:
+        m = (devs == key[0]) & (ports == key[1])
+        if len(key) > 2 and m.any():
+            m &= f["qual"].to_numpy() == key[2]
+        out |= m
+    return out
+
+
+def lookup(
+    f: pl.DataFrame, keys: Sequence[tuple[str, ...]], column: str = "delta"
+) -> dict[tuple[str, ...], float | None]:
+    """``column`` of the rows of ``f`` that match ``keys`` ((device, port) or (device, port,
+    qual)); ``column="rate"`` gives delta / dt. A few keys in a small frame cost a numpy scan
+    each (any Polars join costs more); many keys or a large frame, one join."""
+    if f.height == 0 or not keys:
+        return {}
+    names = QKEY[: len(keys[0])]
+    vals = f["delta"] / f["dt"] if column == "rate" else f[column]
+    if len(keys) > 16 or f.height > 20_000:
+        kf = pl.DataFrame(list(keys), schema=dict.fromkeys(names, pl.String()), orient="row")
+        j = kf.join(f.select(*names, vals.alias("_v")), on=names, how="inner")
+        return {tuple(r[:-1]): r[-1] for r in j.iter_rows()}
+    devs, ports = f["device"].to_numpy(), f["port"].to_numpy()
+    quals = f["qual"] if len(names) == 3 else None
+    out: dict[tuple[str, ...], float | None] = {}
+    for key in keys:
+        for i in np.flatnonzero((devs == key[0]) & (ports == key[1])):
+            if quals is None or quals[int(i)] == key[2]:
+                out[key] = vals[int(i)]
+                break
+    return out
+
+
+# --- "held for sustain_s, with hysteresis", per entity ----------------------------------------
+
+
+@dataclass
+class Episode:
+    """One entity's condition, from the first step it held to the step it cleared."""
+
+    since: int  # start of the first step the enter condition held
+    last_hot: int  # end of the last step the enter condition held
+    last_warm: int  # end of the last step the stay condition held
+    crit_since: int | None = None  # start of the run of steps at the critical level
+    last_crit: int = 0
+    ts: int = 0  # newest sample time that made it fire; 0 while pending
+    severity: str = ""
+    info: tuple[Any, ...] = ()  # what the detector needs to describe it, as of firing
+
+
+@dataclass(frozen=True)
+class Row:
+    """One entity's condition at this step: ``level`` 0 = only the stay (exit) condition holds,
+    1 = the enter condition holds, 2 = the critical enter condition holds."""
+
+    key: Key
+    level: int
+    ts: int
+    info: tuple[Any, ...]
+
+
+@dataclass
+class Sustain:
+    """Per-entity 'the condition held for ``sustain_s``', tolerating dips of ``gap_s`` before
+    firing and clearing ``clear_s`` after the stay condition last held.
+
+    The caller passes, each step, only the entities whose stay condition holds (a few rows);
+    an entity that is absent did not meet it. Severity only escalates within an episode.
+    At most ``max_entities`` episodes are tracked (bounded state).
+    """
+
+    sustain_s: float
+    gap_s: float
+    clear_s: float
+    max_entities: int = 10_000
+    episodes: dict[Key, Episode] = field(default_factory=dict)
+    dropped: int = 0  # new episodes refused because max_entities were tracked
+
+    def update(self, start: int, end: int, rows: Iterable[Row]) -> list[tuple[Key, Episode]]:
+        """Apply one step; return the firing episodes (``ts`` is their alert's startsAt)."""
+        sustain = round(self.sustain_s * NS)
+        gap = round(self.gap_s * NS)
+        clear = round(self.clear_s * NS)
+        for r in rows:
+            ep = self.episodes.get(r.key)
+            if ep is None:
+                if r.level < 1:
+                    continue
+                if len(self.episodes) >= self.max_entities:
+                    if not self.dropped:
+                        log.warning(
+                            "tracking %d entities: new ones are ignored", len(self.episodes)
+                        )
+                    self.dropped += 1
+                    continue
+                ep = self.episodes[r.key] = Episode(since=start, last_hot=end, last_warm=end)
+            ep.last_warm = end
+            if r.level >= 1:
+                ep.last_hot = end
+            if r.level >= 2:
+                if ep.crit_since is None or start - ep.last_crit > gap:
+                    ep.crit_since = start
+                ep.last_crit = end
+            crit = r.level >= 2 and ep.crit_since is not None and end - ep.crit_since >= sustain
+            if not ep.ts:
+                held = end - ep.since
+                # a critical run under way is waited for (up to sustain_s), so that one alert
+                # fires at the right severity instead of a warning replaced a moment later
+                waiting = r.level >= 2 and not crit and held < 2 * sustain
+                if r.level >= 1 and held >= sustain and not waiting:
+                    ep.ts, ep.info = r.ts, r.info
+                    ep.severity = "critical" if crit else "warning"
+            elif crit and ep.severity != "critical":
+                ep.ts, ep.severity, ep.info = r.ts, "critical", r.info  # a new, critical alert
+        for key in list(self.episodes):
+            ep = self.episodes[key]
+            if (ep.ts and end - ep.last_warm >= clear) or (not ep.ts and end - ep.last_hot > gap):
+                del self.episodes[key]
+        return [(k, ep) for k, ep in self.episodes.items() if ep.ts]
+
+
+# --- the detector -----------------------------------------------------------------------------
+
+
+class EntitySlots:
+    """Stable small integers for (device, port) entities, assigned to a frame's rows at once.
+
+    Detectors keep per-entity state in numpy arrays indexed by slot, so a step's rows update
+    every entity without a join or a Python loop per row; only an entity seen for the first
+    time costs a Python step. Pickles as its key list (hashes are rebuilt on load, so a
+    checkpoint survives a Polars upgrade).
+
+    >>> s = EntitySlots()
+    >>> f = pl.DataFrame({"device": ["a", "b", "a"], "port": ["x", "x", "x"]})
+    >>> s.rows(f).tolist(), s.keys, s.index[("b", "x")]
+    ([0, 1, 0], [('a', 'x'), ('b', 'x')], 1)
+    """
+
+    SEED = 0x5EED
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[str, str]] = []
+        self.index: dict[tuple[str, str], int] = {}
+        self._sorted = np.empty(0, dtype=np.uint64)
+        self._order = np.empty(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @classmethod
+    def _hash(cls, frame: pl.DataFrame) -> np.ndarray:
+        return frame.select(pl.struct("device", "port").hash(seed=cls.SEED)).to_series().to_numpy()
+
+    def _lookup(self, h: np.ndarray) -> np.ndarray:
+        if len(self._sorted) == 0:
+            return np.full(len(h), -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self._sorted, h), len(self._sorted) - 1)
+        return np.where(self._sorted[pos] == h, self._order[pos], -1)
+
+    def _rebuild(self) -> None:
+        self.index = {k: i for i, k in enumerate(self.keys)}
+        if not self.keys:
+            self._sorted = np.empty(0, dtype=np.uint64)
+            self._order = np.empty(0, dtype=np.int64)
+            return
+        d, p = zip(*self.keys, strict=True)
+        h = self._hash(pl.DataFrame({"device": list(d), "port": list(p)}))
+        self._order = np.argsort(h, kind="stable").astype(np.int64)
+        self._sorted = h[self._order]
+
+    def rows(self, frame: pl.DataFrame) -> np.ndarray:
+        """The slot of every row of ``frame`` (columns ``device``, ``port``)."""
+        if frame.height == 0:
+            return np.empty(0, dtype=np.int64)
+        h = self._hash(frame)
+        slots = self._lookup(h)
+        missing = np.flatnonzero(slots < 0)
+        if len(missing):
+            _, first = np.unique(h[missing], return_index=True)
+            new = frame[missing[np.sort(first)].tolist()].select("device", "port")
+            self.keys += [(str(d), str(p)) for d, p in new.iter_rows()]  # new entities only
+            self._rebuild()
+            slots = self._lookup(h)
+        return slots
+
+    def __getstate__(self) -> list[tuple[str, str]]:
+        return self.keys
+
+    def __setstate__(self, keys: list[tuple[str, str]]) -> None:
+        self.keys = list(keys)
+        self._rebuild()
