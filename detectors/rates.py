@@ -28,6 +28,13 @@ RATE_SCHEMA: dict[str, pl.DataType] = {
     "reset": pl.Boolean(),
     "sid": pl.UInt64(),  # series id (hash of device, port, qual, metric)
 }
+RATE_SCHEMA_NUMERIC = ["value", "delta", "dt", "reset", "sid"]
+# what the window engine reads: the series key stays behind, ``i`` points at each row's sample
+NARROW_SCHEMA: dict[str, pl.DataType] = {
+    "ts": pl.Int64(),
+    "i": pl.UInt32(),
+    **{k: RATE_SCHEMA[k] for k in RATE_SCHEMA_NUMERIC},
+}
 _STATE_SCHEMA: dict[str, pl.DataType] = {
     "sid": pl.UInt64(),  # hash of the series key (device, port, qual, metric)
     "last_ts": pl.Int64(),
@@ -52,31 +59,44 @@ class RateEngine:
 
     def apply(self, samples: pl.DataFrame) -> pl.DataFrame:
         """Samples (SAMPLE_SCHEMA, any order) -> rows of RATE_SCHEMA, sorted by series and time."""
+        r = self.apply_narrow(samples)
+        keys = samples.select(SERIES_KEY)[r.get_column("i")]
+        return pl.concat([r.select("ts"), keys, r.select(RATE_SCHEMA_NUMERIC)], how="horizontal")
+
+    def apply_narrow(self, samples: pl.DataFrame) -> pl.DataFrame:
+        """Like ``apply``, but without the series key: column ``i`` is each row's index in
+        ``samples`` (the caller gathers the strings it needs, once). Counters come sorted by
+        series and time, then gauges likewise."""
         if samples.height == 0:
-            return pl.DataFrame(schema=RATE_SCHEMA)
-        is_counter = pl.col("raw").is_not_null()
-        gauges = samples.filter(~is_counter).select(
+            return pl.DataFrame(schema=NARROW_SCHEMA)
+        narrow = samples.select(
+            pl.int_range(pl.len(), dtype=pl.UInt32).alias("i"),
             "ts",
-            *SERIES_KEY,
+            "value",
+            "raw",
+            pl.struct(SERIES_KEY).hash(seed=0).alias("sid"),
+        )
+        is_counter = pl.col("raw").is_not_null()
+        gauges = narrow.filter(~is_counter).select(
+            "ts",
+            "i",
             "value",
             pl.lit(None, dtype=pl.Float64).alias("delta"),
             pl.lit(None, dtype=pl.Float64).alias("dt"),
             pl.lit(False).alias("reset"),
-            pl.struct(SERIES_KEY).hash(seed=0).alias("sid"),
+            "sid",
         )
-        counters = samples.filter(is_counter)
-        rates = self._counters(counters) if counters.height else pl.DataFrame(schema=RATE_SCHEMA)
-        out = pl.concat([rates, gauges.cast(RATE_SCHEMA)], how="vertical")  # type: ignore[arg-type]
-        return out
+        counters = narrow.filter(is_counter)
+        if counters.height == 0:
+            return gauges.sort(["sid", "ts"])
+        return pl.concat([self._counters(counters), gauges.sort(["sid", "ts"])], how="vertical")
 
     def _counters(self, c: pl.DataFrame) -> pl.DataFrame:
         # One 64-bit id per series makes the joins and sorts below cheap; a checkpoint restored
-        # under another Polars version (other hashes) just restarts each series' rate.
+        # under another Polars version (other hashes) just restarts each series' rate. Only
+        # integer columns travel through the sort and joins.
         n_in = c.height
-        c = c.select("ts", *SERIES_KEY, "raw").with_columns(
-            pl.struct(SERIES_KEY).hash(seed=0).alias("sid")
-        )
-        c = c.sort(["sid", "ts"])
+        c = c.select("i", "ts", "raw", "sid").sort(["sid", "ts"])
         dup = (pl.col("sid") == pl.col("sid").shift(1)) & (pl.col("ts") == pl.col("ts").shift(1))
         c = c.filter(~dup.fill_null(False))
         dups = n_in - c.height
@@ -113,7 +133,7 @@ class RateEngine:
             self.state = newest
         c = c.filter(pl.col("prev_ts").is_not_null())
         if c.height == 0:
-            return pl.DataFrame(schema=RATE_SCHEMA)
+            return pl.DataFrame(schema=NARROW_SCHEMA)
         cur = c["raw"].to_numpy()
         prev = c["prev_raw"].to_numpy()
         with np.errstate(over="ignore"):
@@ -134,15 +154,12 @@ class RateEngine:
         return pl.DataFrame(
             {
                 "ts": c["ts"],
-                "device": c["device"],
-                "port": c["port"],
-                "qual": c["qual"],
-                "metric": c["metric"],
+                "i": c["i"],
                 "value": delta / dt_s,
                 "delta": delta,
                 "dt": dt_s,
                 "reset": reset,
                 "sid": c["sid"],
             },
-            schema=RATE_SCHEMA,
+            schema=NARROW_SCHEMA,
         )

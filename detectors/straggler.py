@@ -34,6 +34,7 @@ import polars as pl
 
 from detectors.base import Finding, StepContext, check_positive_numbers, node_labels, pct
 from detectors.state import EntitySlots
+from detectors.windows import Step
 from rocewatch.errors import ConfigError
 from rocewatch.topology import Topology
 
@@ -89,8 +90,8 @@ class StragglerDetector:
 
     @property
     def window_s(self) -> float:
-        """The longest sliding window this detector reads."""
-        return self.config.window_s
+        """Reads only the newest step: its windows are summed here, per NIC, as steps close."""
+        return 0.0
 
     def __post_init__(self) -> None:
         self.slots = EntitySlots()
@@ -103,6 +104,12 @@ class StragglerDetector:
         self.next_eval_ns = 0
         self.peak_pause = 0.0  # the highest step pause share / ECN rate since the last window
         self.peak_ecn = 0.0
+        # the window being summed: its index (end // window), and per NIC and signal the summed
+        # counter increase and interval, and the newest sample time
+        self.period = -1
+        self.acc_delta = np.zeros((0, 3))
+        self.acc_dt = np.zeros((0, 3))
+        self.acc_ts = np.zeros(0, dtype=np.int64)
 
     def _grow(self) -> None:
         have = len(self.group)
@@ -123,6 +130,9 @@ class StragglerDetector:
         z = np.zeros(len(groups), dtype=np.int64)
         self.streak = np.concatenate([self.streak, z])
         self.calm = np.concatenate([self.calm, z])
+        self.acc_delta = np.concatenate([self.acc_delta, np.zeros((len(groups), 3))])
+        self.acc_dt = np.concatenate([self.acc_dt, np.zeros((len(groups), 3))])
+        self.acc_ts = np.concatenate([self.acc_ts, z])
 
     def evaluate(self, ctx: StepContext) -> list[Finding]:
         cfg = self.config
@@ -137,9 +147,10 @@ class StragglerDetector:
                 top = float(np.nanmax(r)) if np.isfinite(r).any() else 0.0
                 if top > getattr(self, attr):
                     setattr(self, attr, top)
+        w = round(cfg.window_s * S)
+        self._accumulate(cur, ctx.end, w)
         if ctx.end < self.next_eval_ns:
             return self._findings()
-        w = round(cfg.window_s * S)
         self.next_eval_ns = (ctx.end // w + 1) * w
         quiet = self.peak_pause < cfg.min_pause_share and self.peak_ecn < cfg.min_ecn_rate
         self.peak_pause = self.peak_ecn = 0.0
@@ -148,17 +159,20 @@ class StragglerDetector:
         self._window(ctx, w)
         return self._findings()
 
-    def _window(self, ctx: StepContext, w: int) -> None:
-        """Compare every NIC's last window with its peers'; update streaks and alerts."""
-        cfg = self.config
-        hist = [h for h in ctx.engine.history if h.end > ctx.end - w]
+    def _accumulate(self, cur: Step, end: int, w: int) -> None:
+        """Add the step's three signals to the window being summed (a new window starts empty)."""
+        period = (end - 1) // w
+        if period != self.period:
+            self.period = period
+            self.acc_delta[:] = 0.0
+            self.acc_dt[:] = 0.0
+            self.acc_ts[:] = 0
         parts, which = [], []
         for i, metric in enumerate(SIGNALS):
-            for h in hist:
-                f = h.get(metric)
-                if f.height:
-                    parts.append(f)
-                    which.append(np.full(f.height, i, dtype=np.int64))
+            f = cur.get(metric)
+            if f.height:
+                parts.append(f.select("device", "port", "delta", "dt", "ts"))
+                which.append(np.full(f.height, i, dtype=np.int64))
         if not parts:
             return
         rows = pl.concat(parts, how="vertical", rechunk=False)
@@ -166,11 +180,18 @@ class StragglerDetector:
         self._grow()
         n = len(self.slots)
         k = slot * 3 + np.concatenate(which)
-        delta = np.bincount(k, np.nan_to_num(rows.get_column("delta").to_numpy()), minlength=3 * n)
-        dt = np.bincount(k, np.nan_to_num(rows.get_column("dt").to_numpy()), minlength=3 * n)
-        delta, dt = delta.reshape(n, 3), dt.reshape(n, 3)
-        ts = np.zeros(n, dtype=np.int64)
-        np.maximum.at(ts, slot, rows.get_column("ts").to_numpy())
+        for acc, col in ((self.acc_delta, "delta"), (self.acc_dt, "dt")):
+            x = np.nan_to_num(rows.get_column(col).to_numpy())
+            acc += np.bincount(k, x, minlength=3 * n).reshape(n, 3)
+        np.maximum.at(self.acc_ts, slot, rows.get_column("ts").to_numpy())
+
+    def _window(self, ctx: StepContext, w: int) -> None:
+        """Compare every NIC's window with its peers'; update streaks and alerts."""
+        cfg = self.config
+        n = len(self.slots)
+        if n == 0:
+            return
+        delta, dt, ts = self.acc_delta, self.acc_dt, self.acc_ts
         win = w / S
         covered = (dt >= 0.5 * win) & (dt <= 1.5 * win)  # a gap's catch-up is not comparable
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from detectors.rates import RateEngine
@@ -43,24 +44,43 @@ class WindowConfig:
 
 
 class Step:
-    """One closed step: aggregated rows per series (``frame``), split by metric on demand."""
+    """One closed step: aggregated rows per series, split by metric (``by_metric``).
 
-    __slots__ = ("_by_metric", "end", "frame", "start")
+    ``frame`` (all metrics in one frame) is built on demand, for rollups and checkpoints.
+    """
 
-    def __init__(self, start: int, end: int, frame: pl.DataFrame | None = None) -> None:
+    __slots__ = ("_by_metric", "_frame", "end", "start")
+
+    def __init__(
+        self,
+        start: int,
+        end: int,
+        frame: pl.DataFrame | None = None,
+        by_metric: dict[str, pl.DataFrame] | None = None,
+    ) -> None:
         self.start = start
         self.end = end
-        self.frame = frame if frame is not None else _EMPTY
-        self._by_metric: dict[str, pl.DataFrame] | None = None
+        self._frame = frame
+        self._by_metric = by_metric
+        if frame is None and by_metric is None:
+            self._frame = _EMPTY
+
+    @property
+    def frame(self) -> pl.DataFrame:
+        if self._frame is None:
+            parts = list((self._by_metric or {}).values())
+            self._frame = pl.concat(parts, how="vertical") if parts else _EMPTY
+        return self._frame
 
     @property
     def by_metric(self) -> dict[str, pl.DataFrame]:
         if self._by_metric is None:
-            if self.frame.height == 0:
+            f = self.frame
+            if f.height == 0:
                 self._by_metric = {}
             else:
                 self._by_metric = {
-                    str(k[0]): v for k, v in self.frame.partition_by("metric", as_dict=True).items()
+                    str(k[0]): v for k, v in f.partition_by("metric", as_dict=True).items()
                 }
         return self._by_metric
 
@@ -71,8 +91,63 @@ class Step:
         return (self.start, self.end, self.frame)  # the per-metric split is a cache
 
     def __setstate__(self, state: tuple[int, int, pl.DataFrame]) -> None:
-        self.start, self.end, self.frame = state
+        self.start, self.end, self._frame = state
         self._by_metric = None
+
+
+class SeriesTable:
+    """Every series seen: its key (strings, one row each in one contiguous frame) and a small
+    metric code, found from the 64-bit series id by a vectorised binary search.
+
+    A cache: a checkpoint does not carry it (it is rebuilt from the samples that follow).
+    """
+
+    def __init__(self) -> None:
+        self.keys = pl.DataFrame(schema={k: pl.String() for k in SERIES_KEY})
+        self.metric_code = np.empty(0, dtype=np.int32)
+        self.metrics: list[str] = []
+        self._codes: dict[str, int] = {}
+        self._sids = np.empty(0, dtype=np.uint64)
+        self._sorted = np.empty(0, dtype=np.uint64)
+        self._order = np.empty(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self._sids)
+
+    def __getstate__(self) -> dict[str, object]:
+        return {}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def _lookup(self, sid: np.ndarray) -> np.ndarray:
+        if len(self._sorted) == 0:
+            return np.full(len(sid), -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self._sorted, sid), len(self._sorted) - 1)
+        return np.where(self._sorted[at] == sid, self._order[at], -1)
+
+    def positions(self, sid: np.ndarray, samples: pl.DataFrame, row: np.ndarray) -> np.ndarray:
+        """The table position of every series id; new ones take their key from ``samples``
+        at ``row``."""
+        pos = self._lookup(sid)
+        missing = np.flatnonzero(pos < 0)
+        if len(missing):
+            new_sid, first = np.unique(sid[missing], return_index=True)
+            rows = row[missing[first]]
+            new = samples.select(SERIES_KEY)[pl.Series(rows, dtype=pl.UInt32)]
+            codes = []
+            for m in new.get_column("metric").to_list():  # new series only
+                if m not in self._codes:
+                    self._codes[m] = len(self.metrics)
+                    self.metrics.append(m)
+                codes.append(self._codes[m])
+            self.keys = pl.concat([self.keys, new], how="vertical").rechunk()
+            self.metric_code = np.concatenate([self.metric_code, np.array(codes, np.int32)])
+            self._sids = np.concatenate([self._sids, new_sid])
+            self._order = np.argsort(self._sids, kind="stable").astype(np.int64)
+            self._sorted = self._sids[self._order]
+            pos = self._lookup(sid)
+        return pos
 
 
 class WindowEngine:
@@ -81,7 +156,9 @@ class WindowEngine:
         self.stats = stats or Stats()
         self.step_ns = round(self.config.step_s * 1e9)
         self.rates = RateEngine(stats=self.stats)
-        self.pending: list[pl.DataFrame] = []
+        self.series = SeriesTable()
+        # buffered samples, one frame per ``add``, with each frame's oldest and newest time
+        self.pending: list[tuple[pl.DataFrame, int, int]] = []
         self.closed_ns: int | None = None  # every step ending at or before this is closed
         self.history: deque[Step] = deque(
             maxlen=max(2, int(self.config.history_s / self.config.step_s))
@@ -97,7 +174,8 @@ class WindowEngine:
                 self.stats.inc("late_samples", late.height)
                 samples = samples.filter(pl.col("ts") >= self.closed_ns)
         if samples.height:
-            self.pending.append(samples)
+            ts = samples.get_column("ts")
+            self.pending.append((samples, int(ts.min()), int(ts.max())))  # type: ignore[arg-type]
 
     def lateness_ns(self) -> int:
         return int(self.config.lateness_s * 1e9)
@@ -123,19 +201,27 @@ class WindowEngine:
             return []
         if self.closed_ns is not None and boundary <= self.closed_ns:
             return []
-        buf = pl.concat(self.pending, how="vertical") if self.pending else None
-        if buf is not None and self.closed_ns is None:
-            first = int(buf["ts"].min())  # type: ignore[arg-type]
+        if self.pending and self.closed_ns is None:
+            first = min(lo for _, lo, _ in self.pending)
             self.closed_ns = (first // self.step_ns) * self.step_ns
             if boundary <= self.closed_ns:
                 return []
         assert self.closed_ns is not None
-        if buf is not None:
-            ready = buf.filter(pl.col("ts") < boundary)
-            rest = buf.filter(pl.col("ts") >= boundary)
-            self.pending = [rest] if rest.height else []
-        else:
-            ready = None
+        # whole frames move without a copy; only a frame that straddles the boundary is split
+        parts: list[pl.DataFrame] = []
+        rest: list[tuple[pl.DataFrame, int, int]] = []
+        for frame, lo, hi in self.pending:
+            if hi < boundary:
+                parts.append(frame)
+            elif lo >= boundary:
+                rest.append((frame, lo, hi))
+            else:
+                ts = pl.col("ts")
+                parts.append(frame.filter(ts < boundary))
+                later = frame.filter(ts >= boundary)
+                rest.append((later, int(later["ts"].min()), hi))  # type: ignore[arg-type]
+        self.pending = rest
+        ready = pl.concat(parts, how="vertical", rechunk=False) if parts else None
         steps = self._aggregate(ready) if ready is not None and ready.height else {}
         out: list[Step] = []
         n_steps = (boundary - self.closed_ns) // self.step_ns
@@ -145,7 +231,9 @@ class WindowEngine:
             indices = range(0)
             self.stats.inc("skipped_empty_steps", int(n_steps - len(steps)))
         for idx in sorted(set(indices) | set(steps)):
-            out.append(Step(idx * self.step_ns, (idx + 1) * self.step_ns, steps.get(idx)))
+            out.append(
+                Step(idx * self.step_ns, (idx + 1) * self.step_ns, by_metric=steps.get(idx, {}))
+            )
         self.closed_ns = boundary
         return out
 
@@ -153,41 +241,79 @@ class WindowEngine:
         """Close everything still pending (end of a replay)."""
         if not self.pending:
             return []
-        last = max(int(f["ts"].max()) for f in self.pending)  # type: ignore[arg-type]
+        last = max(hi for _, _, hi in self.pending)
         return self.close_until(last + self.step_ns)
 
-    def _aggregate(self, ready: pl.DataFrame) -> dict[int, pl.DataFrame]:
-        r = self.rates.apply(ready)
+    def _aggregate(self, ready: pl.DataFrame) -> dict[int, dict[str, pl.DataFrame]]:
+        """Rates per series and step, split by step and metric.
+
+        Only integer and float columns are sorted and reduced (numpy, one pass); the series
+        key (strings) is gathered once per aggregated row from the series table, and each
+        (step, metric) part is a zero-copy slice of one frame.
+        """
+        r = self.rates.apply_narrow(ready)
         if r.height == 0:
             return {}
-        agg = (
-            r.with_columns((pl.col("ts") // self.step_ns).alias("step"))
-            .sort(["sid", "ts"])
-            .group_by(["step", "sid"])
-            .agg(
-                pl.col("device").first(),
-                pl.col("port").first(),
-                pl.col("qual").first(),
-                pl.col("metric").first(),
-                pl.col("delta").sum().alias("delta"),
-                pl.col("dt").sum().alias("dt"),
-                pl.col("value").last().alias("last"),
-                pl.col("value").max().alias("max"),
-                pl.col("value").min().alias("min"),
-                pl.col("ts").max().alias("ts"),
-                pl.len().cast(pl.UInt32).alias("n"),
-            )
+        ts = r.get_column("ts").to_numpy()
+        pos = self.series.positions(
+            r.get_column("sid").to_numpy(), ready, r.get_column("i").to_numpy()
         )
-        # gauges have no delta: keep it null rather than 0
-        agg = agg.with_columns(
-            pl.when(pl.col("dt") == 0).then(None).otherwise(pl.col("delta")).alias("delta"),
-            pl.when(pl.col("dt") == 0).then(None).otherwise(pl.col("dt")).alias("dt"),
+        code = self.series.metric_code[pos].astype(np.int64)
+        step = ts // self.step_ns
+        s0 = int(step.min())
+        if int(step.max()) - s0 < (1 << 19):
+            key = ((step - s0) << 44) | (code << 28) | pos
+            order = np.argsort(key, kind="stable")  # rows come sorted by series, then time
+        else:  # a batch spanning a very long time (a clock jump): the general sort
+            order = np.lexsort((ts, pos, code, step))
+        step_o, code_o, pos_o = step[order], code[order], pos[order]
+        starts = np.flatnonzero(
+            np.r_[
+                True,
+                (step_o[1:] != step_o[:-1])
+                | (code_o[1:] != code_o[:-1])
+                | (pos_o[1:] != pos_o[:-1]),
+            ]
         )
-        agg = agg.select("step", *AGG_SCHEMA)
-        return {
-            int(k[0]): part  # type: ignore[call-overload]
-            for k, part in agg.partition_by("step", as_dict=True, include_key=False).items()
-        }
+        ends = np.r_[starts[1:] - 1, len(order) - 1]
+        value = r.get_column("value").to_numpy()[order]
+        delta = np.add.reduceat(np.nan_to_num(r.get_column("delta").to_numpy()[order]), starts)
+        dt = np.add.reduceat(np.nan_to_num(r.get_column("dt").to_numpy()[order]), starts)
+        gauge = dt == 0  # gauges have no delta: keep it null rather than 0
+        agg = pl.concat(
+            [
+                self.series.keys[pos_o[starts]],
+                pl.DataFrame(
+                    {
+                        "delta": np.where(gauge, np.nan, delta),
+                        "dt": np.where(gauge, np.nan, dt),
+                        "last": value[ends],
+                        "max": np.fmax.reduceat(value, starts),
+                        "min": np.fmin.reduceat(value, starts),
+                        "ts": ts[order][ends],
+                        "n": np.diff(np.r_[starts, len(order)]).astype(np.uint32),
+                    }
+                ).with_columns(
+                    pl.col("delta").fill_nan(None),
+                    pl.col("dt").fill_nan(None),
+                ),
+            ],
+            how="horizontal",
+        )
+        # parts: runs of the same (step, metric) in the sorted rows
+        group_step = step_o[starts]
+        group_code = code_o[starts]
+        cut = np.flatnonzero(
+            np.r_[True, (group_step[1:] != group_step[:-1]) | (group_code[1:] != group_code[:-1])]
+        )
+        bounds = np.r_[cut, len(starts)]
+        names = self.series.metrics
+        out: dict[int, dict[str, pl.DataFrame]] = {}
+        for j in range(len(cut)):
+            a, b = int(bounds[j]), int(bounds[j + 1])
+            part = agg.slice(a, b - a)
+            out.setdefault(int(group_step[a]), {})[names[int(group_code[a])]] = part
+        return out
 
     # --- sliding windows -------------------------------------------------------------------------
     def window(self, metric: str, seconds: float) -> pl.DataFrame:
