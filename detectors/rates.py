@@ -55,7 +55,9 @@ class RateEngine:
     def __init__(self, config: RateConfig | None = None, stats: Stats | None = None) -> None:
         self.config = config or RateConfig()
         self.stats = stats or Stats()
-        self.state = pl.DataFrame(schema=_STATE_SCHEMA)
+        self._sid = np.empty(0, dtype=np.uint64)
+        self._ts = np.empty(0, dtype=np.int64)
+        self._raw = np.empty(0, dtype=np.uint64)
 
     def apply(self, samples: pl.DataFrame) -> pl.DataFrame:
         """Samples (SAMPLE_SCHEMA, any order) -> rows of RATE_SCHEMA, sorted by series and time."""
@@ -91,51 +93,78 @@ class RateEngine:
             return gauges.sort(["sid", "ts"])
         return pl.concat([self._counters(counters), gauges.sort(["sid", "ts"])], how="vertical")
 
+    # --- state: the newest reading of every counter series, sorted by series id -----------------
+    @property
+    def state(self) -> pl.DataFrame:
+        return pl.DataFrame(
+            {"sid": self._sid, "last_ts": self._ts, "last_raw": self._raw}, schema=_STATE_SCHEMA
+        )
+
+    @state.setter
+    def state(self, frame: pl.DataFrame) -> None:
+        frame = frame.sort("sid")
+        self._sid = frame.get_column("sid").to_numpy().astype(np.uint64)
+        self._ts = frame.get_column("last_ts").to_numpy().astype(np.int64)
+        self._raw = frame.get_column("last_raw").to_numpy().astype(np.uint64)
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"config": self.config, "stats": self.stats, "state": self.state}
+
+    def __setstate__(self, d: dict[str, object]) -> None:
+        self.config = d["config"]  # type: ignore[assignment]
+        self.stats = d["stats"]  # type: ignore[assignment]
+        self.state = d["state"]  # type: ignore[assignment]
+
     def _counters(self, c: pl.DataFrame) -> pl.DataFrame:
-        # One 64-bit id per series makes the joins and sorts below cheap; a checkpoint restored
-        # under another Polars version (other hashes) just restarts each series' rate. Only
-        # integer columns travel through the sort and joins.
-        n_in = c.height
-        c = c.select("i", "ts", "raw", "sid").sort(["sid", "ts"])
-        dup = (pl.col("sid") == pl.col("sid").shift(1)) & (pl.col("ts") == pl.col("ts").shift(1))
-        c = c.filter(~dup.fill_null(False))
-        dups = n_in - c.height
-        if dups:
-            self.stats.inc("duplicate_samples", dups)
-        if self.state.height:
-            c = c.join(self.state, on="sid", how="left", maintain_order="left")
-        else:
-            c = c.with_columns(
-                pl.lit(None, dtype=pl.Int64).alias("last_ts"),
-                pl.lit(None, dtype=pl.UInt64).alias("last_raw"),
-            )
+        # One 64-bit id per series; only integer arrays are sorted and searched (numpy). A
+        # checkpoint restored under another Polars version (other hashes) just restarts each
+        # series' rate.
+        sid = c.get_column("sid").to_numpy()
+        ts = c.get_column("ts").to_numpy()
+        order = np.lexsort((ts, sid))
+        sid, ts = sid[order], ts[order]
+        raw = c.get_column("raw").to_numpy()[order]
+        row = c.get_column("i").to_numpy()[order]
+        dup = np.r_[False, (sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1])]
+        if dup.any():
+            self.stats.inc("duplicate_samples", int(dup.sum()))
+            keep = ~dup
+            sid, ts, raw, row = sid[keep], ts[keep], raw[keep], row[keep]
+        n = len(self._sid)
+        at = np.minimum(np.searchsorted(self._sid, sid), max(n - 1, 0))
+        found = (self._sid[at] == sid) if n else np.zeros(len(sid), dtype=bool)
         # drop readings older than (or as old as) what this series already consumed
-        fresh = pl.col("last_ts").is_null() | (pl.col("ts") > pl.col("last_ts"))
-        n_before = c.height
-        c = c.filter(fresh)
-        if c.height < n_before:
-            self.stats.inc("stale_samples", n_before - c.height)
-        first = pl.col("sid") != pl.col("sid").shift(1, fill_value=None)
-        first = first.fill_null(True)
-        last = (pl.col("sid") != pl.col("sid").shift(-1)).fill_null(True)
-        c = c.with_columns(
-            prev_ts=pl.when(first).then(pl.col("last_ts")).otherwise(pl.col("ts").shift(1)),
-            prev_raw=pl.when(first).then(pl.col("last_raw")).otherwise(pl.col("raw").shift(1)),
-            is_last=last,
-        )
-        newest = c.filter(pl.col("is_last")).select(
-            "sid", pl.col("ts").alias("last_ts"), pl.col("raw").alias("last_raw")
-        )
-        if self.state.height:
-            keep = self.state.filter(~pl.col("sid").is_in(newest["sid"].implode()))
-            self.state = pl.concat([keep, newest], how="vertical")
-        else:
-            self.state = newest
-        c = c.filter(pl.col("prev_ts").is_not_null())
-        if c.height == 0:
+        fresh = ~found | (ts > np.where(found, self._ts[at] if n else 0, 0))
+        if not fresh.all():
+            self.stats.inc("stale_samples", int((~fresh).sum()))
+            sid, ts, raw, row, at, found = (x[fresh] for x in (sid, ts, raw, row, at, found))
+        if len(sid) == 0:
             return pl.DataFrame(schema=NARROW_SCHEMA)
-        cur = c["raw"].to_numpy()
-        prev = c["prev_raw"].to_numpy()
+        first = np.r_[True, sid[1:] != sid[:-1]]
+        last = np.r_[sid[1:] != sid[:-1], True]
+        prev_ts = np.r_[0, ts[:-1]]
+        prev_raw = np.r_[np.uint64(0), raw[:-1]].astype(np.uint64)
+        if n:
+            prev_ts = np.where(first, self._ts[at], prev_ts)
+            prev_raw = np.where(first, self._raw[at], prev_raw)
+        has_prev = ~first | found
+        # the newest reading of each series becomes its state
+        known = last & found
+        self._ts[at[known]] = ts[known]
+        self._raw[at[known]] = raw[known]
+        new = last & ~found
+        if new.any():
+            all_sid = np.concatenate([self._sid, sid[new]])
+            o = np.argsort(all_sid, kind="stable")
+            self._sid = all_sid[o]
+            self._ts = np.concatenate([self._ts, ts[new]])[o]
+            self._raw = np.concatenate([self._raw, raw[new]])[o]
+        if not has_prev.all():
+            sid, ts, raw, row = sid[has_prev], ts[has_prev], raw[has_prev], row[has_prev]
+            prev_ts, prev_raw = prev_ts[has_prev], prev_raw[has_prev]
+        if len(sid) == 0:
+            return pl.DataFrame(schema=NARROW_SCHEMA)
+        cur, prev = raw, prev_raw
         with np.errstate(over="ignore"):
             diff = cur - prev  # uint64: wraps modulo 2^64, exact
         back = cur < prev
@@ -147,19 +176,19 @@ class RateEngine:
             self.stats.inc("counter_resets", n_reset)
         if wrapped.any():
             self.stats.inc("counter_wraps", int(wrapped.sum()))
-        dt_s = (c["ts"] - c["prev_ts"]).to_numpy() / 1e9
+        dt_s = (ts - prev_ts) / 1e9
         gaps = int((dt_s > self.config.max_gap_s).sum())
         if gaps:
             self.stats.inc("series_gaps", gaps)
         return pl.DataFrame(
             {
-                "ts": c["ts"],
-                "i": c["i"],
+                "ts": ts,
+                "i": row,
                 "value": delta / dt_s,
                 "delta": delta,
                 "dt": dt_s,
                 "reset": reset,
-                "sid": c["sid"],
+                "sid": sid,
             },
             schema=NARROW_SCHEMA,
         )
