@@ -33,6 +33,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from actions.routing import RoutingExecutor
 from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
 from rocewatch.errors import BadInput, ConfigError, RetryableError
@@ -226,8 +227,13 @@ class DetectService:
         self.part_seen_wall: dict[tuple[str, int], float] = {}
         self.suppress: Counter[tuple[str, str]] = Counter()
         restored = self._restore()
+        executor = RoutingExecutor(cfg.executors)
         if restored is None:  # a fresh start; otherwise the checkpoint brought its pipeline
-            self.pipeline = Pipeline(topology, cfg, stats=self.stats, rollup_s=10, retain=False)
+            self.pipeline = Pipeline(
+                topology, cfg, executor=executor, stats=self.stats, rollup_s=10, retain=False
+            )
+        else:  # the policy's state came back; its scheduler clients follow today's config
+            self.pipeline.policy.executor = executor
         ensure_topics(k)
         self.producer = make_producer(k)
         self.consumer = KafkaConsumer(
