@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from actions.membership import MembershipConfig
 from actions.policy import PolicyConfig
 from actions.routing import ExecutorsConfig
 from detectors.lifecycle import LifecycleConfig
@@ -96,6 +97,7 @@ class Config:
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     executors: ExecutorsConfig = field(default_factory=ExecutorsConfig)
+    membership: MembershipConfig = field(default_factory=MembershipConfig)
     detectors: dict[str, Any] = field(default_factory=dict)
 
 
@@ -150,6 +152,7 @@ _DATACLASSES: dict[str, type[Any]] = {
     "WindowConfig": WindowConfig,
     "LifecycleConfig": LifecycleConfig,
     "PolicyConfig": PolicyConfig,
+    "MembershipConfig": MembershipConfig,
 }
 
 

@@ -33,6 +33,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from actions.membership import build_live_jobs
 from actions.routing import RoutingExecutor
 from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
@@ -234,6 +235,12 @@ class DetectService:
             )
         else:  # the policy's state came back; its scheduler clients follow today's config
             self.pipeline.policy.executor = executor
+        self.live_jobs = build_live_jobs(
+            self.pipeline.topology,
+            cfg.membership,
+            _kube_api(cfg),
+            static=list(topology.jobs.values()),
+        )
         ensure_topics(k)
         self.producer = make_producer(k)
         self.consumer = KafkaConsumer(
@@ -481,6 +488,8 @@ class DetectService:
         )
         try:
             while not self.stop_event.is_set():
+                if self.live_jobs is not None:
+                    self.live_jobs.maybe_refresh()
                 n = self.poll_once()
                 now = time.monotonic()
                 if n:
@@ -510,6 +519,22 @@ class DetectService:
             self.consumer.close(autocommit=False)
             if self.store is not None:
                 self.store.close()
+
+
+def _kube_api(cfg: Config) -> Any:
+    """A CoreV1Api factory when Kubernetes is configured (built only when first needed)."""
+    kcfg = cfg.executors.kubernetes
+    if kcfg is None:
+        return None
+
+    def make() -> Any:
+        from kubernetes import client
+
+        from actions.kubernetes import api_client
+
+        return client.CoreV1Api(api_client(kcfg))
+
+    return make
 
 
 def _alert_id(a: Alert) -> str:
