@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from actions.api import ApiConfig
 from actions.membership import MembershipConfig
 from actions.policy import PolicyConfig
 from actions.routing import ExecutorsConfig
@@ -98,6 +99,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     executors: ExecutorsConfig = field(default_factory=ExecutorsConfig)
     membership: MembershipConfig = field(default_factory=MembershipConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
     detectors: dict[str, Any] = field(default_factory=dict)
 
 
@@ -153,6 +155,7 @@ _DATACLASSES: dict[str, type[Any]] = {
     "LifecycleConfig": LifecycleConfig,
     "PolicyConfig": PolicyConfig,
     "MembershipConfig": MembershipConfig,
+    "ApiConfig": ApiConfig,
 }
 
 

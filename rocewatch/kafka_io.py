@@ -33,7 +33,9 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from actions.api import OperatorApi
 from actions.membership import build_live_jobs
+from actions.operator import MemoryCommands, apply_pending
 from actions.routing import RoutingExecutor
 from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
@@ -262,6 +264,18 @@ class DetectService:
 
             self.store = Store(cfg.storage_url)
             self.store.create_schema()
+        # operators' commands: from the store (CLI, API) or, without one, the API's memory
+        self.commands_mem = MemoryCommands()
+        self._pending_snapshot: list[str] = self.pipeline.policy.pending()
+        self._next_commands = 0.0
+        self.api: OperatorApi | None = None
+        if cfg.api.listen:
+            self.api = OperatorApi(
+                cfg.api,
+                self.store if self.store is not None else self.commands_mem,
+                self.store,
+                pending=lambda: list(self._pending_snapshot),
+            ).start()
         self.latencies: deque[float] = deque(maxlen=100_000)
         self._pending_lat: deque[tuple[int, int]] = deque()
         self.stop_event = threading.Event()
@@ -492,6 +506,9 @@ class DetectService:
                     self.live_jobs.maybe_refresh()
                 n = self.poll_once()
                 now = time.monotonic()
+                if now >= self._next_commands:
+                    self._next_commands = now + 0.5
+                    self.apply_operator_commands()
                 if n:
                     last_input = now
                     flushed = False
@@ -511,7 +528,20 @@ class DetectService:
         finally:
             self.close()
 
+    def apply_operator_commands(self) -> int:
+        """Carry out pending approve / reject / undrain commands at once; return how many."""
+        queues: list[Any] = [self.commands_mem]
+        if self.store is not None:
+            queues.append(self.store)
+        n = apply_pending(self.pipeline.policy, queues)
+        if n:
+            self._emit(self.pipeline.operator_tick())
+        self._pending_snapshot = self.pipeline.policy.pending()
+        return n
+
     def close(self) -> None:
+        if self.api is not None:
+            self.api.close()
         try:
             self.producer.flush(timeout=30)
             self.producer.close(timeout=10)
