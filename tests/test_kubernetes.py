@@ -231,3 +231,36 @@ def test_patch_semantics_of_the_stand_in() -> None:
     assert [c["type"] for c in both["status"]["conditions"]] == ["Ready", "X"]
     gone = strategic_merge(both, {"status": {"conditions": [{"type": "X", "$patch": "delete"}]}})
     assert gone == st
+
+
+def test_executor_from_config_with_a_kubeconfig(api: KubeApiStandIn, tmp_path: Path) -> None:
+    import yaml
+
+    from actions.routing import RoutingExecutor
+    from rocewatch.config import config_from_dict
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": api.url}}],
+                "users": [{"name": "rocewatch", "user": {"token": TOKEN}}],
+                "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "rocewatch"}}],
+                "current-context": "ctx",
+            }
+        )
+    )
+    cfg = config_from_dict(
+        {"executors": {"kubernetes": {"kubeconfig": str(kubeconfig), "taint_effect": "NoExecute"}}}
+    )
+    ex = RoutingExecutor(cfg.executors)
+    assert ex.drain("gpu-01", "kubernetes", "rocewatch: PCIeDowngrade mlx5_1") == "done"
+    assert taints(api, "gpu-01") == [{"key": TAINT_KEY, "value": "true", "effect": "NoExecute"}]
+    missing = config_from_dict({"executors": {"kubernetes": {"kubeconfig": "/nonexistent"}}})
+    assert (
+        RoutingExecutor(missing.executors)
+        .drain("gpu-01", "kubernetes", "x")
+        .startswith("failed: kubernetes:")
+    )

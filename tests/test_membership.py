@@ -180,3 +180,22 @@ def test_membership_config() -> None:
 
     with pytest.raises(ConfigError):
         config_from_dict({"membership": {"interval_s": 0}})
+
+
+def test_straggler_peer_groups_follow_live_membership() -> None:
+    import polars as pl
+
+    from detectors.straggler import StragglerDetector
+
+    t = topo(["gpu-01", "gpu-02", "gpu-03"], jobs=[{"name": "a", "nodes": ["gpu-01", "gpu-02"]}])
+    det = StragglerDetector(t)
+    det.slots.rows(pl.DataFrame({"device": ["gpu-01", "gpu-02", "gpu-03"], "port": ["mlx5_0"] * 3}))
+    det._grow()
+    assert [det.group_names[g] if g >= 0 else None for g in det.group] == ["job:a", "job:a", None]
+    LiveJobs(t, [Flaky([[Job("b-9", None, None, ("gpu-02", "gpu-03"))]])]).refresh()
+    det._grow()
+    assert [det.group_names[g] if g >= 0 else None for g in det.group] == [
+        None,
+        "job:b-9",
+        "job:b-9",
+    ]

@@ -10,6 +10,7 @@ import os
 import ssl
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -243,3 +244,74 @@ def test_api_config_validation() -> None:
         with pytest.raises(ConfigError):
             bad.validate()
     assert TOKEN not in repr(ApiConfig(listen="127.0.0.1:1", token=TOKEN))
+
+
+@pytest.mark.kafka
+def test_detect_service_serves_the_api_and_carries_out_approvals(
+    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path
+) -> None:
+    """The real detect service (real broker): a drain waits; an approval over its HTTP API is
+    carried out by its loop and published to the actions topic."""
+    import threading
+
+    import yaml
+    from kafka import KafkaConsumer
+
+    from rocewatch.config import config_from_dict
+    from rocewatch.kafka_io import DetectService
+
+    topo_file = tmp_path / "topology.yaml"
+    topo_file.write_text(yaml.safe_dump(topo().to_dict()))
+    cfg = config_from_dict(
+        {
+            "topology": str(topo_file),
+            "state_dir": str(tmp_path / "state"),
+            "storage": {"url": f"sqlite:///{tmp_path}/svc.db"},
+            "kafka": {
+                "bootstrap_servers": kafka_bootstrap,
+                "group_id": kafka_topics("group"),
+                "topics": {k: kafka_topics(k) for k in ("telemetry", "alerts", "actions", "dead_letter")},
+            },
+            "actions": {"mode": "approval"},
+            "api": {"listen": "127.0.0.1:0", "token": TOKEN},
+        }
+    )
+    svc = DetectService(cfg)
+    ex = Recorder()
+    svc.pipeline.policy.executor = ex
+    assert svc.api is not None
+    a = storm("gpu-02", T0)
+    svc.pipeline.policy.on_alert(a, T0)  # as if the detectors had just raised it
+    svc._emit(svc.pipeline.operator_tick())
+    svc.pipeline.policy.tick(T0 + 3 * S)
+    svc.apply_operator_commands()
+    url = svc.api.url
+    assert call(svc.api, None, "GET", "/api/v1/pending") == (200, {"nodes": ["gpu-02"]})
+
+    t = threading.Thread(target=svc.run, kwargs={"max_idle_s": 4.0})
+    t.start()
+    try:
+        code, cmd = call(svc.api, None, "POST", "/api/v1/approve", {"node": "gpu-02"})
+        assert code == 202
+        deadline = time.monotonic() + 10
+        while ex.calls == [] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ex.calls == [("drain", "gpu-02")]
+        assert call(svc.api, None, "GET", f"/api/v1/commands/{cmd['id']}")[1]["status"] == "done"
+    finally:
+        t.join(30)
+    assert not t.is_alive()
+    with pytest.raises(urllib.error.URLError):  # the API stopped with the service
+        urllib.request.urlopen(url + "/api/v1/pending", timeout=2)
+    c = KafkaConsumer(
+        cfg.kafka.topics.actions,
+        bootstrap_servers=[kafka_bootstrap],
+        auto_offset_reset="earliest",
+        group_id=None,
+        consumer_timeout_ms=5000,
+    )
+    published = [json.loads(m.value) for m in c]
+    c.close()
+    assert [(x["node"], x["outcome"]) for x in published][-1:] == [("gpu-02", "done")]
+    with Store(f"sqlite:///{tmp_path}/svc.db") as store:
+        assert [(x.node, x.outcome) for x in store.actions()][-1] == ("gpu-02", "done")
