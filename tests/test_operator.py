@@ -270,7 +270,9 @@ def test_detect_service_serves_the_api_and_carries_out_approvals(
             "kafka": {
                 "bootstrap_servers": kafka_bootstrap,
                 "group_id": kafka_topics("group"),
-                "topics": {k: kafka_topics(k) for k in ("telemetry", "alerts", "actions", "dead_letter")},
+                "topics": {
+                    k: kafka_topics(k) for k in ("telemetry", "alerts", "actions", "dead_letter")
+                },
             },
             "actions": {"mode": "approval"},
             "api": {"listen": "127.0.0.1:0", "token": TOKEN},
