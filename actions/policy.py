@@ -283,9 +283,9 @@ class DrainPolicy:
         rec = self._nodes.get(node)
         if rec is None:
             return False
-        if rec.status == "pending":
+        if rec.status in ("pending", "approved"):  # not drained yet: the drain is dropped
             rec.status = "rejected"
-        elif rec.status in ("drained", "draining", "resuming", "approved"):
+        elif rec.status in ("drained", "draining", "resuming"):
             rec.status = "undrain"
             rec.next_try = 0
         else:
