@@ -93,17 +93,15 @@ def parse_show_node(line: str) -> SlurmNode | None:
     return SlurmNode(m.group(1), "" if reason == "(null)" else reason)
 
 
-class SlurmExecutor:
-    """Drains and resumes Slurm nodes with ``scontrol``, leaving other people's drains alone.
+class SlurmBackend:
+    """What every Slurm backend shares: read the node, then act only on what is ours.
 
     ``drain`` first reads the node: already drained by rocewatch -> ``done`` (a retry after a
     lost answer); drained by someone else -> ``refused: drained-by-other``. ``resume`` only
-    undrains a node whose drain reason is rocewatch's.
+    undrains a node whose drain reason is rocewatch's. Backends supply ``_show`` and ``_update``.
     """
 
-    def __init__(self, config: SlurmConfig | None = None) -> None:
-        self.config = config or SlurmConfig()
-        self.config.validate()
+    name = "slurm"
 
     def drain(self, node: str, scheduler: str, reason: str) -> str:
         if scheduler != "slurm":
@@ -117,10 +115,10 @@ class SlurmExecutor:
             log.info("slurm: %s is drained by someone else (%r): left alone", node, cur.reason)
             return DRAINED_BY_OTHER
         reason = _clean_reason(reason)
-        err = self._run(["update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+        err = self._update(node, "DRAIN", reason)
         if err:
             return err
-        log.warning("slurm: drained %s: %s", node, reason)
+        log.warning("%s: drained %s: %s", self.name, node, reason)
         return "done"
 
     def resume(self, node: str, scheduler: str) -> str:
@@ -134,15 +132,38 @@ class SlurmExecutor:
         if not cur.ours:
             log.info("slurm: %s is drained by someone else (%r): not resumed", node, cur.reason)
             return DRAINED_BY_OTHER
-        err = self._run(["update", f"NodeName={node}", "State=RESUME"])
+        err = self._update(node, "RESUME", "")
         if err:
             # A node whose slurmd never registered answers "Invalid node state specified" yet
             # loses the drain flag: what counts is the state afterwards.
             after = self._show(node)
             if isinstance(after, str) or after.drained:
                 return err
-        log.warning("slurm: resumed %s", node)
+        log.warning("%s: resumed %s", self.name, node)
         return "done"
+
+    def _show(self, node: str) -> SlurmNode | str:
+        raise NotImplementedError
+
+    def _update(self, node: str, state: str, reason: str) -> str:
+        """Set DRAIN (with ``reason``) or RESUME; '' on success, else the failed outcome."""
+        raise NotImplementedError
+
+
+class SlurmExecutor(SlurmBackend):
+    """Drains and resumes Slurm nodes with ``scontrol``, leaving other people's drains alone."""
+
+    name = "scontrol"
+
+    def __init__(self, config: SlurmConfig | None = None) -> None:
+        self.config = config or SlurmConfig()
+        self.config.validate()
+
+    def _update(self, node: str, state: str, reason: str) -> str:
+        args = ["update", f"NodeName={node}", f"State={state}"]
+        if reason:
+            args.append(f"Reason={reason}")
+        return self._run(args)
 
     def _show(self, node: str) -> SlurmNode | str:
         out = self._call(["show", "node", "-o", node])

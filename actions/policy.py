@@ -274,6 +274,30 @@ class DrainPolicy:
         log.info("drain of %s rejected", node)
         return True
 
+    def undrain(self, node: str) -> bool:
+        """An operator returns a node rocewatch holds to service now (next tick), healthy or not.
+
+        A drain still waiting for approval is rejected instead. Nodes rocewatch did not drain
+        are never touched: False.
+        """
+        rec = self._nodes.get(node)
+        if rec is None:
+            return False
+        if rec.status in ("pending", "approved"):  # not drained yet: the drain is dropped
+            rec.status = "rejected"
+        elif rec.status in ("drained", "draining", "resuming"):
+            rec.status = "undrain"
+            rec.next_try = 0
+        else:
+            return False
+        log.warning("undrain of %s requested by an operator", node)
+        return True
+
+    @property
+    def now(self) -> int:
+        """The latest telemetry time the policy has seen."""
+        return self._now
+
     def pending(self) -> list[str]:
         """Nodes whose drain waits for ``approve``."""
         return sorted(n for n, r in self._nodes.items() if r.status == "pending")
@@ -467,6 +491,14 @@ class DrainPolicy:
                 del self._nodes[node]
             elif rec.status == "resuming" and rec.next_try <= now:
                 self._try_resume(rec, now, out)
+            elif rec.status == "undrain":
+                was = rec.reason.removeprefix("rocewatch: ")
+                reason = f"rocewatch: undrained by an operator after {was}"
+                if self.config.mode == "dry-run":
+                    out.append(self._node_action(now, "resume", rec, reason, "dry-run"))
+                    del self._nodes[node]
+                else:
+                    self._try_resume(rec, now, out, reason)
 
     def _resumes(self, now: int, out: list[Action]) -> None:
         wait = self.config.resume_after_healthy_s * S
@@ -496,11 +528,13 @@ class DrainPolicy:
                 continue
             self._try_resume(rec, now, out)
 
-    def _try_resume(self, rec: _NodeRecord, now: int, out: list[Action]) -> None:
+    def _try_resume(self, rec: _NodeRecord, now: int, out: list[Action], reason: str = "") -> None:
         rec.status = "resuming"
         outcome = self._execute("resume", rec)
         rec.attempts += 1
-        out.append(self._node_action(now, "resume", rec, self._resume_reason(rec), outcome))
+        out.append(
+            self._node_action(now, "resume", rec, reason or self._resume_reason(rec), outcome)
+        )
         if outcome.startswith("failed"):
             rec.next_try = now + self._backoff(rec.attempts)  # never give up: it stays drained
             log.warning("resume of %s %s; retrying", rec.node, outcome)

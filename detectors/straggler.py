@@ -111,19 +111,37 @@ class StragglerDetector:
         self.acc_dt = np.zeros((0, 3))
         self.acc_ts = np.zeros(0, dtype=np.int64)
 
+    def _peer_group(self, node: str, rail: int) -> int:
+        """Index of the NIC's peer group (its first job, else its rail); -1 for none."""
+        jobs = self.topology.node_jobs.get(node)
+        name = f"job:{jobs[0]}" if jobs else (f"rail:{rail}" if rail >= 0 else "")
+        if not name:
+            return -1
+        if name not in self.group_names:
+            self.group_names.append(name)
+        return self.group_names.index(name)
+
     def _grow(self) -> None:
+        topo = self.topology
         have = len(self.group)
+        version = getattr(topo, "jobs_version", 0)
+        if version != getattr(self, "_jobs_version", 0):
+            # Live job membership changed: every NIC seen so far is regrouped with its new peers.
+            self._jobs_version = version
+            self.group_names = []
+            self.group = np.array(
+                [
+                    self._peer_group(node, int(self.rail[i]))
+                    for i, (node, _nic) in enumerate(self.slots.keys[:have])
+                ],
+                dtype=np.int64,
+            )
         if have == len(self.slots):
             return
-        topo = self.topology
         groups, rails = [], []
         for node, nic in self.slots.keys[have:]:  # NICs seen for the first time
-            jobs = topo.node_jobs.get(node)
             rail = topo.nic_rail(node, nic)
-            name = f"job:{jobs[0]}" if jobs else (f"rail:{rail}" if rail is not None else "")
-            if name and name not in self.group_names:
-                self.group_names.append(name)
-            groups.append(self.group_names.index(name) if name else -1)
+            groups.append(self._peer_group(node, -1 if rail is None else rail))
             rails.append(-1 if rail is None else rail)
         self.group = np.concatenate([self.group, np.array(groups, dtype=np.int64)])
         self.rail = np.concatenate([self.rail, np.array(rails, dtype=np.int64)])

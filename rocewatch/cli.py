@@ -77,6 +77,31 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--quick", action="store_true", help="a small suite (tests, CI)")
     ev.add_argument("--config", type=Path, help="rocewatch config (detector thresholds, policy)")
 
+    def store_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--config", type=Path, help="rocewatch config (its storage.url)")
+        sp.add_argument("--db", help="database URL (instead of --config)")
+
+    al = sub.add_parser("alerts", help="list stored alerts")
+    store_args(al)
+    al.add_argument("--status", choices=["firing", "resolved"])
+    al.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    ac = sub.add_parser("actions", help="list stored drain and resume decisions")
+    store_args(ac)
+    ac.add_argument("--node")
+    ac.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    ap = sub.add_parser("approve", help="approve a drain waiting for approval (no NODE: list them)")
+    store_args(ap)
+    ap.add_argument("node", nargs="?")
+    ap.add_argument("--reject", action="store_true", help="reject the drain instead")
+    ap.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the service")
+
+    ud = sub.add_parser("undrain", help="return a node rocewatch drained to service now")
+    store_args(ud)
+    ud.add_argument("node")
+    ud.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the service")
+
     t = sub.add_parser("topology", help="topology file tools")
     tsub = t.add_subparsers(dest="topology_command", required=True)
     tc = tsub.add_parser("check", help="validate a topology file")
@@ -108,6 +133,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    # operators' handles first: they need no detectors (a quick start)
+    if args.command in ("alerts", "actions", "approve", "undrain"):
+        from rocewatch import operator_cli as oc
+
+        if args.command == "alerts":
+            return oc.cmd_alerts(args.config, args.db, args.status, args.json)
+        if args.command == "actions":
+            return oc.cmd_actions(args.config, args.db, args.node, args.json)
+        command = "reject" if args.command == "approve" and args.reject else args.command
+        return oc.cmd_command(args.config, args.db, command, args.node, args.wait)
     from rocewatch.config import load_config
 
     if args.command == "demo":

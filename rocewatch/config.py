@@ -15,7 +15,10 @@ from typing import Any, TypeVar
 
 import yaml
 
+from actions.api import ApiConfig
+from actions.membership import MembershipConfig
 from actions.policy import PolicyConfig
+from actions.routing import ExecutorsConfig
 from detectors.lifecycle import LifecycleConfig
 from detectors.registry import DETECTORS
 from detectors.windows import WindowConfig
@@ -94,6 +97,9 @@ class Config:
     window: WindowConfig = field(default_factory=WindowConfig)
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    executors: ExecutorsConfig = field(default_factory=ExecutorsConfig)
+    membership: MembershipConfig = field(default_factory=MembershipConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
     detectors: dict[str, Any] = field(default_factory=dict)
 
 
@@ -148,6 +154,8 @@ _DATACLASSES: dict[str, type[Any]] = {
     "WindowConfig": WindowConfig,
     "LifecycleConfig": LifecycleConfig,
     "PolicyConfig": PolicyConfig,
+    "MembershipConfig": MembershipConfig,
+    "ApiConfig": ApiConfig,
 }
 
 
@@ -170,6 +178,7 @@ def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
     doc = dict(doc)
     storage = doc.pop("storage", None) or {}
     actions = doc.pop("actions", None)
+    executors = ExecutorsConfig.from_dict(doc.pop("executors", None), build, f"{where}.executors")
     dets = doc.pop("detectors", None) or {}
     if not isinstance(dets, dict):
         raise ConfigError(f"{where}.detectors: must be a mapping")
@@ -184,4 +193,6 @@ def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
     cfg = build(Config, doc, where)
     policy = build(PolicyConfig, actions, f"{where}.actions")
     url = storage.get("url") if isinstance(storage, dict) else None
-    return dataclasses.replace(cfg, policy=policy, detectors=built, storage_url=url)
+    return dataclasses.replace(
+        cfg, policy=policy, executors=executors, detectors=built, storage_url=url
+    )

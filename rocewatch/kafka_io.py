@@ -33,6 +33,10 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from actions.api import OperatorApi
+from actions.membership import build_live_jobs
+from actions.operator import MemoryCommands, apply_pending
+from actions.routing import RoutingExecutor
 from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
 from rocewatch.errors import BadInput, ConfigError, RetryableError
@@ -226,8 +230,19 @@ class DetectService:
         self.part_seen_wall: dict[tuple[str, int], float] = {}
         self.suppress: Counter[tuple[str, str]] = Counter()
         restored = self._restore()
+        executor = RoutingExecutor(cfg.executors)
         if restored is None:  # a fresh start; otherwise the checkpoint brought its pipeline
-            self.pipeline = Pipeline(topology, cfg, stats=self.stats, rollup_s=10, retain=False)
+            self.pipeline = Pipeline(
+                topology, cfg, executor=executor, stats=self.stats, rollup_s=10, retain=False
+            )
+        else:  # the policy's state came back; its scheduler clients follow today's config
+            self.pipeline.policy.executor = executor
+        self.live_jobs = build_live_jobs(
+            self.pipeline.topology,
+            cfg.membership,
+            _kube_api(cfg),
+            static=list(topology.jobs.values()),
+        )
         ensure_topics(k)
         self.producer = make_producer(k)
         self.consumer = KafkaConsumer(
@@ -249,6 +264,18 @@ class DetectService:
 
             self.store = Store(cfg.storage_url)
             self.store.create_schema()
+        # operators' commands: from the store (CLI, API) or, without one, the API's memory
+        self.commands_mem = MemoryCommands()
+        self._pending_snapshot: list[str] = self.pipeline.policy.pending()
+        self._next_commands = 0.0
+        self.api: OperatorApi | None = None
+        if cfg.api.listen:
+            self.api = OperatorApi(
+                cfg.api,
+                self.store if self.store is not None else self.commands_mem,
+                self.store,
+                pending=lambda: list(self._pending_snapshot),
+            ).start()
         self.latencies: deque[float] = deque(maxlen=100_000)
         self._pending_lat: deque[tuple[int, int]] = deque()
         self.stop_event = threading.Event()
@@ -475,8 +502,13 @@ class DetectService:
         )
         try:
             while not self.stop_event.is_set():
+                if self.live_jobs is not None:
+                    self.live_jobs.maybe_refresh()
                 n = self.poll_once()
                 now = time.monotonic()
+                if now >= self._next_commands:
+                    self._next_commands = now + 0.5
+                    self.apply_operator_commands()
                 if n:
                     last_input = now
                     flushed = False
@@ -496,7 +528,20 @@ class DetectService:
         finally:
             self.close()
 
+    def apply_operator_commands(self) -> int:
+        """Carry out pending approve / reject / undrain commands at once; return how many."""
+        queues: list[Any] = [self.commands_mem]
+        if self.store is not None:
+            queues.append(self.store)
+        n = apply_pending(self.pipeline.policy, queues)
+        if n:
+            self._emit(self.pipeline.operator_tick())
+        self._pending_snapshot = self.pipeline.policy.pending()
+        return n
+
     def close(self) -> None:
+        if self.api is not None:
+            self.api.close()
         try:
             self.producer.flush(timeout=30)
             self.producer.close(timeout=10)
@@ -504,6 +549,22 @@ class DetectService:
             self.consumer.close(autocommit=False)
             if self.store is not None:
                 self.store.close()
+
+
+def _kube_api(cfg: Config) -> Any:
+    """A CoreV1Api factory when Kubernetes is configured (built only when first needed)."""
+    kcfg = cfg.executors.kubernetes
+    if kcfg is None:
+        return None
+
+    def make() -> Any:
+        from kubernetes import client
+
+        from actions.kubernetes import api_client
+
+        return client.CoreV1Api(api_client(kcfg))
+
+    return make
 
 
 def _alert_id(a: Alert) -> str:

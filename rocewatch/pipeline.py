@@ -206,6 +206,18 @@ class Pipeline:
         self.detector_seconds += time.process_time() - t0
         return out
 
+    def operator_tick(self) -> Output:
+        """Let the policy act at once on an operator's command, without waiting for telemetry."""
+        out = Output()
+        actions, incidents = self.policy.tick(self.policy.now)
+        for inc in incidents:
+            self.lifecycle.add_external(inc)
+        out.alerts += list(incidents)
+        out.actions += actions
+        if self.retain:
+            self.actions += actions
+        return out
+
     def _firing_labels(self) -> list[dict[str, str]]:
         return [a.labels for a in self.lifecycle.firing.values()]
 

@@ -120,6 +120,7 @@ class Topology:
         self.by_address = {s.address: s.name for s in switches if s.address}
         self.by_int_node_id = {s.int_node_id: s.name for s in switches if s.int_node_id is not None}
         self.node_jobs: dict[str, list[str]] = {}
+        self.jobs_version = 0  # bumped by set_jobs, so detectors know to regroup peers
         for j in jobs:
             for nn in j.nodes:
                 self.node_jobs.setdefault(nn, []).append(j.name)
@@ -160,6 +161,19 @@ class Topology:
     def scheduler_of(self, node: str) -> str:
         n = self.nodes.get(node)
         return n.scheduler if n else "slurm"
+
+    def set_jobs(self, jobs: list[Job]) -> None:
+        """Replace job membership (live from the schedulers); nodes outside the topology drop."""
+        known = [
+            Job(j.name, j.tenant, j.priority, tuple(n for n in j.nodes if n in self.nodes))
+            for j in jobs
+        ]
+        self.jobs = {j.name: j for j in known if j.nodes}
+        self.jobs_version = getattr(self, "jobs_version", 0) + 1
+        self.node_jobs = {}
+        for j in self.jobs.values():
+            for nn in j.nodes:
+                self.node_jobs.setdefault(nn, []).append(j.name)
 
     # --- loading -------------------------------------------------------------------------------
     @classmethod

@@ -3,8 +3,9 @@
 #
 #   bash scripts/services.sh install   apt-get install what is missing (postgresql, slurmctld,
 #                                      slurm-client, munge)
-#   bash scripts/services.sh start     start a private PostgreSQL cluster, munged and slurmctld
-#                                      under $ROCEWATCH_SERVICES_DIR; write its env.sh
+#   bash scripts/services.sh start     start a private PostgreSQL cluster, munged, slurmctld and
+#                                      one slurmd (for rwnode1) under $ROCEWATCH_SERVICES_DIR;
+#                                      write its env.sh
 #   bash scripts/services.sh stop      stop them (only what this script started: by pid file)
 #   bash scripts/services.sh status    say what runs
 #
@@ -13,10 +14,13 @@
 # After `start`:   source "$ROCEWATCH_SERVICES_DIR/env.sh"   exports
 #   ROCEWATCH_TEST_PG_URL       postgresql+psycopg://postgres@127.0.0.1:PORT/rw_test (trust auth)
 #   SLURM_CONF                  the private slurm.conf (scontrol finds slurmctld and munged by it)
-#   ROCEWATCH_TEST_SLURM_NODES  rwnode1,rwnode2 (nodes defined in slurm.conf; no slurmd runs)
+#   ROCEWATCH_TEST_SLURM_NODES  rwnode1,rwnode2 (nodes defined in slurm.conf)
+#   ROCEWATCH_TEST_SLURMD_NODE  rwnode1: the one node with a local slurmd (jobs can run there);
+#                               rwnode[2-4] stay defined without one
 #
 # Environment: ROCEWATCH_SERVICES_DIR (default /tmp/rocewatch-services; postgres and munge must be
 # able to traverse it), ROCEWATCH_PG_PORT (default 55432), ROCEWATCH_SLURMCTLD_PORT (default 56817),
+# ROCEWATCH_SLURMD_PORT (default ROCEWATCH_SLURMCTLD_PORT + 2),
 # ROCEWATCH_SERVICES_TIMEOUT (seconds to wait for each daemon, default 60).
 # Needs root: PostgreSQL runs as the `postgres` user and munged as `munge` (both refuse root).
 set -euo pipefail
@@ -24,11 +28,14 @@ set -euo pipefail
 DIR="$(realpath -m "${ROCEWATCH_SERVICES_DIR:-/tmp/rocewatch-services}")"
 PG_PORT="${ROCEWATCH_PG_PORT:-55432}"
 SLURM_PORT="${ROCEWATCH_SLURMCTLD_PORT:-56817}"
+SLURMD_PORT="${ROCEWATCH_SLURMD_PORT:-$((SLURM_PORT + 2))}"
 TIMEOUT="${ROCEWATCH_SERVICES_TIMEOUT:-60}"
 PG_DB=rw_test
 CLUSTER=rwtest
 NODES="rwnode[1-4]"
+OTHER_NODES="rwnode[2-4]"
 TEST_NODES="rwnode1,rwnode2"
+SLURMD_NODE=rwnode1
 
 PGDATA="$DIR/pg/data"
 PGRUN="$DIR/pg/run"
@@ -40,6 +47,8 @@ SLURM_DIR="$DIR/slurm"
 SLURM_CONF_FILE="$SLURM_DIR/slurm.conf"
 SLURM_PID="$SLURM_DIR/slurmctld.pid"
 SLURM_LOG="$SLURM_DIR/slurmctld.log"
+SLURMD_PID="$SLURM_DIR/slurmd.pid"
+SLURMD_LOG="$SLURM_DIR/slurmd.log"
 ENV_FILE="$DIR/env.sh"
 
 say() { printf '[services] %s\n' "$*"; }
@@ -55,7 +64,7 @@ need_root() {
 
 # --- install ------------------------------------------------------------------------------------
 
-PACKAGES=(postgresql slurmctld slurm-client munge)
+PACKAGES=(postgresql slurmctld slurmd slurm-client munge)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q '^install ok installed$'; }
 
@@ -215,8 +224,9 @@ stop_munge() { kill_pidfile "$MUNGE_PID" munged; }
 
 write_slurm_conf() {
     cat >"$SLURM_CONF_FILE" <<EOF
-# Written by scripts/services.sh: a test-only controller on localhost. Nodes run no slurmd;
-# SlurmdTimeout=0 keeps slurmctld from marking them DOWN, so they can be drained and resumed.
+# Written by scripts/services.sh: a test-only controller on localhost. Only $SLURMD_NODE runs a
+# slurmd (its own port); SlurmdTimeout=0 keeps slurmctld from marking the others DOWN, so they
+# can still be drained and resumed.
 ClusterName=$CLUSTER
 SlurmctldHost=localhost
 SlurmctldPort=$SLURM_PORT
@@ -229,7 +239,9 @@ AuthInfo=socket=$MUNGE_SOCK
 StateSaveLocation=$SLURM_DIR/state
 SlurmdSpoolDir=$SLURM_DIR/spool
 SlurmctldPidFile=$SLURM_PID
-SlurmdPidFile=$SLURM_DIR/slurmd.pid
+SlurmdPidFile=$SLURMD_PID
+SlurmdLogFile=$SLURMD_LOG
+SlurmdDebug=info
 SlurmctldLogFile=$SLURM_LOG
 SlurmctldDebug=info
 SlurmdTimeout=0
@@ -245,7 +257,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 MpiDefault=none
 PlugStackConfig=$SLURM_DIR/plugstack.conf
-NodeName=$NODES NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 State=UNKNOWN
+NodeName=$SLURMD_NODE NodeHostname=$(hostname -s) NodeAddr=127.0.0.1 Port=$SLURMD_PORT CPUs=1 RealMemory=100 State=UNKNOWN
+NodeName=$OTHER_NODES NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 State=UNKNOWN
 PartitionName=rwtest Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
     : >"$SLURM_DIR/plugstack.conf"
@@ -281,11 +294,35 @@ start_slurmctld() {
 
 stop_slurmctld() { kill_pidfile "$SLURM_PID" slurmctld; }
 
+start_slurmd() {
+    local t0 i
+    t0=$(now)
+    if port_busy "$SLURMD_PORT"; then
+        die "127.0.0.1:$SLURMD_PORT is taken by something else: set ROCEWATCH_SLURMD_PORT"
+    fi
+    say "slurm: starting slurmd for $SLURMD_NODE (port $SLURMD_PORT)"
+    SLURM_CONF="$SLURM_CONF_FILE" /usr/sbin/slurmd -N "$SLURMD_NODE" -f "$SLURM_CONF_FILE" ||
+        { tail_log "$SLURMD_LOG"; die "slurmd did not start"; }
+    for ((i = 0; i < TIMEOUT * 5; i++)); do
+        if SLURM_CONF="$SLURM_CONF_FILE" timeout 10 scontrol show node -o "$SLURMD_NODE" 2>/dev/null |
+            grep -q 'SlurmdStartTime=[0-9]'; then
+            say "slurm: slurmd registered $SLURMD_NODE in $(($(now) - t0)) s"
+            return 0
+        fi
+        sleep 0.2
+    done
+    tail_log "$SLURMD_LOG"
+    die "slurmd for $SLURMD_NODE did not register with slurmctld"
+}
+
+stop_slurmd() { kill_pidfile "$SLURMD_PID" slurmd; }
+
 # --- commands -----------------------------------------------------------------------------------
 
 cmd_stop() {
     need_root stop
     [ -d "$DIR" ] || { say "stop: nothing to stop ($DIR does not exist)"; return 0; }
+    stop_slurmd
     stop_slurmctld
     stop_munge
     stop_postgres
@@ -297,7 +334,7 @@ cmd_start() {
     need_root start
     local t0
     t0=$(now)
-    for c in runuser munged munge unmunge slurmctld scontrol; do
+    for c in runuser munged munge unmunge slurmctld slurmd scontrol; do
         command -v "$c" >/dev/null || [ -x "/usr/sbin/$c" ] ||
             die "$c not found (run: bash $0 install)"
     done
@@ -309,11 +346,13 @@ cmd_start() {
     start_postgres
     start_munge
     start_slurmctld
+    start_slurmd
     cat >"$ENV_FILE" <<EOF
 # Written by scripts/services.sh start: source it before pytest.
 export ROCEWATCH_TEST_PG_URL='postgresql+psycopg://postgres@127.0.0.1:$PG_PORT/$PG_DB'
 export SLURM_CONF='$SLURM_CONF_FILE'
 export ROCEWATCH_TEST_SLURM_NODES='$TEST_NODES'
+export ROCEWATCH_TEST_SLURMD_NODE='$SLURMD_NODE'
 EOF
     say "start: all up in $(($(now) - t0)) s; env in $ENV_FILE:"
     sed -n 's/^export /    /p' "$ENV_FILE"
@@ -329,6 +368,7 @@ cmd_status() {
     fi
     if alive "$MUNGE_PID"; then say "munged: running"; else say "munged: stopped"; rc=1; fi
     if alive "$SLURM_PID"; then say "slurmctld: running"; else say "slurmctld: stopped"; rc=1; fi
+    if alive "$SLURMD_PID"; then say "slurmd: running"; else say "slurmd: stopped"; rc=1; fi
     return $rc
 }
 

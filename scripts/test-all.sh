@@ -9,7 +9,7 @@ step() { printf '\n== %s\n' "$*"; }
 step "python dependencies"
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
 
-step "PostgreSQL, slurmctld and munge (Debian packages; installed only when missing)"
+step "PostgreSQL, slurmctld, slurmd and munge (Debian packages; installed only when missing)"
 bash scripts/services.sh install
 
 step "Apache Kafka broker jars (Maven Central, cached under ~/.cache/rocewatch)"

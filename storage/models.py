@@ -159,6 +159,21 @@ class RollupRow(Base):
     count: Mapped[int] = mapped_column(BigInteger)
 
 
+class OperatorCommandRow(Base):
+    """An operator's request (approve, reject, undrain) for the detect service to carry out."""
+
+    __tablename__ = "operator_commands"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    requested_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, index=True)
+    command: Mapped[str] = mapped_column(String(16))
+    node: Mapped[str] = mapped_column(String(128), index=True)
+    requested_by: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), index=True)  # pending | done | refused
+    result: Mapped[str] = mapped_column(Text)
+    done_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+
+
 class MetaRow(Base):
     """Key/value facts about the database itself (``schema_version``)."""
 
@@ -172,3 +187,4 @@ alerts_table = AlertRow.__table__
 actions_table = ActionRow.__table__
 rollups_table = RollupRow.__table__
 meta_table = MetaRow.__table__
+commands_table = OperatorCommandRow.__table__

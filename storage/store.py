@@ -36,6 +36,7 @@ from storage.models import (
     AlertRow,
     Base,
     MetaRow,
+    OperatorCommandRow,
     RollupRow,
     datetime_to_ns,
     ns_to_datetime,
@@ -51,6 +52,7 @@ ALERTS: Table = AlertRow.__table__  # type: ignore[assignment]
 ACTIONS: Table = ActionRow.__table__  # type: ignore[assignment]
 ROLLUPS: Table = RollupRow.__table__  # type: ignore[assignment]
 META: Table = MetaRow.__table__  # type: ignore[assignment]
+COMMANDS: Table = OperatorCommandRow.__table__  # type: ignore[assignment]
 
 _ALERT_UPDATED = [
     "alertname",
@@ -284,6 +286,51 @@ class Store:
             )
             for r in rows
         ]
+
+    # --- operator commands (rocewatch approve / undrain, the HTTP API) --------------------------
+    def add_command(self, command: str, node: str, requested_by: str) -> int:
+        """Queue a command for the detect service; return its id."""
+        row = {
+            "requested_at": ns_to_datetime(self._clock()),
+            "command": command,
+            "node": node,
+            "requested_by": requested_by,
+            "status": "pending",
+            "result": "",
+        }
+        with self._errors("add command"), self.engine.begin() as conn:
+            res = conn.execute(COMMANDS.insert().values(**row).returning(COMMANDS.c.id))
+            return int(res.scalar_one())
+
+    def commands(self, status: str | None = None, ids: Sequence[int] = ()) -> list[dict[str, Any]]:
+        """Commands oldest first, optionally only those with ``status`` or these ``ids``."""
+        q = select(COMMANDS).order_by(COMMANDS.c.id)
+        if status is not None:
+            q = q.where(COMMANDS.c.status == status)
+        if ids:
+            q = q.where(COMMANDS.c.id.in_(list(ids)))
+        with self._errors("read commands"), self.engine.connect() as conn:
+            rows = conn.execute(q).mappings().all()
+        return [
+            {
+                "id": r["id"],
+                "requested_at": datetime_to_ns(r["requested_at"]),
+                "command": r["command"],
+                "node": r["node"],
+                "requested_by": r["requested_by"],
+                "status": r["status"],
+                "result": r["result"],
+            }
+            for r in rows
+        ]
+
+    def finish_command(self, command_id: int, status: str, result: str) -> None:
+        with self._errors("finish command"), self.engine.begin() as conn:
+            conn.execute(
+                COMMANDS.update()
+                .where(COMMANDS.c.id == command_id)
+                .values(status=status, result=result, done_at=ns_to_datetime(self._clock()))
+            )
 
     def rollups(self) -> pl.DataFrame:
         """All stored rollups as a frame with ``ROLLUP_COLUMNS`` (for tests and exports)."""

@@ -1,0 +1,319 @@
+"""Operators' handles: `rocewatch alerts | actions | approve | undrain` on the store, and the
+same over the authenticated HTTP JSON API, carried out on the drain policy as the detect service
+does (actions.operator.apply_pending)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actions import DrainPolicy, PolicyConfig
+from actions.api import ApiConfig, OperatorApi
+from actions.operator import MemoryCommands, apply_pending
+from rocewatch.errors import ConfigError
+from rocewatch.model import Action, Alert
+from rocewatch.topology import Topology
+from storage.store import Store
+
+S = 1_000_000_000
+T0 = 1_795_946_400 * S
+TOKEN = "s3cret-operator-token-0123"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def drain(self, node: str, scheduler: str, reason: str) -> str:
+        self.calls.append(("drain", node))
+        return "done"
+
+    def resume(self, node: str, scheduler: str) -> str:
+        self.calls.append(("resume", node))
+        return "done"
+
+
+def topo() -> Topology:
+    return Topology.from_dict(
+        {
+            "switches": [{"name": "leaf-0"}],
+            "nodes": [{"name": f"gpu-{i:02d}", "nics": [{"nic": "mlx5_0"}]} for i in range(10)],
+        }
+    )
+
+
+def storm(node: str, t: int) -> Alert:
+    labels = {"alertname": "PFCStorm", "severity": "critical", "node": node, "nic": "mlx5_0"}
+    return Alert({**labels, "role": "origin"}, {"summary": "storm"}, t)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rocewatch.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+        check=False,
+    )
+
+
+def run_policy(p: DrainPolicy, store: Store, start: int, end: int) -> list[Action]:
+    acts: list[Action] = []
+    t = start
+    while t <= end:
+        a, incs = p.tick(t)
+        store.write_actions(a)
+        store.write_alerts(incs)
+        acts += a
+        t += S
+    return acts
+
+
+def test_cli_approve_undrain_alerts_actions(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path}/rw.db"
+    store = Store(db)
+    store.create_schema()
+    ex = Recorder()
+    p = DrainPolicy(PolicyConfig(mode="approval"), topo(), ex)
+    a = storm("gpu-03", T0)
+    p.on_alert(a, T0)
+    store.write_alerts([a])
+    assert [x.outcome for x in run_policy(p, store, T0, T0 + 60 * S)] == ["pending-approval"]
+    assert ex.calls == []  # approval mode: nothing happens by itself
+
+    listing = cli("approve", "--db", db)
+    assert listing.returncode == 0, listing.stderr
+    assert listing.stdout.startswith("gpu-03           waiting since 2026-11-29T10:00:02.000Z")
+    assert "rocewatch: PFCStorm origin mlx5_0" in listing.stdout
+
+    r = cli("approve", "gpu-03", "--db", db, "--wait", "0")
+    assert r.returncode == 0 and "queued as command 1" in r.stdout
+    assert ex.calls == []
+    assert apply_pending(p, [store]) == 1  # what the detect service does within a second
+    acts = p.tick(p.now)[0]
+    store.write_actions(acts)
+    assert [(x.action, x.outcome) for x in acts] == [("drain", "done")]
+    assert ex.calls == [("drain", "gpu-03")]
+    [cmd] = store.commands()
+    assert (cmd["command"], cmd["node"], cmd["status"]) == ("approve", "gpu-03", "done")
+    assert cmd["requested_by"].startswith("cli:")
+
+    # a node rocewatch did not drain is never resumed, not even on request
+    r = cli("undrain", "gpu-07", "--db", db, "--wait", "0")
+    assert r.returncode == 0
+    apply_pending(p, [store])
+    assert store.commands()[-1]["status"] == "refused"
+    assert "not drained by rocewatch" in store.commands()[-1]["result"]
+
+    cli("undrain", "gpu-03", "--db", db, "--wait", "0")
+    apply_pending(p, [store])
+    acts = p.tick(p.now + S)[0]
+    store.write_actions(acts)
+    assert [(x.action, x.node, x.outcome) for x in acts] == [("resume", "gpu-03", "done")]
+    assert "undrained by an operator" in acts[0].reason
+    assert ex.calls[-1] == ("resume", "gpu-03")
+
+    out = cli("actions", "--db", db, "--json")
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(x) for x in out.stdout.splitlines()]
+    assert [(r["action"], r["outcome"]) for r in rows] == [
+        ("drain", "pending-approval"),
+        ("drain", "done"),
+        ("resume", "done"),
+    ]
+    assert set(rows[0]) >= {"time", "action", "node", "scheduler", "reason", "alert_fingerprint",
+                            "executed", "outcome"}  # fmt: skip
+    out = cli("alerts", "--db", db, "--status", "firing")
+    assert out.returncode == 0 and "PFCStorm" in out.stdout and "node=gpu-03" in out.stdout
+    waited = cli("approve", "gpu-05", "--db", db, "--wait", "0.5")
+    assert waited.returncode == 3 and "is `rocewatch detect` running?" in waited.stdout
+    assert cli("alerts").returncode == 2  # no store given: a clear error
+    store.close()
+
+
+@pytest.fixture
+def tls(tmp_path: Path) -> tuple[str, str]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+@pytest.fixture(params=["http", "https"])
+def api(
+    request: pytest.FixtureRequest, tls: tuple[str, str], tmp_path: Path
+) -> Iterator[tuple[OperatorApi, DrainPolicy, Recorder, Store, ssl.SSLContext | None]]:
+    store = Store(f"sqlite:///{tmp_path}/api.db")
+    store.create_schema()
+    ex = Recorder()
+    p = DrainPolicy(PolicyConfig(mode="approval"), topo(), ex)
+    ctx = None
+    kw: dict[str, Any] = {}
+    if request.param == "https":
+        kw = {"tls_cert": tls[0], "tls_key": tls[1]}
+        ctx = ssl.create_default_context(cafile=tls[0])
+    srv = OperatorApi(ApiConfig(listen="127.0.0.1:0", token=TOKEN, **kw), MemoryCommands(), store)
+    srv.start()
+    try:
+        yield srv, p, ex, store, ctx
+    finally:
+        srv.close()
+        store.close()
+
+
+def call(
+    srv: OperatorApi, ctx: ssl.SSLContext | None, method: str, path: str,
+    body: Any = None, token: str | None = TOKEN,
+) -> tuple[int, Any]:  # fmt: skip
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(srv.url + path, data, headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_http_api(
+    api: tuple[OperatorApi, DrainPolicy, Recorder, Store, ssl.SSLContext | None],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    srv, p, ex, store, ctx = api
+    caplog.set_level(logging.DEBUG)
+    assert srv.url.startswith("https://" if ctx else "http://")
+    a = storm("gpu-04", T0)
+    p.on_alert(a, T0)
+    store.write_alerts([a])
+    store.write_actions(p.tick(T0 + 3 * S)[0])
+
+    assert call(srv, ctx, "GET", "/api/v1/pending", token=None)[0] == 401
+    assert call(srv, ctx, "GET", "/api/v1/pending", token="wrong")[0] == 401
+    assert call(srv, ctx, "POST", "/api/v1/approve", {"node": "gpu-04"}, token="x")[0] == 401
+    assert call(srv, ctx, "GET", "/api/v1/pending") == (200, {"nodes": ["gpu-04"]})
+    code, alerts = call(srv, ctx, "GET", "/api/v1/alerts?status=firing")
+    assert code == 200 and [x["labels"]["node"] for x in alerts] == ["gpu-04"]
+    code, acts = call(srv, ctx, "GET", "/api/v1/actions?node=gpu-04")
+    assert code == 200 and [x["outcome"] for x in acts] == ["pending-approval"]
+
+    assert call(srv, ctx, "POST", "/api/v1/approve", {"nodes": "gpu-04"})[0] == 400
+    assert call(srv, ctx, "POST", "/api/v1/drain", {"node": "gpu-04"})[0] == 404
+    code, cmd = call(srv, ctx, "POST", "/api/v1/approve", {"node": "gpu-04", "by": "alice"})
+    assert code == 202 and cmd["status"] == "pending" and cmd["requested_by"] == "alice"
+    assert ex.calls == []
+    apply_pending(p, [srv.queue])
+    assert [x.outcome for x in p.tick(p.now)[0]] == ["done"]
+    assert ex.calls == [("drain", "gpu-04")]
+    assert call(srv, ctx, "GET", f"/api/v1/commands/{cmd['id']}")[1]["status"] == "done"
+
+    code, cmd = call(srv, ctx, "POST", "/api/v1/undrain", {"node": "gpu-04"})
+    apply_pending(p, [srv.queue])
+    assert [(x.action, x.outcome) for x in p.tick(p.now)[0]] == [("resume", "done")]
+    assert call(srv, ctx, "GET", "/api/v1/commands/999")[0] == 404
+    assert TOKEN not in caplog.text  # never logged, not even for failed attempts
+    assert "unauthorized" in caplog.text
+
+
+def test_api_config_validation() -> None:
+    ApiConfig().validate()  # no listen: no API
+    for bad in (
+        ApiConfig(listen="127.0.0.1:9465"),  # no token
+        ApiConfig(listen="127.0.0.1:9465", token="short"),
+        ApiConfig(listen="nowhere", token=TOKEN),
+        ApiConfig(listen="127.0.0.1:9465", token=TOKEN, tls_cert="c.pem"),
+    ):
+        with pytest.raises(ConfigError):
+            bad.validate()
+    assert TOKEN not in repr(ApiConfig(listen="127.0.0.1:1", token=TOKEN))
+
+
+@pytest.mark.kafka
+def test_detect_service_serves_the_api_and_carries_out_approvals(
+    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path
+) -> None:
+    """The real detect service (real broker): a drain waits; an approval over its HTTP API is
+    carried out by its loop and published to the actions topic."""
+    import threading
+
+    import yaml
+    from kafka import KafkaConsumer
+
+    from rocewatch.config import config_from_dict
+    from rocewatch.kafka_io import DetectService
+
+    topo_file = tmp_path / "topology.yaml"
+    topo_file.write_text(yaml.safe_dump(topo().to_dict()))
+    cfg = config_from_dict(
+        {
+            "topology": str(topo_file),
+            "state_dir": str(tmp_path / "state"),
+            "storage": {"url": f"sqlite:///{tmp_path}/svc.db"},
+            "kafka": {
+                "bootstrap_servers": kafka_bootstrap,
+                "group_id": kafka_topics("group"),
+                "topics": {
+                    k: kafka_topics(k) for k in ("telemetry", "alerts", "actions", "dead_letter")
+                },
+            },
+            "actions": {"mode": "approval"},
+            "api": {"listen": "127.0.0.1:0", "token": TOKEN},
+        }
+    )
+    svc = DetectService(cfg)
+    ex = Recorder()
+    svc.pipeline.policy.executor = ex
+    assert svc.api is not None
+    a = storm("gpu-02", T0)
+    svc.pipeline.policy.on_alert(a, T0)  # as if the detectors had just raised it
+    svc._emit(svc.pipeline.operator_tick())
+    svc.pipeline.policy.tick(T0 + 3 * S)
+    svc.apply_operator_commands()
+    url = svc.api.url
+    assert call(svc.api, None, "GET", "/api/v1/pending") == (200, {"nodes": ["gpu-02"]})
+
+    t = threading.Thread(target=svc.run, kwargs={"max_idle_s": 4.0})
+    t.start()
+    try:
+        code, cmd = call(svc.api, None, "POST", "/api/v1/approve", {"node": "gpu-02"})
+        assert code == 202
+        deadline = time.monotonic() + 10
+        while ex.calls == [] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ex.calls == [("drain", "gpu-02")]
+        assert call(svc.api, None, "GET", f"/api/v1/commands/{cmd['id']}")[1]["status"] == "done"
+    finally:
+        t.join(30)
+    assert not t.is_alive()
+    with pytest.raises(urllib.error.URLError):  # the API stopped with the service
+        urllib.request.urlopen(url + "/api/v1/pending", timeout=2)
+    c = KafkaConsumer(
+        cfg.kafka.topics.actions,
+        bootstrap_servers=[kafka_bootstrap],
+        auto_offset_reset="earliest",
+        group_id=None,
+        consumer_timeout_ms=5000,
+    )
+    published = [json.loads(m.value) for m in c]
+    c.close()
+    assert [(x["node"], x["outcome"]) for x in published][-1:] == [("gpu-02", "done")]
+    with Store(f"sqlite:///{tmp_path}/svc.db") as store:
+        assert [(x.node, x.outcome) for x in store.actions()][-1] == ("gpu-02", "done")
