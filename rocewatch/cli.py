@@ -253,7 +253,6 @@ def _int_listen(args: argparse.Namespace) -> int:
         close.append(pub)
         sink = pub.publish  # slices by time with its default slice
     coll = IntCollector(topology, listener, sink, interval_ns=int(args.interval_ms * 1e6))
-    listener.start()
     log.info("listening for INT reports on %s:%d", args.host, listener.port)
     try:
         coll.run(args.duration, stop)

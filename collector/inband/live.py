@@ -52,7 +52,7 @@ class IntCollector:
 
     def step(self, timeout: float = 0.1) -> int:
         """One poll: parse what arrived, emit closed intervals; returns reports parsed."""
-        reports = self.listener.poll(timeout=timeout, min_datagrams=1024)
+        reports = self.listener.poll(timeout=timeout)
         now = time.monotonic()
         if reports.height:
             self._last_input = now
@@ -65,9 +65,14 @@ class IntCollector:
 
     def flush(self) -> None:
         """Parse what is left and emit every open interval (shutdown)."""
-        reports = self.listener.poll(timeout=0.0, min_datagrams=0)
-        self.reports += reports.height
-        self._emit(self.agg.add(reports, final=True))
+        while True:
+            before = self.listener.stats.received
+            reports = self.listener.poll(timeout=0.0)
+            self.reports += reports.height
+            if self.listener.stats.received == before:
+                break
+            self._emit(self.agg.add(reports))
+        self._emit(self.agg.add(empty_reports(), final=True))
         self._count()
 
     def run(self, duration_s: float = 0.0, stop: threading.Event | None = None) -> None:
@@ -87,7 +92,7 @@ class IntCollector:
         """Move the listener's and parser's counters into ``stats`` (only what grew)."""
         for prefix, obj in (("int_udp_", self.listener.stats), ("int_", self.listener.parse_stats)):
             for name, value in vars(obj).items():
-                if name in ("received", "datagrams", "reports"):
+                if name in ("received", "datagrams", "reports"):  # volumes, not skips
                     continue
                 key = prefix + name
                 if value > self._counted.get(key, 0):

@@ -144,13 +144,21 @@ def _layout(bits: int) -> tuple[int, dict[str, tuple[int, int]]]:
     return got
 
 
+_SPAN = {w: np.arange(w, dtype=np.int64) for w in range(1, 9)}
+_POW2 = {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 6: 8, 7: 8, 8: 8}
+
+
 def _be(buf: np.ndarray, idx: np.ndarray, width: int) -> np.ndarray:
-    """Big-endian unsigned integers of ``width`` bytes at byte offsets ``idx`` (uint64)."""
-    out = buf[idx].astype(np.uint64)
-    for k in range(1, width):
-        out <<= np.uint64(8)
-        out |= buf[idx + k]
-    return out
+    """Big-endian unsigned integers of ``width`` bytes at byte offsets ``idx``.
+
+    One gather of a (n, width) byte matrix, viewed as big-endian words: the dtype is the
+    native unsigned type of the next power-of-two width.
+    """
+    g = buf[idx[:, None] + _SPAN[width]]
+    w = _POW2[width]
+    if w != width:
+        g = np.concatenate([np.zeros((g.shape[0], w - width), dtype=np.uint8), g], axis=1)
+    return g.view(f">u{w}").ravel().astype(f"u{w}")
 
 
 def _need_table() -> np.ndarray:
@@ -204,7 +212,7 @@ def parse_buffer(
     room = lens >= GROUP_HDR_LEN
     s = starts[room]
     size = lens[room]
-    w0 = _be(buf, s, 4)
+    w0 = _be(buf, s, 4).astype(np.uint64)
     rep_words = _be(buf, s + 8, 2).astype(np.int64)
     end = GROUP_HDR_LEN + rep_words * WORD
     good = ((w0 >> np.uint64(28)) == TR_VERSION) & (end <= size)

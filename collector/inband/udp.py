@@ -1,21 +1,24 @@
 """Live INT Telemetry Reports over UDP (CONTRACTS.md section 4): a bounded receive ring.
 
-A receiver thread reads datagrams with ``socket.recv_into`` straight into the slots of one
-preallocated buffer (no bytes object per datagram); the caller's ``poll`` hands every filled slot
-to the vectorised parser as one batch (``parse_buffer`` over the ring) and frees the slots. Memory
-is fixed: ``slots x slot_bytes`` of ring plus the kernel's ``SO_RCVBUF``. Under a flood the ring
-fills up; then the receiver still drains the socket but drops the datagrams (``ring_full_drops``),
-and whatever the kernel itself dropped is read from ``/proc/net/udp`` (``kernel_drops``).
-Datagrams longer than a slot are dropped and counted (``oversize``); malformed and truncated
-reports are counted by the parser. Nothing in the input can stop the listener.
+``poll`` drains the socket with ``socket.recv_into`` straight into one preallocated buffer,
+datagrams packed one after the other (no bytes object per datagram, and the parser's gathers stay
+in a few cache-friendly megabytes), until the socket is empty, ``batch_datagrams`` arrived or the
+buffer has no room for a datagram of ``max_datagram_bytes``; then it hands the whole batch to the
+vectorised parser (``parse_buffer``) and reuses the buffer. Receiving and
+parsing run in the caller's thread: a receiver thread would fight the parser for the GIL and
+lose most wake-ups. Memory is fixed: ``ring_bytes`` plus the socket's receive
+buffer (``rcvbuf_bytes``, forced above ``net.core.rmem_max`` when the process may). Under a
+flood the kernel drops what does not fit in that buffer; those drops are read from
+``/proc/net/udp`` (``kernel_drops``). Datagrams longer than ``max_datagram_bytes`` are dropped
+and counted (``oversize``); malformed and truncated reports are counted by the parser. Nothing in
+the input can stop the listener.
 
 >>> import socket
 >>> from collector.inband.report import build_report
 >>> lis = UdpListener(UdpListenerConfig(host="127.0.0.1", port=0))
->>> lis.start()
 >>> tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 >>> _ = tx.sendto(build_report(11, 1, [{"hop_latency_ns": 7}]), ("127.0.0.1", lis.port))
->>> reports = lis.poll(timeout=5.0, min_datagrams=1)
+>>> reports = lis.poll(timeout=5.0)
 >>> reports["hop_latency_ns"].to_list()
 [7]
 >>> lis.close(); tx.close()
@@ -26,9 +29,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import socket
-import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,25 +48,25 @@ class UdpListenerConfig:
 
     host: str = "0.0.0.0"
     port: int = DEFAULT_PORT
-    slots: int = 16384  # datagrams the ring holds between two polls
-    slot_bytes: int = 2048  # the largest datagram accepted (jumbo reports: raise it)
-    rcvbuf_bytes: int = 8 << 20  # SO_RCVBUF asked of the kernel
+    ring_bytes: int = 8 << 20  # the receive buffer datagrams are packed into
+    max_datagram_bytes: int = 9216  # the largest datagram accepted (jumbo frames)
+    batch_datagrams: int = 16384  # parsed together at most
+    rcvbuf_bytes: int = 32 << 20  # SO_RCVBUF asked of the kernel
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"inband.port: {self.port} is not a UDP port")
-        if self.slots < 16 or self.slot_bytes < 64:
-            raise ConfigError("inband: slots must be >= 16 and slot_bytes >= 64")
-        if self.slots * self.slot_bytes > 1 << 31:
-            raise ConfigError("inband: slots x slot_bytes must stay under 2 GiB")
+        if self.max_datagram_bytes < 64 or self.batch_datagrams < 1:
+            raise ConfigError("inband: max_datagram_bytes must be >= 64, batch_datagrams >= 1")
+        if not self.max_datagram_bytes <= self.ring_bytes <= 1 << 31:
+            raise ConfigError("inband: ring_bytes must hold one datagram and stay under 2 GiB")
 
 
 @dataclass
 class UdpStats:
-    received: int = 0  # datagrams put in the ring
-    ring_full_drops: int = 0  # read from the socket but dropped: the ring was full
-    oversize: int = 0  # longer than a slot
-    kernel_drops: int = 0  # dropped by the kernel before we could read them (/proc/net/udp)
+    received: int = 0  # datagrams taken into the ring
+    oversize: int = 0  # longer than max_datagram_bytes: dropped
+    kernel_drops: int = 0  # dropped by the kernel, its receive buffer full (/proc/net/udp)
 
 
 def _kernel_drops(sock: socket.socket) -> int | None:
@@ -87,110 +89,78 @@ def _kernel_drops(sock: socket.socket) -> int | None:
 
 
 class UdpListener:
-    """Receives INT datagrams into a ring in a thread; ``poll`` parses them in batches."""
+    """Drains a UDP socket into a fixed ring and parses the ring in one batch per ``poll``."""
 
     def __init__(self, cfg: UdpListenerConfig | None = None) -> None:
         self.cfg = cfg or UdpListenerConfig()
         self.cfg.validate()
         self.stats = UdpStats()
         self.parse_stats = InbandStats()
-        n, size = self.cfg.slots, self.cfg.slot_bytes
-        self._ring = np.zeros(n * size, dtype=np.uint8)
-        self._lens = np.zeros(n, dtype=np.int64)
-        self._starts = np.arange(n, dtype=np.int64) * size
-        self._views = [memoryview(self._ring.data)[i * size : (i + 1) * size] for i in range(n)]
-        self._scratch = bytearray(size)
-        # written only by the receiver (head) / only by poll (tail); ints are atomic under the GIL
-        self._head = 0
-        self._tail = 0
-        self._ready = threading.Condition()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ring = np.zeros(self.cfg.ring_bytes, dtype=np.uint8)
+        self._mv = memoryview(self._ring.data)
+        self._lens = np.zeros(self.cfg.batch_datagrams, dtype=np.int64)
+        self._starts = np.zeros(self.cfg.batch_datagrams, dtype=np.int64)
         family = socket.AF_INET6 if ":" in self.cfg.host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
-        with contextlib.suppress(OSError):
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.cfg.rcvbuf_bytes)
+        self._set_rcvbuf(self.cfg.rcvbuf_bytes)
         try:
             self.sock.bind((self.cfg.host, self.cfg.port))
         except OSError as e:
             self.sock.close()
             raise ConfigError(f"cannot listen on {self.cfg.host}:{self.cfg.port}: {e}") from e
-        self.sock.settimeout(0.2)
+        self.sock.setblocking(False)
         self.port: int = self.sock.getsockname()[1]
+        self.rcvbuf: int = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         self._drops0 = _kernel_drops(self.sock) or 0
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._receive, name="int-udp-rx", daemon=True)
-        self._thread.start()
-
-    def _receive(self) -> None:
-        recv_into = self.sock.recv_into
-        slots, size = self.cfg.slots, self.cfg.slot_bytes
-        views, lens, scratch = self._views, self._lens, self._scratch
-        st = self.stats
-        trunc = socket.MSG_TRUNC  # Linux returns a datagram's real length with it
-        notify = 0
-        while not self._stop.is_set():
-            head = self._head
-            full = head - self._tail >= slots
+    def _set_rcvbuf(self, size: int) -> None:
+        force = getattr(socket, "SO_RCVBUFFORCE", None)  # Linux, CAP_NET_ADMIN
+        if force is not None:
             try:
-                n = recv_into(scratch if full else views[head % slots], size, trunc)
-            except TimeoutError:
-                with self._ready:
-                    self._ready.notify_all()
-                continue
+                self.sock.setsockopt(socket.SOL_SOCKET, force, size)
+                return
             except OSError:
-                if self._stop.is_set():
-                    break
-                raise
-            if full:
-                st.ring_full_drops += 1
-                continue
-            if n > size:
-                st.oversize += 1
-                continue
-            lens[head % slots] = n
-            self._head = head + 1
-            st.received += 1
-            notify += 1
-            if notify >= 256:
-                notify = 0
-                with self._ready:
-                    self._ready.notify_all()
+                pass
+        with contextlib.suppress(OSError):  # capped by net.core.rmem_max
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
 
-    def pending(self) -> int:
-        return self._head - self._tail
-
-    def poll(self, timeout: float = 0.1, min_datagrams: int = 1) -> pl.DataFrame:
-        """Parse every datagram in the ring (waiting up to ``timeout`` s for ``min_datagrams``).
-
-        Returns report rows (``REPORT_SCHEMA``); counts go to ``parse_stats`` and ``stats``.
-        """
-        deadline = time.monotonic() + timeout
-        while self.pending() < min_datagrams:
-            left = deadline - time.monotonic()
-            if left <= 0:
+    def _drain(self) -> int:
+        """Read datagrams into the buffer until the socket is empty or the batch full."""
+        recv_into = self.sock.recv_into
+        size = self.cfg.max_datagram_bytes
+        mv, starts, lens = self._mv, self._starts, self._lens
+        last = self.cfg.ring_bytes - size  # the last offset with room for any datagram
+        batch = self.cfg.batch_datagrams
+        trunc = socket.MSG_TRUNC  # Linux returns a datagram's real length with it
+        i = off = oversize = 0
+        while i < batch and off <= last:
+            try:
+                n = recv_into(mv[off:], size, trunc)
+            except (BlockingIOError, InterruptedError):
                 break
-            with self._ready:
-                self._ready.wait(min(left, 0.05))
-        tail, head = self._tail, self._head
-        if head == tail:
-            self._update_kernel_drops()
-            return empty_reports()
-        slots, count = self.cfg.slots, head - tail
-        a = tail % slots
-        first = min(count, slots - a)
-        parts = []
-        for lo, hi in ((a, a + first), (0, count - first)):  # the ring may wrap once
-            if hi > lo:
-                parts.append(
-                    parse_buffer(
-                        self._ring, self._starts[lo:hi], self._lens[lo:hi], self.parse_stats
-                    )[0]
-                )
-        reports = pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
-        self._tail = head  # the parser copied what it needs: the slots are free again
+            if n > size:
+                oversize += 1
+                continue
+            starts[i] = off
+            lens[i] = n
+            off += (n + 7) & ~7
+            i += 1
+        self.stats.received += i
+        self.stats.oversize += oversize
+        return i
+
+    def poll(self, timeout: float = 0.1) -> pl.DataFrame:
+        """Receive what is waiting (up to a ring's worth; waiting up to ``timeout`` s for the
+        first datagram) and parse it; returns report rows (``REPORT_SCHEMA``)."""
+        n = self._drain()
+        if n == 0 and timeout > 0:
+            ready, _, _ = select.select([self.sock], [], [], timeout)
+            if ready:
+                n = self._drain()
         self._update_kernel_drops()
+        if n == 0:
+            return empty_reports()
+        reports, _ = parse_buffer(self._ring, self._starts[:n], self._lens[:n], self.parse_stats)
         return reports
 
     def _update_kernel_drops(self) -> None:
@@ -199,13 +169,9 @@ class UdpListener:
             self.stats.kernel_drops = d - self._drops0
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
         self.sock.close()
 
     def __enter__(self) -> UdpListener:
-        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
