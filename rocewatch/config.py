@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import yaml
 
 from actions.policy import PolicyConfig
+from collector.nic.agent import AgentConfig
 from detectors.lifecycle import LifecycleConfig
 from detectors.registry import DETECTORS
 from detectors.windows import WindowConfig
@@ -95,6 +96,7 @@ class Config:
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     detectors: dict[str, Any] = field(default_factory=dict)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 def _expand(v: Any) -> Any:
@@ -148,6 +150,7 @@ _DATACLASSES: dict[str, type[Any]] = {
     "WindowConfig": WindowConfig,
     "LifecycleConfig": LifecycleConfig,
     "PolicyConfig": PolicyConfig,
+    "AgentConfig": AgentConfig,
 }
 
 
