@@ -2,7 +2,7 @@
 # The real PostgreSQL and Slurm (slurmctld + munge) that the test suite uses, from Debian packages.
 #
 #   bash scripts/services.sh install   apt-get install what is missing (postgresql, slurmctld,
-#                                      slurm-client, munge)
+#                                      slurm-client, munge, iproute2, ethtool)
 #   bash scripts/services.sh start     start a private PostgreSQL cluster, munged and slurmctld
 #                                      under $ROCEWATCH_SERVICES_DIR; write its env.sh
 #   bash scripts/services.sh stop      stop them (only what this script started: by pid file)
@@ -55,7 +55,7 @@ need_root() {
 
 # --- install ------------------------------------------------------------------------------------
 
-PACKAGES=(postgresql slurmctld slurm-client munge)
+PACKAGES=(postgresql slurmctld slurm-client munge iproute2 ethtool)  # ip + ethtool: agent tests
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q '^install ok installed$'; }
 
