@@ -263,3 +263,32 @@ def test_broker_outage_loses_no_snapshot(
     assert {ts for ts, _ in got} == want  # every snapshot arrived, none invented
     assert len(got) == len(sampled)
     assert order == sorted(order)  # sent in order after the broker came back
+
+
+def test_agent_reads_simulated_node_tree(tmp_path: Path) -> None:
+    """`simulate --sysfs` lays out each node as the kernel does (symlinks included); the agent
+    reads back what the simulator's snapshots held."""
+    from rocewatch.sim import SimConfig, write_scenario
+    from rocewatch.sim.sysfs import write_scenario_sysfs
+
+    write_scenario(SimConfig(nodes=4, duration_s=0.3, seed=2), tmp_path)
+    trees = write_scenario_sysfs(tmp_path)
+    newest: dict[str, dict[str, Any]] = {}
+    for line in (tmp_path / "nic.jsonl").read_bytes().splitlines():
+        s = orjson.loads(line)
+        if s["node"] == "gpu-002" and s["timestamp"] >= newest.get(s["nic"], s)["timestamp"]:
+            newest[s["nic"]] = s
+    root = trees / "gpu-002"
+    assert (root / "class" / "infiniband" / "mlx5_0").is_symlink()
+    agent = NicAgent(AgentConfig(node="gpu-002", sysfs_root=str(root), ethtool="off"))
+    try:
+        snaps = agent.sample()
+    finally:
+        agent.close()
+    assert [s["nic"] for s in snaps] == sorted(newest) and len(snaps) == 8
+    for s in snaps:
+        want = newest[s["nic"]]
+        assert s["hw_counters"] == want["hw_counters"]
+        assert s["pcie"] == want["pcie"] and s["speed_mbps"] == want["speed_mbps"]
+        assert s["netdev"] == want["netdev"]
+        assert s["port_counters"]["port_xmit_data"] == want["ethtool"]["tx_bytes_phy"] // 4

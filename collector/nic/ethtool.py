@@ -99,14 +99,15 @@ class EthtoolReader:
 
     def read(self) -> dict[str, int]:
         """Every driver counter of the netdev, by its ``ethtool -S`` name."""
-        buf = self._buf
-        struct.pack_into("II", buf, 0, ETHTOOL_GSTATS, len(self.names))
-        self._ioctl(buf)
-        (n,) = struct.unpack_from("I", buf, 4)
-        if n != len(self.names):  # the driver's counter set changed: names first
-            self._load_names()
-            return self.read()
-        return dict(zip(self.names, self._fmt.unpack_from(buf, 8), strict=True))
+        for _ in range(3):
+            buf = self._buf
+            struct.pack_into("II", buf, 0, ETHTOOL_GSTATS, len(self.names))
+            self._ioctl(buf)
+            (n,) = struct.unpack_from("I", buf, 4)
+            if n == len(self.names):
+                return dict(zip(self.names, self._fmt.unpack_from(buf, 8), strict=True))
+            self._load_names()  # the driver's counter set changed: names first
+        raise EthtoolError(f"ethtool ioctl on {self.netdev}: the counter set keeps changing")
 
     def close(self) -> None:
         self._sock.close()
