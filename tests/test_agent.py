@@ -3,6 +3,7 @@ mlx5 driver's formats, the bounded spool, and a 30 s Kafka outage that loses no 
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -292,3 +293,28 @@ def test_agent_reads_simulated_node_tree(tmp_path: Path) -> None:
         assert s["pcie"] == want["pcie"] and s["speed_mbps"] == want["speed_mbps"]
         assert s["netdev"] == want["netdev"]
         assert s["port_counters"]["port_xmit_data"] == want["ethtool"]["tx_bytes_phy"] // 4
+
+
+def test_cli_agent_runs_at_100ms(tmp_path: Path) -> None:
+    """`rocewatch agent --interval 0.1 --out FILE --duration 2`: ~20 samples of every NIC, each
+    snapshot a CONTRACTS.md section 3 line."""
+    out = tmp_path / "snaps.jsonl"
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(f"agent: {{ethtool: 'off', spool_dir: {str(tmp_path / 'spool')!r}}}\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "rocewatch.cli", "agent", "--config", str(cfg), "--node", "n1",
+         "--sysfs-root", str(FIX / "sys"), "--interval", "0.1", "--out", str(out),
+         "--duration", "2"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    snaps = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    per_nic: dict[str, list[int]] = {}
+    for s in snaps:
+        per_nic.setdefault(s["nic"], []).append(s["timestamp"])
+    assert set(per_nic) == {"mlx5_0", "mlx5_1"}
+    for ts in per_nic.values():
+        assert 17 <= len(ts) <= 21 and ts == sorted(ts)
+        gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(ts)]
+        assert 0.08 < sorted(gaps)[len(gaps) // 2] < 0.12  # 100 ms cadence
+    assert "samples=" in res.stdout
+    assert not list((tmp_path / "spool").glob("*.jsonl"))  # everything left the spool

@@ -7,8 +7,10 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import polars as pl
+import pytest
 import yaml
 
 from collector.inband import build_report, write_pcap
@@ -167,3 +169,53 @@ def test_cli_int_listen_and_send(tmp_path: Path) -> None:
     got = pl.read_ndjson(out).sort(KEYS)
     assert got.height == want.height
     assert got["value"].to_list() == want["value"].to_list()
+
+
+@pytest.mark.kafka
+def test_live_udp_to_kafka(tmp_path: Path, kafka_bootstrap: str, kafka_topics: Any) -> None:
+    """What `rocewatch int-listen` does without --out: samples on the telemetry topic, keyed by
+    switch, equal to the pcap's."""
+    from kafka import KafkaConsumer
+
+    from rocewatch import wire
+    from rocewatch.config import KafkaConfig, TopicsConfig
+    from rocewatch.kafka_io import TelemetryPublisher
+
+    topo = Topology.from_dict(topology())
+    want, _ = _pcap_samples(tmp_path, topo)
+    topic = kafka_topics.create("telemetry", partitions=2)
+    k = KafkaConfig(bootstrap_servers=kafka_bootstrap, topics=TopicsConfig(telemetry=topic))
+    pub = TelemetryPublisher(k, source="int-listen:test")
+    listener = UdpListener(UdpListenerConfig(host="127.0.0.1", port=0))
+    coll = IntCollector(topo, listener, pub.publish, Stats())
+    stop = threading.Event()
+    runner = threading.Thread(target=coll.run, kwargs={"stop": stop})
+    runner.start()
+    payloads = int_payloads()
+    sender = UdpSender("127.0.0.1", listener.port, rate=20_000)
+    try:
+        sender.send(payloads)
+        deadline = time.monotonic() + 30
+        while listener.stats.received < len(payloads) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        runner.join(30)
+        listener.close()
+        sender.close()
+        pub.close()
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=kafka_bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5000,
+        group_id=None,
+    )
+    frames = []
+    for m in consumer:
+        df = wire.decode(m.value)
+        assert {m.key.decode()} == set(df["device"].to_list())
+        frames.append(df)
+    consumer.close()
+    got = pl.concat(frames).sort(KEYS)
+    assert got.select([*KEYS, "value"]).equals(want.select([*KEYS, "value"]))
