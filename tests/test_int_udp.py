@@ -219,3 +219,24 @@ def test_live_udp_to_kafka(tmp_path: Path, kafka_bootstrap: str, kafka_topics: A
     consumer.close()
     got = pl.concat(frames).sort(KEYS)
     assert got.select([*KEYS, "value"]).equals(want.select([*KEYS, "value"]))
+
+
+def test_open_interval_is_bounded() -> None:
+    """Reports that all fall into one interval are aggregated once too many pile up."""
+    from collector.inband import parse_datagrams
+    from collector.inband.aggregate import IntAggregator
+
+    topo = Topology.from_dict(topology())
+    stats = Stats()
+    agg = IntAggregator(topo, stats, max_open_rows=100)
+    dgrams = [
+        build_report(11, i, [{"egress_port": 1, "queue_id": 3, "queue_occupancy_cells": i,
+                              "egress_ts": T0 + i}])
+        for i in range(60)
+    ]  # fmt: skip
+    first = agg.add(parse_datagrams(dgrams[:30])[0])
+    assert first.height == 0 and agg.carry is not None and agg.carry.height == 30
+    second = agg.add(parse_datagrams(dgrams[30:] * 3)[0])  # 120 more: over the bound
+    assert stats.get("int_interval_closed_early") == 1 and agg.carry is None
+    peak = second.filter(pl.col("metric") == "queue_peak_bytes")["value"].to_list()
+    assert peak == [59 * 80]
