@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="default",
         choices=["default", "demo", "healthy", "moe", "dark_storm", "uplink_flaky"],
     )
+    s.add_argument("--int", action="store_true", help="also write int.pcap (INT reports)")
+    s.add_argument(
+        "--sysfs", action="store_true", help="also lay out a fake sysfs tree per node (sysfs/)"
+    )
 
     r = sub.add_parser("replay", help="replay a scenario directory through the detectors")
     r.add_argument("scenario_dir", type=Path)
@@ -101,6 +105,40 @@ def build_parser() -> argparse.ArgumentParser:
     store_args(ud)
     ud.add_argument("node")
     ud.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the service")
+    il = sub.add_parser(
+        "int-listen",
+        help="receive INT Telemetry Reports over UDP and publish per-queue aggregates "
+        "to Kafka (or a JSON lines file)",
+    )
+    il.add_argument("--topology", type=Path, help="topology file (else the config's)")
+    il.add_argument("--config", type=Path, help="rocewatch config (Kafka settings)")
+    il.add_argument("--host", default="0.0.0.0")
+    il.add_argument("--port", type=int, default=32766)
+    il.add_argument("--out", type=Path, help="write samples as JSON lines here instead of Kafka")
+    il.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: forever)")
+    il.add_argument("--interval-ms", type=float, default=100.0, help="aggregation interval")
+
+    isd = sub.add_parser(
+        "int-send", help="send a scenario's int.pcap (or a pcap file) as UDP datagrams"
+    )
+    isd.add_argument("source", type=Path, help="scenario directory or pcap file")
+    isd.add_argument("--to", default="127.0.0.1:32766", help="HOST:PORT of the INT collector")
+    isd.add_argument("--rate", type=float, default=0.0, help="datagrams per second (0: no pacing)")
+
+    ag = sub.add_parser(
+        "agent",
+        help="the node agent: sample NIC counters (ethtool, RDMA hw_counters, PCIe) and send "
+        "snapshots to Kafka, spooled to disk while the broker is away",
+    )
+    ag.add_argument("--config", type=Path, help="rocewatch config (its agent: and kafka:)")
+    ag.add_argument("--node", help="node name (default: agent.node, else the host name)")
+    ag.add_argument("--interval", type=float, help="seconds between samples (>= 0.1)")
+    ag.add_argument("--sysfs-root", help="where sysfs is mounted (default /sys)")
+    ag.add_argument("--netdev", action="append", default=[], help="also sample this netdev")
+    ag.add_argument("--spool-dir", help="where unsent snapshots wait")
+    ag.add_argument("--out", type=Path, help="append snapshots to this file instead of Kafka")
+    ag.add_argument("--once", action="store_true", help="print one sample as JSON lines, exit")
+    ag.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: forever)")
 
     t = sub.add_parser("topology", help="topology file tools")
     tsub = t.add_subparsers(dest="topology_command", required=True)
@@ -162,7 +200,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rocewatch.progress import Progress
 
         bar = Progress("simulate", 1, enabled=sys.stderr.isatty())
-        write_scenario(sim_cfg, args.out_dir, progress=lambda d, t: bar.update(d / max(t, 1)))
+        write_scenario(
+            sim_cfg,
+            args.out_dir,
+            progress=lambda d, t: bar.update(d / max(t, 1)),
+            int_pcap=args.int,
+        )
+        if args.sysfs:
+            from rocewatch.sim.sysfs import write_scenario_sysfs
+
+            write_scenario_sysfs(args.out_dir)
         bar.close()
         print(f"wrote {args.out_dir}")
         return 0
@@ -212,6 +259,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rocewatch.evaluate import run_evaluate
 
         return run_evaluate(args.out, args.json, args.quick, args.config, args.verbose)
+    if args.command == "agent":
+        return _agent(args)
+    if args.command == "int-listen":
+        return _int_listen(args)
+    if args.command == "int-send":
+        return _int_send(args)
     if args.command == "topology":
         from rocewatch.topology import Topology
 
@@ -222,6 +275,125 @@ def _dispatch(args: argparse.Namespace) -> int:
         )
         return 0
     raise ConfigError(f"unknown command {args.command}")
+
+
+def _int_listen(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+    from collections.abc import Callable
+
+    import polars as pl
+
+    from collector.inband.live import IntCollector, JsonLinesSink
+    from collector.inband.udp import UdpListener, UdpListenerConfig
+    from rocewatch.config import load_config
+    from rocewatch.topology import Topology
+
+    cfg = load_config(args.config)
+    topo_path = args.topology or (Path(cfg.topology) if cfg.topology else None)
+    if topo_path is None:
+        raise ConfigError("int-listen needs --topology or 'topology' in the config")
+    topology = Topology.load(topo_path)
+    listener = UdpListener(UdpListenerConfig(host=args.host, port=args.port))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    close: list[object] = []
+    sink: Callable[[pl.DataFrame], None]
+    if args.out is not None:
+        fh = args.out.open("ab")
+        close.append(fh)
+        sink = JsonLinesSink(fh)
+    else:
+        from rocewatch.kafka_io import TelemetryPublisher, ensure_topics
+
+        ensure_topics(cfg.kafka)
+        pub = TelemetryPublisher(cfg.kafka, source=f"int-listen:{args.port}")
+        close.append(pub)
+        sink = pub.publish  # slices by time with its default slice
+    coll = IntCollector(topology, listener, sink, interval_ns=int(args.interval_ms * 1e6))
+    log.info("listening for INT reports on %s:%d", args.host, listener.port)
+    try:
+        coll.run(args.duration, stop)
+    except KeyboardInterrupt:
+        coll.flush()
+    finally:
+        listener.close()
+        for c in close:
+            c.close()  # type: ignore[attr-defined]
+    print(" ".join(f"{k}={v}" for k, v in sorted(coll.counts().items())))
+    return 0
+
+
+def _agent(args: argparse.Namespace) -> int:
+    import dataclasses
+    import signal
+    import threading
+
+    from collector.nic.agent import FileSink, NicAgent
+    from rocewatch.config import load_config
+
+    cfg = load_config(args.config)
+    over: dict[str, object] = {}
+    if args.node:
+        over["node"] = args.node
+    if args.interval is not None:
+        over["interval_s"] = args.interval
+    if args.sysfs_root:
+        over["sysfs_root"] = args.sysfs_root
+    if args.netdev:
+        over["netdevs"] = tuple(args.netdev)
+    if args.spool_dir:
+        over["spool_dir"] = args.spool_dir
+    acfg = dataclasses.replace(cfg.agent, **over)  # type: ignore[arg-type]
+    agent = NicAgent(acfg)
+    try:
+        if args.once:
+            sys.stdout.buffer.write(b"".join(agent.sample_lines()))
+            return 0
+        if args.out is not None:
+            sink: object = FileSink(args.out)
+        else:
+            from collector.nic.kafka_sink import KafkaSnapshotSink
+
+            sink = KafkaSnapshotSink(
+                cfg.kafka, agent.node, acfg.kafka_format, acfg.kafka_topic or None
+            )
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        log.info("agent %s: %d NICs every %.3g s", agent.node, len(agent.nics), acfg.interval_s)
+        try:
+            agent.run(sink, stop, duration_s=args.duration)  # type: ignore[arg-type]
+        finally:
+            sink.close()  # type: ignore[attr-defined]
+        counts = dict(agent.stats.counts)
+        counts["samples"] = agent.samples
+        print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+        return 0
+    finally:
+        agent.close()
+
+
+def _int_send(args: argparse.Namespace) -> int:
+    from collector.inband import iter_pcap_chunks
+    from rocewatch.sim.inband import UdpSender
+
+    path = args.source / "int.pcap" if args.source.is_dir() else args.source
+    host, _, port = args.to.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--to {args.to!r}: expected HOST:PORT")
+    try:
+        chunks = iter_pcap_chunks(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: {e}") from e
+    sender = UdpSender(host.strip("[]"), int(port), rate=args.rate)
+    try:
+        for c in chunks:
+            sender.send(c.payloads())
+    finally:
+        sender.close()
+    print(f"sent {sender.sent} datagrams to {args.to}")
+    return 0
 
 
 if __name__ == "__main__":

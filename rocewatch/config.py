@@ -19,6 +19,7 @@ from actions.api import ApiConfig
 from actions.membership import MembershipConfig
 from actions.policy import PolicyConfig
 from actions.routing import ExecutorsConfig
+from collector.nic.agent import AgentConfig
 from detectors.lifecycle import LifecycleConfig
 from detectors.registry import DETECTORS
 from detectors.windows import WindowConfig
@@ -101,6 +102,7 @@ class Config:
     membership: MembershipConfig = field(default_factory=MembershipConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     detectors: dict[str, Any] = field(default_factory=dict)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 def _expand(v: Any) -> Any:
@@ -156,6 +158,7 @@ _DATACLASSES: dict[str, type[Any]] = {
     "PolicyConfig": PolicyConfig,
     "MembershipConfig": MembershipConfig,
     "ApiConfig": ApiConfig,
+    "AgentConfig": AgentConfig,
 }
 
 

@@ -68,9 +68,9 @@ class PcapSource:
     """INT Telemetry Reports from a classic pcap file, aggregated into canonical samples."""
 
     def __init__(
-        self, path: Path, topology: Topology, stats: Stats, chunk_datagrams: int = 20_000
+        self, path: Path, topology: Topology, stats: Stats, chunk_bytes: int = 4 << 20
     ) -> None:
-        from collector.inband import InbandStats, PcapStats, iter_pcap_payloads
+        from collector.inband import InbandStats, PayloadChunk, PcapStats, iter_pcap_chunks
         from collector.inband.aggregate import IntAggregator
 
         self.path = path
@@ -85,8 +85,8 @@ class PcapSource:
         self._counted: dict[str, int] = {}
         self._agg = IntAggregator(topology, stats)
         try:
-            self._it: Iterator[list[bytes]] | None = iter_pcap_payloads(
-                path, chunk_size=chunk_datagrams, stats=self._pstats
+            self._it: Iterator[PayloadChunk] | None = iter_pcap_chunks(
+                path, chunk_bytes=chunk_bytes, stats=self._pstats
             )
         except ValueError as e:
             from rocewatch.errors import ConfigError
@@ -108,7 +108,7 @@ class PcapSource:
                     self._counted[key] = value
 
     def next(self) -> pl.DataFrame | None:
-        from collector.inband import parse_datagrams
+        from collector.inband import parse_buffer
 
         if self.done:
             return None
@@ -124,8 +124,8 @@ class PcapSource:
                 self._note(df)
                 return df
             return None
-        self._read += sum(len(p) + 58 for p in chunk)  # payload + pcap/Ethernet/IP/UDP headers
-        reports, _ = parse_datagrams(chunk, self._istats)
+        self._read += int(chunk.buf.shape[0])
+        reports, _ = parse_buffer(chunk.buf, chunk.starts, chunk.lens, self._istats)
         df = self._agg.add(reports)
         self._count()
         if df.height:

@@ -53,9 +53,10 @@ def occupancy(t_s: float, port: int, rng: random.Random) -> float:
     return 0.02 * rng.random()
 
 
-def test_queue_buildup_from_int_pcap(tmp_path: Path) -> None:
+def int_payloads() -> list[bytes]:
+    """6 s of reports from two switches, port 1 of leaf-0 filling up from 3 s on; garbage,
+    truncated datagrams and five lost ones mixed in."""
     rng = random.Random(1)
-    (tmp_path / "topology.yaml").write_text(yaml.safe_dump(topology()))
     payloads: list[bytes] = []
     seq = {11: 0, 12: 0}
     for i in range(600):  # 6 s, one datagram per switch every 10 ms
@@ -79,7 +80,12 @@ def test_queue_buildup_from_int_pcap(tmp_path: Path) -> None:
             payloads.append(payloads[-2][:17])  # truncated mid-report
         if i == 300:
             seq[11] += 5  # five datagrams lost on the way
-    write_pcap(tmp_path / "int.pcap", payloads)
+    return payloads
+
+
+def test_queue_buildup_from_int_pcap(tmp_path: Path) -> None:
+    (tmp_path / "topology.yaml").write_text(yaml.safe_dump(topology()))
+    write_pcap(tmp_path / "int.pcap", int_payloads())
     res = replay(tmp_path, tmp_path / "out")
     builds = [a for a in res.alerts if a["labels"]["alertname"] == "QueueBuildup"]
     assert [(a["labels"]["switch"], a["labels"]["port"], a["labels"]["queue"]) for a in builds] == [

@@ -6,7 +6,10 @@ buffer), ``int_queue_mean_bytes``, ``int_queue_p99_bytes``, ``int_hop_latency_ma
 ``int_hop_latency_mean_ns``, stamped at the interval's end. The group header's Node ID names the
 switch (topology ``int_node_id``), ``int_ports`` names the port, and occupancy is converted from
 the switch's ``int_cell_bytes`` to bytes. Reports from unknown nodes or without a timestamp are
-counted and skipped. Sequence gaps per node are counted as lost reports.
+counted and skipped. Sequence gaps per node are counted as lost reports. Memory is bounded:
+an interval that piles up more than ``max_open_rows`` reports before a later one arrives is
+closed early (counted in ``int_interval_closed_early``; its samples then come in more than one
+part, each with the interval's timestamp).
 """
 
 from __future__ import annotations
@@ -29,9 +32,18 @@ _METRICS = {
 class IntAggregator:
     """Aggregates report rows; an interval is emitted once a later interval has been seen."""
 
-    def __init__(self, topology: Topology, stats: Stats, interval_ns: int = 100_000_000) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        stats: Stats,
+        interval_ns: int = 100_000_000,
+        max_open_rows: int = 2_000_000,
+    ) -> None:
         self.stats = stats
         self.interval_ns = interval_ns
+        # rows of the newest (still open) interval are kept until a later one shows up; a flood
+        # inside one interval closes it early instead of growing without bound
+        self.max_open_rows = max_open_rows
         sw = topology.switches.values()
         self.nodes = pl.DataFrame(
             {
@@ -90,7 +102,9 @@ class IntAggregator:
         if r.height == 0:
             self.carry = None
             return empty_samples()
-        if final:
+        if final or r.height > self.max_open_rows:
+            if not final:
+                self.stats.inc("int_interval_closed_early")
             ready, self.carry = r, None
         else:
             newest = int(r["bucket"].max())  # type: ignore[arg-type]

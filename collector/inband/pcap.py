@@ -1,10 +1,11 @@
 """Classic libpcap files (not pcapng) carrying INT reports over Ethernet / IPv4 / UDP.
 
-``iter_pcap_payloads`` reads either byte order and µs or ns timestamps (magic ``a1b2c3d4`` /
-``a1b23c4d``), LINKTYPE_ETHERNET (1) only, 802.1Q / 802.1ad tags skipped. Frames that are not
-IPv4/UDP, IP fragments, other UDP ports and frames cut short by the snap length are counted in
-``PcapStats`` and skipped; a truncated last record ends the file quietly (counted). A file that is
-not classic pcap, or of another link type, raises ``ValueError``.
+``iter_pcap_chunks`` (and ``iter_pcap_payloads`` on top of it) reads either byte order and µs
+or ns timestamps (magic ``a1b2c3d4`` / ``a1b23c4d``), LINKTYPE_ETHERNET (1) only, 802.1Q /
+802.1ad tags skipped. Frames that are not IPv4/UDP, IP fragments, other UDP ports and frames cut
+short by the snap length are counted in ``PcapStats`` and skipped; a truncated last record ends
+the file quietly (counted). A file that is not classic pcap, or of another link type, raises
+``ValueError``.
 
 ``write_pcap`` writes such a file from UDP payloads (tests, simulator).
 """
@@ -15,6 +16,9 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
+
+import numpy as np
 
 from collector.inband.report import DEFAULT_PORT
 
@@ -24,6 +28,7 @@ _MAGIC_NS = 0xA1B23C4D
 _ETH_IPV4 = 0x0800
 _ETH_VLAN = (0x8100, 0x88A8, 0x9100)
 _IPPROTO_UDP = 17
+MAX_RECORD_BYTES = 1 << 18  # the largest snap length libpcap writes
 
 
 @dataclass
@@ -35,47 +40,152 @@ class PcapStats:
     truncated: int = 0  # frames shorter than their headers / UDP length, truncated last record
 
 
-def _udp_payload(frame: bytes, port: int | None, st: PcapStats) -> bytes | None:
-    n = len(frame)
-    if n < 14:
-        st.truncated += 1
-        return None
-    off = 12
-    (etype,) = struct.unpack_from(">H", frame, off)
+@dataclass
+class PayloadChunk:
+    """UDP payloads in one buffer: payload ``i`` is ``buf[starts[i] : starts[i] + lens[i]]``."""
+
+    buf: np.ndarray  # uint8
+    starts: np.ndarray  # int64, increasing
+    lens: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return int(self.starts.shape[0])
+
+    def payloads(self) -> list[bytes]:
+        b = self.buf.tobytes()
+        return [b[s : s + n] for s, n in zip(self.starts.tolist(), self.lens.tolist(), strict=True)]
+
+
+def _open_pcap(f: IO[bytes], path: str | Path) -> str:
+    hdr = f.read(24)
+    if len(hdr) < 24:
+        raise ValueError(f"{path}: not a classic pcap file (short header)")
+    for endian in (">", "<"):
+        (magic,) = struct.unpack_from(endian + "I", hdr)
+        if magic in (_MAGIC_US, _MAGIC_NS):
+            break
+    else:
+        raise ValueError(f"{path}: not a classic pcap file (magic {hdr[:4].hex()})")
+    (linktype,) = struct.unpack_from(endian + "I", hdr, 20)
+    if linktype & 0x0FFFFFFF != LINKTYPE_ETHERNET:
+        raise ValueError(f"{path}: link type {linktype} is not Ethernet")
+    return endian
+
+
+def _be16(buf: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    return (buf[idx].astype(np.int64) << 8) | buf[idx + 1]
+
+
+def _udp_payloads(
+    buf: np.ndarray, fo: np.ndarray, fl: np.ndarray, port: int | None, st: PcapStats
+) -> tuple[np.ndarray, np.ndarray]:
+    """Frames at ``fo`` of length ``fl`` in ``buf`` -> (payload starts, lengths), vectorised."""
+    total = int(fo.shape[0])
+    last = buf.shape[0] - 2
+    ok = fl >= 14
+    st.truncated += total - int(np.count_nonzero(ok))
+    fo, fl = fo[ok], fl[ok]
+    off = np.full(fo.shape[0], 12, dtype=np.int64)
+    etype = _be16(buf, fo + 12)
+    for _ in range(4):  # 802.1Q / 802.1ad tags
+        tagged = np.isin(etype, _ETH_VLAN)
+        if not tagged.any():
+            break
+        short = tagged & (off + 8 > fl)
+        st.truncated += int(np.count_nonzero(short))
+        keep = ~short
+        fo, fl, off, etype, tagged = fo[keep], fl[keep], off[keep], etype[keep], tagged[keep]
+        off = np.where(tagged, off + 4, off)
+        etype = np.where(tagged, _be16(buf, np.minimum(fo + off, last)), etype)
     off += 2
-    while etype in _ETH_VLAN:
-        if off + 4 > n:
-            st.truncated += 1
-            return None
-        (etype,) = struct.unpack_from(">H", frame, off + 2)
-        off += 4
-    if etype != _ETH_IPV4:
-        st.not_ipv4_udp += 1
-        return None
-    if off + 20 > n:
-        st.truncated += 1
-        return None
-    vihl = frame[off]
+    ipv4 = etype == _ETH_IPV4
+    st.not_ipv4_udp += int(np.count_nonzero(~ipv4))
+    fo, fl, off = fo[ipv4], fl[ipv4], off[ipv4]
+    short = off + 20 > fl
+    st.truncated += int(np.count_nonzero(short))
+    fo, fl, off = fo[~short], fl[~short], off[~short]
+    ip = fo + off
+    vihl = buf[ip].astype(np.int64)
     ihl = (vihl & 0x0F) * 4
-    if vihl >> 4 != 4 or ihl < 20:
-        st.not_ipv4_udp += 1
-        return None
-    (frag,) = struct.unpack_from(">H", frame, off + 6)
-    if frame[off + 9] != _IPPROTO_UDP or frag & 0x3FFF:  # MF flag or fragment offset
-        st.not_ipv4_udp += 1
-        return None
-    udp = off + ihl
-    if udp + 8 > n:
-        st.truncated += 1
-        return None
-    _sport, dport, ulen = struct.unpack_from(">HHH", frame, udp)
-    if port is not None and dport != port:
-        st.wrong_port += 1
-        return None
-    if ulen < 8 or udp + ulen > n:
-        st.truncated += 1
-        return None
-    return frame[udp + 8 : udp + ulen]
+    frag = _be16(buf, ip + 6)
+    good = ((vihl >> 4) == 4) & (ihl >= 20) & (buf[ip + 9] == _IPPROTO_UDP) & ((frag & 0x3FFF) == 0)
+    st.not_ipv4_udp += int(np.count_nonzero(~good))
+    fo, fl, udp = fo[good], fl[good], off[good] + ihl[good]
+    short = udp + 8 > fl
+    st.truncated += int(np.count_nonzero(short))
+    fo, fl, udp = fo[~short], fl[~short], udp[~short]
+    u = fo + udp
+    if port is not None:
+        right = _be16(buf, u + 2) == port
+        st.wrong_port += int(np.count_nonzero(~right))
+        fo, fl, udp, u = fo[right], fl[right], udp[right], u[right]
+    ulen = _be16(buf, u + 4)
+    bad = (ulen < 8) | (udp + ulen > fl)
+    st.truncated += int(np.count_nonzero(bad))
+    return (u + 8)[~bad], (ulen - 8)[~bad]
+
+
+def iter_pcap_chunks(
+    path: str | Path,
+    port: int | None = DEFAULT_PORT,
+    chunk_bytes: int = 8 << 20,
+    stats: PcapStats | None = None,
+) -> Iterator[PayloadChunk]:
+    """Yield the UDP payloads to ``port`` (None: any) of about ``chunk_bytes`` of file at a time.
+
+    The file header is checked at once (``ValueError`` when it is not classic Ethernet pcap).
+    Only the record headers are walked in Python; the Ethernet / IPv4 / UDP checks run over a
+    whole chunk at once and payloads are not copied out of the chunk.
+    """
+    st = stats if stats is not None else PcapStats()
+    f = open(path, "rb")  # noqa: SIM115 - closed by the generator
+    try:
+        endian = _open_pcap(f, path)
+    except BaseException:
+        f.close()
+        raise
+    return _chunks(f, endian, port, chunk_bytes, st)
+
+
+def _chunks(
+    f: IO[bytes], endian: str, port: int | None, chunk_bytes: int, st: PcapStats
+) -> Iterator[PayloadChunk]:
+    with f:
+        unpack = struct.Struct(endian + "IIII").unpack_from
+        rest = b""
+        eof = False
+        while not eof:
+            data = f.read(chunk_bytes)
+            eof = not data
+            blob = rest + data if rest else data
+            n = len(blob)
+            pos = 0
+            fo: list[int] = []
+            fl: list[int] = []
+            while pos + 16 <= n:
+                incl = unpack(blob, pos)[2]
+                if incl > MAX_RECORD_BYTES:  # no capture has such records: the file is corrupt
+                    st.truncated += 1
+                    rest, eof, n = b"", True, pos
+                    break
+                if pos + 16 + incl > n:
+                    break
+                fo.append(pos + 16)
+                fl.append(incl)
+                pos += 16 + incl
+            rest = blob[pos:n]
+            if eof and rest:
+                st.truncated += 1  # a truncated last record ends the file
+            st.records += len(fo)
+            if not fo:
+                continue
+            buf = np.frombuffer(blob, dtype=np.uint8)
+            starts, lens = _udp_payloads(
+                buf, np.asarray(fo, dtype=np.int64), np.asarray(fl, dtype=np.int64), port, st
+            )
+            st.payloads += int(starts.shape[0])
+            if starts.shape[0]:
+                yield PayloadChunk(buf, starts, lens)
 
 
 def iter_pcap_payloads(
@@ -85,45 +195,15 @@ def iter_pcap_payloads(
     stats: PcapStats | None = None,
 ) -> Iterator[list[bytes]]:
     """Yield lists of at most ``chunk_size`` UDP payloads to ``port`` (None: any port)."""
-    st = stats if stats is not None else PcapStats()
-    with open(path, "rb") as f:
-        hdr = f.read(24)
-        if len(hdr) < 24:
-            raise ValueError(f"{path}: not a classic pcap file (short header)")
-        for endian in (">", "<"):
-            (magic,) = struct.unpack_from(endian + "I", hdr)
-            if magic in (_MAGIC_US, _MAGIC_NS):
-                break
-        else:
-            raise ValueError(f"{path}: not a classic pcap file (magic {hdr[:4].hex()})")
-        (linktype,) = struct.unpack_from(endian + "I", hdr, 20)
-        if linktype & 0x0FFFFFFF != LINKTYPE_ETHERNET:
-            raise ValueError(f"{path}: link type {linktype} is not Ethernet")
-        rec = struct.Struct(endian + "IIII")
-        chunk: list[bytes] = []
-        while True:
-            rh = f.read(16)
-            if not rh:
-                break
-            if len(rh) < 16:
-                st.truncated += 1
-                break
-            _ts, _frac, incl, _orig = rec.unpack(rh)
-            frame = f.read(incl)
-            if len(frame) < incl:
-                st.truncated += 1
-                break
-            st.records += 1
-            payload = _udp_payload(frame, port, st)
-            if payload is None:
-                continue
-            st.payloads += 1
-            chunk.append(payload)
+    chunk: list[bytes] = []
+    for c in iter_pcap_chunks(path, port, stats=stats):
+        for p in c.payloads():
+            chunk.append(p)
             if len(chunk) >= chunk_size:
                 yield chunk
                 chunk = []
-        if chunk:
-            yield chunk
+    if chunk:
+        yield chunk
 
 
 def _ip_checksum(hdr: bytes) -> int:

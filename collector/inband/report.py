@@ -41,7 +41,8 @@ version or a datagram too short for it is malformed as a whole. Everything malfo
 in ``InbandStats`` and skipped; ``parse_datagrams`` never raises on input bytes.
 
 Occupancy is left in cells (the switch's ``int_cell_bytes`` converts it); hop latency in ns.
-Parsing is batched: a Python loop walks only the headers, then the metadata fields of all
+Parsing is batched and vectorised (``parse_buffer``): the headers of every datagram in a batch
+are walked together, one numpy step per report position, then the metadata fields of all
 reports sharing one RepMdBits value are gathered with numpy at fixed offsets.
 """
 
@@ -143,11 +144,33 @@ def _layout(bits: int) -> tuple[int, dict[str, tuple[int, int]]]:
     return got
 
 
-def _gather_be(buf: np.ndarray, idx: np.ndarray, width: int) -> np.ndarray:
-    out = np.zeros(idx.shape[0], dtype=np.uint64)
-    for k in range(width):
-        out = (out << np.uint64(8)) | buf[idx + k].astype(np.uint64)
-    return out
+_SPAN = {w: np.arange(w, dtype=np.int64) for w in range(1, 9)}
+_POW2 = {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 6: 8, 7: 8, 8: 8}
+
+
+def _be(buf: np.ndarray, idx: np.ndarray, width: int) -> np.ndarray:
+    """Big-endian unsigned integers of ``width`` bytes at byte offsets ``idx``.
+
+    One gather of a (n, width) byte matrix, viewed as big-endian words: the dtype is the
+    native unsigned type of the next power-of-two width.
+    """
+    g = buf[idx[:, None] + _SPAN[width]]
+    w = _POW2[width]
+    if w != width:
+        g = np.concatenate([np.zeros((g.shape[0], w - width), dtype=np.uint8), g], axis=1)
+    return g.view(f">u{w}").ravel().astype(f"u{w}")
+
+
+def _need_table() -> np.ndarray:
+    """Known metadata bytes for every RepMdBits value (65536 entries)."""
+    bits = np.arange(1 << 16, dtype=np.int64)
+    need = np.zeros(1 << 16, dtype=np.int64)
+    for b, (size, _) in _MD_FIELDS.items():
+        need += np.where(bits & md_bit(b), size, 0)
+    return need
+
+
+_NEED = _need_table()
 
 
 def parse_datagrams(
@@ -158,96 +181,138 @@ def parse_datagrams(
     Fields the report's RepMdBits did not carry are null. Rows keep datagram/report order.
     ``stats`` (new if None) is updated and returned.
     """
-    st = stats if stats is not None else InbandStats()
-    st.datagrams += len(payloads)
-    if not payloads:
-        return empty_reports(), st
+    lens = np.fromiter((len(p) for p in payloads), dtype=np.int64, count=len(payloads))
+    starts = np.zeros(len(payloads), dtype=np.int64)
+    if len(payloads) > 1:
+        np.cumsum(lens[:-1], out=starts[1:])
     buf = np.frombuffer(b"".join(payloads), dtype=np.uint8)
-    unpack_g = struct.Struct(">IIH").unpack_from
-    unpack_r = struct.Struct(">BBBBHHHH").unpack_from
+    return parse_buffer(buf, starts, lens, stats)
 
-    # header walk: per report -> absolute metadata offset, header values
-    md_off: list[int] = []
-    node: list[int] = []
-    seq: list[int] = []
-    hw: list[int] = []
-    mdbits: list[int] = []
-    base = 0
-    for p in payloads:
-        n = len(p)
-        start = base
-        base += n
-        if n < GROUP_HDR_LEN:
-            st.malformed_datagrams += 1
-            continue
-        w0, node_id, rep_words = unpack_g(p, 0)
-        end = GROUP_HDR_LEN + rep_words * WORD
-        if w0 >> 28 != TR_VERSION or end > n:
-            st.malformed_datagrams += 1
-            continue
-        if end < n:
-            st.trailing_bytes += 1
-        g_hw = (w0 >> 22) & 0x3F
-        g_seq = w0 & 0x3FFFFF
-        off = GROUP_HDR_LEN
-        while off < end:
-            if off + IND_HDR_LEN > end:
-                st.truncated_reports += 1
-                break
-            b0, rep_len, md_len, _flags, bits, _dsid, _dsbits, _dsstat = unpack_r(p, off)
-            body = off + IND_HDR_LEN
-            nxt = body + rep_len * WORD
-            if nxt > end:
-                st.truncated_reports += 1
-                break
-            if md_len > rep_len:
-                st.malformed_reports += 1
-            elif b0 >> 4 != REPTYPE_INT:
-                st.skipped_reptype += 1
-            elif _layout(bits)[0] > md_len * WORD:
-                st.malformed_reports += 1
-            else:
-                md_off.append(start + body)
-                node.append(node_id)
-                seq.append(g_seq)
-                hw.append(g_hw)
-                mdbits.append(bits)
-            off = nxt
 
-    if not md_off:
+def parse_buffer(
+    buf: np.ndarray,
+    starts: np.ndarray,
+    lens: np.ndarray,
+    stats: InbandStats | None = None,
+) -> tuple[pl.DataFrame, InbandStats]:
+    """Decode datagrams that lie in one byte buffer (pcap chunk, receive ring) into report rows.
+
+    Datagram ``i`` is ``buf[starts[i] : starts[i] + lens[i]]``; ``starts`` must increase (rows
+    come out in datagram order). Nothing is copied per datagram: the headers of all datagrams
+    are walked together, one numpy step per report position, so the Python work grows with the
+    most reports one datagram holds, not with the number of datagrams.
+    """
+    st = stats if stats is not None else InbandStats()
+    n = int(starts.shape[0])
+    st.datagrams += n
+    if n == 0:
         return empty_reports(), st
-    st.reports += len(md_off)
-    offs = np.asarray(md_off, dtype=np.int64)
-    bits_arr = np.asarray(mdbits, dtype=np.uint16)
-    order_all = np.arange(offs.shape[0], dtype=np.int64)
-    frames: list[pl.DataFrame] = []
-    node_arr = np.asarray(node, dtype=np.uint32)
-    seq_arr = np.asarray(seq, dtype=np.uint32)
-    hw_arr = np.asarray(hw, dtype=np.uint8)
-    for b in np.unique(bits_arr):
-        sel = np.flatnonzero(bits_arr == b)
-        _, cols = _layout(int(b))
-        data: dict[str, Any] = {
-            "_row": order_all[sel],
-            "node_id": node_arr[sel],
-            "seq": seq_arr[sel],
-            "hw_id": hw_arr[sel],
-        }
-        o = offs[sel]
-        for name in _MD_COLUMNS:
-            if name in cols:
-                rel, width = cols[name]
-                data[name] = _gather_be(buf, o + rel, width)
-        frame = pl.DataFrame(data).with_columns(
-            [pl.lit(None).alias(c) for c in _MD_COLUMNS if c not in cols]
-        )
-        frames.append(
-            frame.select(pl.col("_row"), *[pl.col(c).cast(t) for c, t in REPORT_SCHEMA.items()])
-        )
-    out = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
-    if len(frames) > 1:
-        out = out.sort("_row")
-    return out.drop("_row"), st
+    starts = starts.astype(np.int64, copy=False)
+    lens = lens.astype(np.int64, copy=False)
+    room = lens >= GROUP_HDR_LEN
+    s = starts[room]
+    size = lens[room]
+    w0 = _be(buf, s, 4).astype(np.uint64)
+    rep_words = _be(buf, s + 8, 2).astype(np.int64)
+    end = GROUP_HDR_LEN + rep_words * WORD
+    good = ((w0 >> np.uint64(28)) == TR_VERSION) & (end <= size)
+    st.malformed_datagrams += n - int(np.count_nonzero(good))
+    st.trailing_bytes += int(np.count_nonzero(good & (end < size)))
+    s, end, w0 = s[good], end[good], w0[good]
+    node_g = _be(buf, s + 4, 4).astype(np.uint32)
+    seq_g = (w0 & np.uint64(0x3FFFFF)).astype(np.uint32)
+    hw_g = ((w0 >> np.uint64(22)) & np.uint64(0x3F)).astype(np.uint8)
+    dg_end = s + end
+    cur = s + GROUP_HDR_LEN
+    dg = np.arange(s.shape[0], dtype=np.int64)
+    found_off: list[np.ndarray] = []
+    found_dg: list[np.ndarray] = []
+    found_bits: list[np.ndarray] = []
+    while cur.shape[0]:
+        live = cur < dg_end
+        if not live.all():
+            cur, dg, dg_end = cur[live], dg[live], dg_end[live]
+            if not cur.shape[0]:
+                break
+        fits = cur + IND_HDR_LEN <= dg_end
+        body = cur + IND_HDR_LEN
+        rep_len = buf[np.minimum(cur + 1, buf.shape[0] - 1)].astype(np.int64)
+        nxt = body + rep_len * WORD
+        fits &= nxt <= dg_end
+        if not fits.all():
+            st.truncated_reports += int(np.count_nonzero(~fits))
+            cur, dg, dg_end, body, rep_len, nxt = (
+                cur[fits],
+                dg[fits],
+                dg_end[fits],
+                body[fits],
+                rep_len[fits],
+                nxt[fits],
+            )
+        b0 = buf[cur]
+        md_len = buf[cur + 2].astype(np.int64)
+        bits = _be(buf, cur + 4, 2).astype(np.int64)
+        bad_md = md_len > rep_len
+        other = ~bad_md & ((b0 >> 4) != REPTYPE_INT)
+        short = ~bad_md & ~other & (_NEED[bits] > md_len * WORD)
+        ok = ~(bad_md | other | short)
+        st.malformed_reports += int(np.count_nonzero(bad_md | short))
+        st.skipped_reptype += int(np.count_nonzero(other))
+        found_off.append(body[ok])
+        found_dg.append(dg[ok])
+        found_bits.append(bits[ok])
+        cur = nxt
+    offs = np.concatenate(found_off) if found_off else np.zeros(0, dtype=np.int64)
+    if not offs.shape[0]:
+        return empty_reports(), st
+    dgs = np.concatenate(found_dg)
+    bits_all = np.concatenate(found_bits)
+    if len(found_off) > 1:  # report-position-major -> datagram/report order
+        order = np.argsort(offs, kind="stable")
+        offs, dgs, bits_all = offs[order], dgs[order], bits_all[order]
+    m = int(offs.shape[0])
+    st.reports += m
+    cols: dict[str, pl.Series] = {
+        "node_id": pl.Series("node_id", node_g[dgs]),
+        "seq": pl.Series("seq", seq_g[dgs]),
+        "hw_id": pl.Series("hw_id", hw_g[dgs]),
+    }
+    uniq = np.unique(bits_all)
+    values: dict[str, np.ndarray] = {}
+    valid: dict[str, np.ndarray | None] = {}
+    for b in uniq.tolist():
+        _, lay = _layout(int(b))
+        if uniq.shape[0] == 1:
+            sel: np.ndarray | None = None
+            o = offs
+        else:
+            sel = np.flatnonzero(bits_all == b)
+            o = offs[sel]
+        for name, (rel, width) in lay.items():
+            v = _be(buf, o + rel, width)
+            if sel is None:
+                values[name] = v
+                valid[name] = None
+                continue
+            if name not in values:
+                values[name] = np.zeros(m, dtype=np.uint64)
+                valid[name] = np.zeros(m, dtype=bool)
+            values[name][sel] = v
+            mask = valid[name]
+            assert mask is not None
+            mask[sel] = True
+    for name in _MD_COLUMNS:
+        dtype = REPORT_SCHEMA[name]
+        if name not in values:
+            cols[name] = pl.Series(name, [None], dtype=dtype).extend_constant(None, m - 1)
+            continue
+        ser = pl.Series(name, values[name]).cast(dtype)
+        mask = valid[name]
+        if mask is not None and not mask.all():
+            ser = pl.select(pl.when(pl.Series(mask)).then(ser).otherwise(None)).to_series()
+            ser = ser.alias(name)
+        cols[name] = ser
+    return pl.DataFrame([cols[c] for c in REPORT_SCHEMA]), st
 
 
 # ---- builder (tests, simulator) --------------------------------------------------------------

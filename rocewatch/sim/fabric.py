@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 NODES_PER_LEAF = 64
 LINE_GBPS = 400
 BUFFER_BYTES = 64 * 1024 * 1024  # shared buffer per switch (one lossless queue may use it all)
+INT_CELL_BYTES = 256  # INT occupancy unit: 24 bits of cells must cover the whole buffer
 GNMI_PORT = 9339
 
 # port roles
@@ -172,6 +173,7 @@ class Fabric:
             d["address"] = f"127.0.{i // 250 + 1}.{i % 250 + 1}"
             d["int_node_id"] = i + 1
             d["int_ports"] = {j + 1: p for j, p in enumerate(ports)}
+            d["int_cell_bytes"] = INT_CELL_BYTES
             d["buffer_bytes"] = BUFFER_BYTES
             switches.append(d)
         links = [

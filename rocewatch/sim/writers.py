@@ -18,6 +18,7 @@ import numpy as np
 import orjson
 import yaml
 
+from collector.inband import write_pcap
 from collector.mapping import (
     IF_PORT_TAG,
     NIC_SECTION,
@@ -27,6 +28,7 @@ from collector.mapping import (
     QUEUE_TAG,
 )
 from rocewatch.sim.fabric import GNMI_PORT
+from rocewatch.sim.inband import IntReportWriter
 from rocewatch.sim.simulator import (
     NIC_COUNTERS,
     NIC_EXTRA,
@@ -154,7 +156,10 @@ class NicWriter:
 
 
 def write_scenario(
-    cfg: SimConfig, out_dir: str | Path, progress: Callable[[int, int], None] | None = None
+    cfg: SimConfig,
+    out_dir: str | Path,
+    progress: Callable[[int, int], None] | None = None,
+    int_pcap: bool = False,
 ) -> Path:
     """Simulate ``cfg`` into a replay scenario directory; returns the directory.
 
@@ -169,13 +174,19 @@ def write_scenario(
         yaml.safe_dump(sim.topology.to_dict(), sort_keys=False, width=120)
     )
     sw, nw = SwitchWriter(sim), NicWriter(sim)
+    iw = IntReportWriter(sim) if int_pcap else None
+    datagrams: list[bytes] = []
     total = sim.n_ticks
     with (out / "switch.jsonl").open("w") as fs, (out / "nic.jsonl").open("w") as fn:
         for t in sim.steps():
             fs.write(sw.lines(t))
             fn.write(nw.lines(t))
+            if iw is not None:
+                datagrams += iw.datagrams(t)
             if progress is not None:
                 progress(t.k + 1, total)
+    if iw is not None:
+        write_pcap(out / "int.pcap", datagrams, start_ns=cfg.start_ns)
     (out / "truth.json").write_bytes(orjson.dumps(sim.truth(), option=orjson.OPT_INDENT_2))
     meta = config_to_dict(cfg)
     meta["generator"] = "rocewatch.sim"

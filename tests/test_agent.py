@@ -1,0 +1,320 @@
+"""The node agent: real `ethtool -S` of a veth pair in a network namespace, fixture files in the
+mlx5 driver's formats, the bounded spool, and a 30 s Kafka outage that loses no snapshot."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+import pytest
+
+from collector.decode import NicSnapshotDecoder
+from collector.nic.agent import AgentConfig, NicAgent
+from collector.nic.ethtool import EthtoolReader, parse_ethtool_s
+from collector.nic.mlxlink import parse_mlxlink
+from collector.nic.spool import Spool
+from rocewatch.stats import Stats
+
+FIX = Path(__file__).parent / "fixtures" / "mlx5"
+
+
+# --- fixture files in real formats ------------------------------------------------------------
+def test_parse_ethtool_s_of_mlx5() -> None:
+    c = parse_ethtool_s((FIX / "ethtool_S_cx7.txt").read_text())
+    assert "NIC statistics" not in " ".join(c)
+    assert c["rx_prio3_pause"] == 12345 and c["tx_prio3_pause_duration"] == 5678
+    assert c["rx_vport_rdma_unicast_bytes"] == 73900000000000
+    assert c["rx_corrected_bits_phy"] == 88123 and c["rx0_packets"] == 1140432098
+    assert len(c) == 53
+
+
+def test_parse_mlxlink() -> None:
+    ber = parse_mlxlink((FIX / "mlxlink_c.txt").read_text())
+    assert ber == {
+        "time_since_last_clear_min": 1715.4,
+        "effective_physical_errors": 0,
+        "effective_physical_ber": 15e-255,
+        "raw_physical_ber": 3e-12,
+    }
+
+
+def test_agent_reads_mlx5_sysfs_tree() -> None:
+    agent = NicAgent(
+        AgentConfig(node="gpu-007", sysfs_root=str(FIX / "sys"), ethtool="off", mlxlink="off")
+    )
+    try:
+        snaps = agent.sample()
+    finally:
+        agent.close()
+    assert [(s["nic"], s["netdev"]) for s in snaps] == [("mlx5_0", "eth0"), ("mlx5_1", "eth1")]
+    a, b = snaps
+    assert a["node"] == "gpu-007" and a["speed_mbps"] == 400000
+    assert "speed_mbps" not in b  # link down: -1 in sysfs
+    assert a["hw_counters"]["np_cnp_sent"] == 44012 and b["hw_counters"]["np_cnp_sent"] == 44013
+    assert a["hw_counters"]["out_of_sequence"] == 91 and len(a["hw_counters"]) == 29
+    assert a["port_counters"]["port_xmit_data"] == 16500000000000
+    assert a["port_counters"]["symbol_error"] == 4 and len(a["port_counters"]) == 21
+    assert a["pcie"] == {
+        "current_link_speed": "32.0 GT/s PCIe",
+        "max_link_speed": "32.0 GT/s PCIe",
+        "current_link_width": 16,
+        "max_link_width": 16,
+    }
+    assert b["pcie"]["current_link_speed"] == "16 GT/s" and b["pcie"]["current_link_width"] == 8
+    # what the detectors get from them: both spellings give GT/s numbers
+    df = NicSnapshotDecoder(None, Stats()).decode_lines([orjson.dumps(s) for s in snaps])
+    pcie = {
+        (r["port"], r["metric"]): r["value"]
+        for r in df.filter(pl.col("metric").str.starts_with("nic_pcie")).to_dicts()
+    }
+    assert pcie[("mlx5_0", "nic_pcie_speed_gts")] == 32.0
+    assert pcie[("mlx5_1", "nic_pcie_speed_gts")] == 16.0
+    assert pcie[("mlx5_1", "nic_pcie_max_speed_gts")] == 32.0
+    assert pcie[("mlx5_1", "nic_pcie_width")] == 8.0
+
+
+def test_agent_runs_mlxlink_when_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in `mlxlink` on PATH (the real one needs NVIDIA hardware) prints real output."""
+    tool = tmp_path / "bin" / "mlxlink"
+    tool.parent.mkdir()
+    calls = tmp_path / "calls"
+    tool.write_text(f'#!/bin/sh\necho "$@" >> {calls}\ncat {FIX / "mlxlink_c.txt"}\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}:{os.environ['PATH']}")
+    cfg = AgentConfig(sysfs_root=str(FIX / "sys"), ethtool="off", mlxlink_interval_s=3600)
+    agent = NicAgent(cfg)
+    try:
+        first = agent.sample()
+        second = agent.sample()
+    finally:
+        agent.close()
+    assert first[0]["mlxlink"]["raw_physical_ber"] == 3e-12
+    assert all("mlxlink" not in s for s in second)  # its own, slower cadence
+    assert calls.read_text().split("\n")[:2] == ["-d mlx5_0 -c", "-d mlx5_1 -c"]
+
+
+# --- real interfaces: a veth pair in network namespaces this test creates ------------------------
+def _sh(*args: str) -> str:
+    return subprocess.run(args, check=True, capture_output=True, text=True, timeout=30).stdout
+
+
+@pytest.fixture
+def veth_netns() -> Iterator[tuple[str, str]]:
+    """Namespaces A and B joined by veth va (in A) <-> vb (in B), 10.77.0.1/30 <-> .2."""
+    for tool in ("ip", "ethtool"):
+        assert shutil.which(tool), f"{tool} missing: scripts/services.sh install adds it"
+    tag = uuid.uuid4().hex[:6]
+    a, b = f"rwa-{tag}", f"rwb-{tag}"
+    _sh("ip", "netns", "add", a)
+    _sh("ip", "netns", "add", b)
+    try:
+        _sh("ip", "-n", a, "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", b)
+        _sh("ip", "-n", a, "addr", "add", "10.77.0.1/30", "dev", "va")
+        _sh("ip", "-n", b, "addr", "add", "10.77.0.2/30", "dev", "vb")
+        for ns, dev in ((a, "va"), (b, "vb")):
+            _sh("ip", "-n", ns, "link", "set", dev, "up")
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        yield a, b
+    finally:
+        for ns in (a, b):
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+
+
+def test_agent_matches_ethtool_on_veth(veth_netns: tuple[str, str], tmp_path: Path) -> None:
+    a, _ = veth_netns
+    # real traffic over the pair first
+    _sh(
+        "ip", "netns", "exec", a, sys.executable, "-c",
+        "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "for _ in range(50): s.sendto(b'x' * 200, ('10.77.0.2', 9))",
+    )  # fmt: skip
+    want = parse_ethtool_s(_sh("ip", "netns", "exec", a, "ethtool", "-S", "va"))
+    assert want and "peer_ifindex" in want
+    speed = int(_sh("ip", "netns", "exec", a, "cat", "/sys/class/net/va/speed"))
+    env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", str(Path.cwd())))
+    for mode in ("ioctl", "command"):
+        cfg = tmp_path / f"{mode}.yaml"
+        cfg.write_text(f"agent: {{ethtool: {mode}, mlxlink: 'off'}}\n")
+        out = subprocess.run(
+            ["ip", "netns", "exec", a, sys.executable, "-m", "rocewatch.cli", "agent",
+             "--once", "--netdev", "va", "--node", "vm-1", "--config", str(cfg)],
+            check=True, capture_output=True, timeout=60, env=env,
+        ).stdout  # fmt: skip
+        snaps = [orjson.loads(x) for x in out.splitlines()]
+        veth = [s for s in snaps if s["nic"] == "va"]
+        assert len(veth) == 1, snaps
+        s = veth[0]
+        assert s["node"] == "vm-1" and s["netdev"] == "va"
+        assert s["speed_mbps"] == speed == 10000
+        assert s["ethtool"] == want, mode
+        assert abs(s["timestamp"] - time.time_ns()) < 60e9
+
+
+def test_ethtool_ioctl_errors_are_counted(tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        EthtoolReader("rw-no-such0")
+    (tmp_path / "class" / "net" / "rw-no-such0").mkdir(parents=True)
+    agent = NicAgent(AgentConfig(sysfs_root=str(tmp_path), netdevs=("rw-no-such0",)))
+    try:
+        snap = agent.sample()[0]
+    finally:
+        agent.close()
+    assert "ethtool" not in snap and agent.stats.get("agent_ethtool_errors") == 1
+
+
+# --- the spool ------------------------------------------------------------------------------------
+def test_spool_keeps_order_and_drops_oldest(tmp_path: Path) -> None:
+    sp = Spool(tmp_path, max_bytes=8192, segment_bytes=2048)
+    lines = [b'{"n":%04d,"pad":"%s"}\n' % (i, b"x" * 80) for i in range(400)]
+    for i in range(0, 400, 4):
+        sp.append(lines[i : i + 4])
+    got: list[bytes] = []
+    while (seg := sp.oldest()) is not None:
+        got += seg[1]
+        sp.ack(seg[0])
+    assert sp.dropped > 0 and len(got) + sp.dropped == 400
+    assert got == lines[sp.dropped :]  # what is kept is the newest, in order
+    # a restarted agent finds what it had not sent
+    sp.append(lines[:3])
+    sp.close()
+    again = Spool(tmp_path, max_bytes=8192, segment_bytes=2048)
+    seg = again.oldest()
+    assert seg is not None and seg[1] == lines[:3]
+
+
+# --- a 30 s broker outage ---------------------------------------------------------------
+@pytest.mark.kafka
+def test_broker_outage_loses_no_snapshot(
+    restartable_kafka_broker: Any, kafka_topics: Any, tmp_path: Path
+) -> None:
+    from kafka import KafkaConsumer
+
+    from collector.nic.kafka_sink import KafkaSnapshotSink
+    from rocewatch import wire
+    from rocewatch.config import KafkaConfig, TopicsConfig
+
+    broker = restartable_kafka_broker
+    topic = kafka_topics.create("telemetry", partitions=1)
+    k = KafkaConfig(bootstrap_servers=broker.bootstrap, topics=TopicsConfig(telemetry=topic))
+    cfg = AgentConfig(
+        node="gpu-042",
+        interval_s=0.1,
+        sysfs_root=str(FIX / "sys"),
+        ethtool="off",
+        mlxlink="off",
+        spool_dir=str(tmp_path / "spool"),
+    )
+    agent = NicAgent(cfg)
+    sampled: list[int] = []
+    real = agent.sample
+
+    def recording() -> list[dict[str, Any]]:
+        snaps = real()
+        sampled.extend(s["timestamp"] for s in snaps)
+        return snaps
+
+    agent.sample = recording  # type: ignore[method-assign]
+    sink = KafkaSnapshotSink(k, agent.node)
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(sink, stop), kwargs={"drain_timeout_s": 60})
+    runner.start()
+    try:
+        time.sleep(3)
+        broker.stop()
+        down_at = len(sampled)
+        time.sleep(30)
+        spooled, _ = agent.spool.pending()
+        assert spooled > 200  # 30 s of 2 NICs at 10 Hz waited on disk
+        broker.start()
+        deadline = time.monotonic() + 90
+        while agent.spool.pending()[0] > 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(1)
+    finally:
+        stop.set()
+        runner.join(120)
+        sink.close()
+        agent.close()
+    assert len(sampled) - down_at >= 290  # sampling kept its cadence through the outage
+    assert agent.spool.pending()[0] == 0 and agent.spool.dropped == 0
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
+        consumer_timeout_ms=5000, group_id=None,
+    )  # fmt: skip
+    got: set[tuple[int, str]] = set()
+    order: list[int] = []
+    for m in consumer:
+        d = wire.decode(m.value)
+        assert m.key == b"gpu-042"
+        got |= set(zip(d["ts"].to_list(), d["port"].to_list(), strict=True))
+        order.append(int(d["ts"].min()))  # type: ignore[arg-type]
+    consumer.close()
+    want = set(sampled)
+    assert {ts for ts, _ in got} == want  # every snapshot arrived, none invented
+    assert len(got) == len(sampled)
+    assert order == sorted(order)  # sent in order after the broker came back
+
+
+def test_agent_reads_simulated_node_tree(tmp_path: Path) -> None:
+    """`simulate --sysfs` lays out each node as the kernel does (symlinks included); the agent
+    reads back what the simulator's snapshots held."""
+    from rocewatch.sim import SimConfig, write_scenario
+    from rocewatch.sim.sysfs import write_scenario_sysfs
+
+    write_scenario(SimConfig(nodes=4, duration_s=0.3, seed=2), tmp_path)
+    trees = write_scenario_sysfs(tmp_path)
+    newest: dict[str, dict[str, Any]] = {}
+    for line in (tmp_path / "nic.jsonl").read_bytes().splitlines():
+        s = orjson.loads(line)
+        if s["node"] == "gpu-002" and s["timestamp"] >= newest.get(s["nic"], s)["timestamp"]:
+            newest[s["nic"]] = s
+    root = trees / "gpu-002"
+    assert (root / "class" / "infiniband" / "mlx5_0").is_symlink()
+    agent = NicAgent(AgentConfig(node="gpu-002", sysfs_root=str(root), ethtool="off"))
+    try:
+        snaps = agent.sample()
+    finally:
+        agent.close()
+    assert [s["nic"] for s in snaps] == sorted(newest) and len(snaps) == 8
+    for s in snaps:
+        want = newest[s["nic"]]
+        assert s["hw_counters"] == want["hw_counters"]
+        assert s["pcie"] == want["pcie"] and s["speed_mbps"] == want["speed_mbps"]
+        assert s["netdev"] == want["netdev"]
+        assert s["port_counters"]["port_xmit_data"] == want["ethtool"]["tx_bytes_phy"] // 4
+
+
+def test_cli_agent_runs_at_100ms(tmp_path: Path) -> None:
+    """`rocewatch agent --interval 0.1 --out FILE --duration 2`: ~20 samples of every NIC, each
+    snapshot a CONTRACTS.md section 3 line."""
+    out = tmp_path / "snaps.jsonl"
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(f"agent: {{ethtool: 'off', spool_dir: {str(tmp_path / 'spool')!r}}}\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "rocewatch.cli", "agent", "--config", str(cfg), "--node", "n1",
+         "--sysfs-root", str(FIX / "sys"), "--interval", "0.1", "--out", str(out),
+         "--duration", "2"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    snaps = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    per_nic: dict[str, list[int]] = {}
+    for s in snaps:
+        per_nic.setdefault(s["nic"], []).append(s["timestamp"])
+    assert set(per_nic) == {"mlx5_0", "mlx5_1"}
+    for ts in per_nic.values():
+        assert 17 <= len(ts) <= 21 and ts == sorted(ts)
+        gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(ts)]
+        assert 0.08 < sorted(gaps)[len(gaps) // 2] < 0.12  # 100 ms cadence
+    assert "samples=" in res.stdout
+    assert not list((tmp_path / "spool").glob("*.jsonl"))  # everything left the spool
