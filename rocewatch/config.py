@@ -20,6 +20,13 @@ from detectors.lifecycle import LifecycleConfig
 from detectors.registry import DETECTORS
 from detectors.windows import WindowConfig
 from rocewatch.errors import ConfigError
+from rocewatch.notify.base import (
+    AlertmanagerConfig,
+    NotifyConfig,
+    RetryConfig,
+    TlsConfig,
+    WebhookConfig,
+)
 
 T = TypeVar("T")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -95,6 +102,7 @@ class Config:
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     detectors: dict[str, Any] = field(default_factory=dict)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
 
 
 def _expand(v: Any) -> Any:
@@ -148,7 +156,27 @@ _DATACLASSES: dict[str, type[Any]] = {
     "WindowConfig": WindowConfig,
     "LifecycleConfig": LifecycleConfig,
     "PolicyConfig": PolicyConfig,
+    "RetryConfig": RetryConfig,
+    "TlsConfig": TlsConfig,
 }
+
+
+def _notify(data: Any, where: str) -> NotifyConfig:
+    """The ``notify`` section: lists of webhooks and alertmanagers, retry settings."""
+    if data is None:
+        return NotifyConfig()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    data = dict(data)
+    lists: dict[str, Any] = {}
+    for key, cls in (("webhooks", WebhookConfig), ("alertmanagers", AlertmanagerConfig)):
+        items = data.pop(key, None) or []
+        if not isinstance(items, list):
+            raise ConfigError(f"{where}.{key}: must be a list")
+        lists[key] = tuple(build(cls, d, f"{where}.{key}[{i}]") for i, d in enumerate(items))
+    cfg = dataclasses.replace(build(NotifyConfig, data, where), **lists)
+    cfg.validate()
+    return cfg
 
 
 def load_config(path: str | Path | None) -> Config:
@@ -170,6 +198,7 @@ def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
     doc = dict(doc)
     storage = doc.pop("storage", None) or {}
     actions = doc.pop("actions", None)
+    notify = _notify(doc.pop("notify", None), f"{where}.notify")
     dets = doc.pop("detectors", None) or {}
     if not isinstance(dets, dict):
         raise ConfigError(f"{where}.detectors: must be a mapping")
@@ -184,4 +213,4 @@ def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
     cfg = build(Config, doc, where)
     policy = build(PolicyConfig, actions, f"{where}.actions")
     url = storage.get("url") if isinstance(storage, dict) else None
-    return dataclasses.replace(cfg, policy=policy, detectors=built, storage_url=url)
+    return dataclasses.replace(cfg, policy=policy, detectors=built, storage_url=url, notify=notify)

@@ -249,6 +249,9 @@ class DetectService:
 
             self.store = Store(cfg.storage_url)
             self.store.create_schema()
+        from rocewatch.notify.service import open_dispatcher
+
+        self.notifier = open_dispatcher(cfg, self.store)
         self.latencies: deque[float] = deque(maxlen=100_000)
         self._pending_lat: deque[tuple[int, int]] = deque()
         self.stop_event = threading.Event()
@@ -353,6 +356,10 @@ class DetectService:
     # --- output ----------------------------------------------------------------------------------
     def _emit(self, out: Output) -> None:
         t = self.cfg.kafka.topics
+        if self.notifier is not None and out.alerts:
+            # committed before the checkpoint: a restart re-derives nothing the outbox lost,
+            # and an event re-derived after a restart is already queued (unique per sink)
+            self.notifier.enqueue(out.alerts)
         for a in out.alerts:
             if self._suppressed(t.alerts, _alert_id(a)):
                 continue
@@ -473,6 +480,8 @@ class DetectService:
         log.info(
             "detecting on %s as group %s", self.cfg.kafka.topics.telemetry, self.cfg.kafka.group_id
         )
+        if self.notifier is not None:
+            self.notifier.start()
         try:
             while not self.stop_event.is_set():
                 n = self.poll_once()
@@ -497,6 +506,10 @@ class DetectService:
             self.close()
 
     def close(self) -> None:
+        if self.notifier is not None:
+            self.notifier.stop()
+            if self.notifier.outbox.store is not self.store:
+                self.notifier.outbox.store.close()
         try:
             self.producer.flush(timeout=30)
             self.producer.close(timeout=10)

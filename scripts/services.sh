@@ -55,7 +55,7 @@ need_root() {
 
 # --- install ------------------------------------------------------------------------------------
 
-PACKAGES=(postgresql slurmctld slurm-client munge)
+PACKAGES=(postgresql slurmctld slurm-client munge prometheus-alertmanager)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q '^install ok installed$'; }
 
