@@ -276,3 +276,28 @@ notify:
     }
     for k, a in final_by_key.items():
         assert sent[k]["endsAt"] == a["endsAt"]
+
+
+def test_outbox_refreshes_firing_until_resolved(tmp_path: Path) -> None:
+    now = [1000.0]
+    store = Store(f"sqlite:///{tmp_path / 'o.db'}")
+    store.create_schema()
+    ob = Outbox(store, clock=lambda: now[0])
+    ob.enqueue([alert(1)], ["am"])
+    (item,) = ob.claim("am", 10, lease_s=30)
+    ob.delivered([item], refresh_s=60)
+    assert ob.depth() == {}
+    now[0] += 30
+    assert ob.claim("am", 10, lease_s=30) == []
+    now[0] += 31
+    (again,) = ob.claim("am", 10, lease_s=30)
+    assert again.refresh and again.alert["status"] == "firing"
+    ob.delivered([again], refresh_s=60)
+    ob.enqueue([alert(1, ends=T0 + 5 * S)], ["am"])
+    now[0] += 200
+    (res,) = ob.claim("am", 10, lease_s=30)  # the resolution, and no more refreshes
+    assert res.alert["status"] == "resolved" and not res.refresh
+    ob.delivered([res], refresh_s=60)
+    now[0] += 200
+    assert ob.claim("am", 10, lease_s=30) == []
+    store.close()
