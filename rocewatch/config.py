@@ -96,6 +96,7 @@ class Config:
     topology: str | None = None
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     storage_url: str | None = None
+    storage_retention_days: float | None = None  # storage.retention_days: prune older rows
     state_dir: str = "./rocewatch-state"
     metrics_port: int | None = None
     window: WindowConfig = field(default_factory=WindowConfig)
@@ -212,5 +213,20 @@ def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
         built[name] = build(DETECTORS[name][1], d, f"{where}.detectors.{name}")
     cfg = build(Config, doc, where)
     policy = build(PolicyConfig, actions, f"{where}.actions")
-    url = storage.get("url") if isinstance(storage, dict) else None
-    return dataclasses.replace(cfg, policy=policy, detectors=built, storage_url=url, notify=notify)
+    if not isinstance(storage, dict):
+        raise ConfigError(f"{where}.storage: must be a mapping")
+    unknown = set(storage) - {"url", "retention_days"}
+    if unknown:
+        raise ConfigError(f"{where}.storage.{sorted(unknown)[0]}: unknown setting")
+    url = storage.get("url")
+    keep = storage.get("retention_days")
+    if keep is not None and (not isinstance(keep, int | float) or keep <= 0):
+        raise ConfigError(f"{where}.storage.retention_days: must be a positive number of days")
+    return dataclasses.replace(
+        cfg,
+        policy=policy,
+        detectors=built,
+        storage_url=url,
+        storage_retention_days=keep,
+        notify=notify,
+    )

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 MAX_ROWS_PER_MESSAGE = 8192
 STATE_VERSION = 1
+RETENTION_EVERY_S = 3600.0  # how often the service prunes storage by age
 
 
 def ensure_topics(k: KafkaConfig) -> None:
@@ -476,6 +477,7 @@ class DetectService:
             signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
         last_input = time.monotonic()
         last_commit = time.monotonic()
+        last_prune = 0.0
         flushed = True
         log.info(
             "detecting on %s as group %s", self.cfg.kafka.topics.telemetry, self.cfg.kafka.group_id
@@ -497,6 +499,16 @@ class DetectService:
                 if now - last_commit >= self.cfg.kafka.commit_interval_s:
                     self.checkpoint()
                     last_commit = now
+                if (
+                    self.store is not None
+                    and self.cfg.storage_retention_days
+                    and now - last_prune >= RETENTION_EVERY_S
+                ):
+                    last_prune = now
+                    try:
+                        self.store.apply_retention(self.cfg.storage_retention_days)
+                    except RetryableError as e:
+                        log.warning("retention: %s; trying again later", e)
                 if self.metrics is not None:
                     self.metrics.update(self)
                 if max_idle_s and now - last_input >= max_idle_s and flushed:

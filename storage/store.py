@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import polars as pl
-from sqlalchemy import Engine, Table, create_engine, delete, event, or_, select
+from sqlalchemy import Engine, Table, create_engine, delete, event, inspect, or_, select, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
@@ -121,24 +121,37 @@ class Store:
         log.info("storage: using %s", self.url)
 
     # --- schema --------------------------------------------------------------------------------
-    def create_schema(self) -> None:
-        """Create missing tables and record the schema version; refuse a newer database."""
+    def create_schema(self, timescaledb: bool = True) -> None:
+        """Create or upgrade the schema (Alembic migrations) and record its version; refuse a
+        database from a newer rocewatch. ``timescaledb``: make metric_rollups a hypertable when
+        the server offers the extension (untested: see storage/timescale.py)."""
+        from storage import migrate, timescale
+
         with self._errors("create schema"), self.engine.begin() as conn:
-            Base.metadata.create_all(conn)
-            found = conn.execute(
-                select(META.c.value).where(META.c.key == "schema_version")
-            ).scalar_one_or_none()
-            if found is None:
-                conn.execute(
-                    self._insert(META)
-                    .values(key="schema_version", value=str(SCHEMA_VERSION))
-                    .on_conflict_do_nothing(index_elements=["key"])
+            if "meta" in inspect(conn).get_table_names():
+                found = conn.execute(
+                    select(META.c.value).where(META.c.key == "schema_version")
+                ).scalar_one_or_none()
+                if found is not None and int(found) > SCHEMA_VERSION:
+                    raise ConfigError(
+                        f"storage: {self.url} has schema version {found}, this rocewatch uses "
+                        f"{SCHEMA_VERSION}"
+                    )
+            migrate.upgrade(conn, self.url)
+            ins = self._insert(META).values(key="schema_version", value=str(SCHEMA_VERSION))
+            conn.execute(
+                ins.on_conflict_do_update(
+                    index_elements=["key"], set_={"value": ins.excluded.value}
                 )
-            elif int(found) != SCHEMA_VERSION:
-                raise ConfigError(
-                    f"storage: {self.url} has schema version {found}, this rocewatch uses "
-                    f"{SCHEMA_VERSION}"
-                )
+            )
+            if timescaledb and self.backend == "postgresql":
+                timescale.make_hypertables(conn)
+
+    def drop_schema(self) -> None:
+        """Drop every rocewatch table and the migration record (tests, a full reset)."""
+        with self._errors("drop schema"), self.engine.begin() as conn:
+            Base.metadata.drop_all(conn)
+            conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
 
     def schema_version(self) -> int | None:
         with self._errors("read schema version"), self.engine.connect() as conn:
@@ -243,6 +256,20 @@ class Store:
                 delete(ROLLUPS).where(ROLLUPS.c.bucket_start < cutoff)
             ).rowcount
         log.info("storage: pruned %s before %s", out, cutoff.isoformat())
+        return out
+
+    def apply_retention(self, days: float) -> dict[str, int]:
+        """Retention by age: prune everything older than ``days`` before now (the store's
+        clock), including delivered or refused notifications in the outbox."""
+        if days <= 0:
+            raise ConfigError("storage: retention_days must be positive")
+        cutoff_ns = self._clock() - int(days * 86400 * 1e9)
+        out = self.prune(cutoff_ns)
+        from storage.outbox import Outbox
+
+        out["notify_outbox"] = Outbox(self, clock=lambda: self._clock() / 1e9).prune(
+            cutoff_ns / 1e9
+        )
         return out
 
     # --- reads ---------------------------------------------------------------------------------
