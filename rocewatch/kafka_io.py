@@ -518,6 +518,8 @@ class DetectService:
             self.close()
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         if self.notifier is not None:
             self.notifier.stop()
             if self.notifier.outbox.store is not self.store:

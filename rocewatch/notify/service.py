@@ -46,11 +46,18 @@ def open_dispatcher(cfg: Config, store: Store | None = None) -> Dispatcher | Non
     return Dispatcher(Outbox(store), sinks, n.retry, poll_s=n.poll_s, seed=n.seed)
 
 
-def run_notify(cfg: Config, max_idle_s: float = 0.0, metrics: Any = None) -> int:
-    """`rocewatch notify`: deliver the outbox until stopped (or idle and empty for max_idle_s)."""
+def run_notify(cfg: Config, max_idle_s: float = 0.0) -> int:
+    """`rocewatch notify`: deliver the outbox until stopped (or idle and empty for max_idle_s).
+
+    Serves /metrics on ``metrics_port`` when it is set."""
     d = open_dispatcher(cfg)
     if d is None:
         raise ConfigError("notify: no webhooks or alertmanagers configured")
+    metrics: Any = None
+    if cfg.metrics_port:
+        from rocewatch.metrics import ServiceMetrics
+
+        metrics = ServiceMetrics(cfg.metrics_port)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -58,9 +65,10 @@ def run_notify(cfg: Config, max_idle_s: float = 0.0, metrics: Any = None) -> int
     try:
         while not stop.is_set():
             d.run_once()
-            depth = d.depth()
+            by_sink = d.outbox.depth()
+            depth = sum(by_sink.values())
             if metrics is not None:
-                metrics.update_notify(d, depth)
+                metrics.update_notify(d, by_sink)
             now = time.monotonic()
             if depth:
                 idle_since = now
@@ -69,5 +77,7 @@ def run_notify(cfg: Config, max_idle_s: float = 0.0, metrics: Any = None) -> int
             stop.wait(cfg.notify.poll_s)
     finally:
         d.outbox.store.close()
+        if metrics is not None:
+            metrics.close()
     log.info("notify: stopped; %s", d.stats())
     return 0
