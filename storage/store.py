@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 ROLLUP_KEY = ["bucket_start_ns", "resolution_s", "device", "port", "qual", "metric"]
 ROLLUP_VALUES = ["mean", "max", "min", "last", "count"]
 ROLLUP_COLUMNS = ROLLUP_KEY + ROLLUP_VALUES
+ROLLUP_KEY_DB = ["bucket_start", "resolution_s", "device", "port", "qual", "metric"]
 
 ALERTS: Table = AlertRow.__table__  # type: ignore[assignment]
 ACTIONS: Table = ActionRow.__table__  # type: ignore[assignment]
@@ -237,10 +238,61 @@ class Store:
             index_elements=["bucket_start", "resolution_s", "device", "port", "qual", "metric"],
             set_={c: ins.excluded[c] for c in ROLLUP_VALUES},
         )
+        if self.backend == "postgresql":
+            self._copy_rollups(df)
+            return df.height
+        # SQLite: the driver's executemany on plain tuples; the time as SQLAlchemy's SQLite
+        # DateTime text, so these rows and ORM-written ones share one key format.
+        cols = [c.name for c in ROLLUPS.columns if c.name in df.columns]  # the compiled order
+        sql = str(stmt.compile(dialect=self.engine.dialect, column_keys=cols))
+        rows = (
+            df.select(cols)
+            .with_columns(pl.col("bucket_start").dt.strftime("%Y-%m-%d %H:%M:%S%.6f"))
+            .rows()
+        )
         with self._errors("write rollups"), self.engine.begin() as conn:
-            for off in range(0, df.height, self.batch_size):
-                conn.execute(stmt, df.slice(off, self.batch_size).to_dicts())
+            raw = conn.connection.driver_connection
+            assert raw is not None
+            for off in range(0, len(rows), self.batch_size):
+                raw.executemany(sql, rows[off : off + self.batch_size])
         return df.height
+
+    def _copy_rollups(self, df: pl.DataFrame) -> None:
+        """PostgreSQL: COPY the batch into a temporary table, then one INSERT .. ON CONFLICT
+        (several times the rows per second of a parameterised executemany)."""
+        import psycopg
+
+        cols = list(df.columns)
+        collist = ", ".join(f'"{c}"' for c in cols)
+        updates = ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in ROLLUP_VALUES)
+        key = ", ".join(f'"{c}"' for c in ROLLUP_KEY_DB)
+        csv = df.with_columns(
+            pl.col("bucket_start").dt.strftime("%Y-%m-%d %H:%M:%S%.6f+00")
+        ).write_csv(include_header=False, null_value="")
+        try:
+            with self._errors("write rollups"), self.engine.begin() as conn:
+                raw = conn.connection.driver_connection
+                assert raw is not None
+                with raw.cursor() as cur:
+                    cur.execute(
+                        "CREATE TEMP TABLE IF NOT EXISTS rw_rollups_in ("
+                        "bucket_start timestamptz, resolution_s integer, device text, port text, "
+                        "qual text, metric text, mean float8, max float8, min float8, "
+                        "last float8, count bigint) ON COMMIT DELETE ROWS"
+                    )
+                    with cur.copy(
+                        f"COPY rw_rollups_in ({collist}) FROM STDIN WITH (FORMAT csv)"
+                    ) as cp:
+                        cp.write(csv.encode())
+                    cur.execute(
+                        f"INSERT INTO metric_rollups ({collist}) "
+                        f"SELECT {collist} FROM rw_rollups_in "
+                        f"ON CONFLICT ({key}) DO UPDATE SET {updates}"
+                    )
+        except psycopg.OperationalError as e:
+            raise RetryableError(f"storage: write rollups on {self.url} failed: {e}") from e
+        except psycopg.Error as e:
+            raise PermanentError(f"storage: write rollups on {self.url} failed: {e}") from e
 
     def prune(self, older_than_ns: int) -> dict[str, int]:
         """Delete resolved alerts that ended, actions taken and rollup buckets that started

@@ -299,3 +299,18 @@ def test_storage_config_retention() -> None:
         config_from_dict({"storage": {"retention_days": -1}})
     with pytest.raises(ConfigError, match=r"storage\.bogus"):
         config_from_dict({"storage": {"bogus": 1}})
+
+
+def test_rollups_with_awkward_names_and_nulls(store: Store) -> None:
+    df = rollups(n=3).with_columns(
+        pl.Series("port", ["", 'Eth"1,2', "et-0/0/1\nx"]),
+        pl.Series("qual", ["", "", "3"]),
+        pl.Series("mean", [None, float("nan"), 1.5]),
+        pl.Series("max", [float("inf"), 2.0, 3.0]),
+    )
+    assert store.write_rollups(df) == 3
+    got = store.rollups()
+    assert got["port"].to_list() == ["", 'Eth"1,2', "et-0/0/1\nx"]
+    assert got["qual"].to_list() == ["", "", "3"]
+    assert got["mean"].to_list() == [None, None, 1.5]
+    assert got["max"].to_list() == [float("inf"), 2.0, 3.0]
