@@ -111,6 +111,15 @@ def test_dashboards_are_generated_from_the_source() -> None:
         )
 
 
+def test_replay_stores_10s_and_1min_rollups(filled_pg: tuple[Store, dict[str, Any]]) -> None:
+    store, _ = filled_pg
+    with store.engine.connect() as conn:
+        res = dict(
+            conn.execute(text("SELECT resolution_s, count(*) FROM metric_rollups GROUP BY 1")).all()
+        )
+    assert set(res) == {10, 60} and res[10] > res[60] > 0
+
+
 def test_provisioning_files() -> None:
     ds = yaml.safe_load((PROV / "datasources" / "rocewatch.yaml").read_text())
     (src,) = ds["datasources"]
@@ -192,6 +201,11 @@ def test_every_dashboard_query_returns_the_faults(
     shown = repr(rows)
     for want in EXPECT.get(title, []):
         assert want in shown, f"{dash}: {title!r} does not show {want}: {shown[:800]}"
+    # over a long range the same panels read the 1 min rollups
+    q_long = expand(sql, start - dt.timedelta(hours=7), end + dt.timedelta(minutes=5))
+    with store.engine.connect() as conn:
+        long_rows = conn.execute(text(q_long)).all()
+    assert long_rows, f"{dash}: {title!r} returned no rows over 7 hours"
     # nothing outside the range leaks in (a count answers one row of zero)
     if title == "Alerts firing now":  # the current state, whatever the range
         return

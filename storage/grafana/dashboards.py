@@ -17,8 +17,11 @@ from typing import Any
 
 OUT = Path(__file__).parent / "provisioning" / "dashboards" / "rocewatch"
 DS = {"type": "grafana-postgresql-datasource", "uid": "rocewatch-pg"}
-# the finest rollup resolution present (rocewatch writes 10 s buckets)
-FINEST = "resolution_s = (SELECT min(resolution_s) FROM metric_rollups)"
+# rocewatch writes 10 s and 1 min rollups: ranges over 6 hours read the 1 min ones
+FINEST = (
+    "resolution_s = CASE WHEN $__timeTo()::timestamptz - $__timeFrom()::timestamptz "
+    "> interval '6 hours' THEN 60 ELSE 10 END"
+)
 
 
 def series(metric: str, value: str = "r.mean", top: int = 10, where: str = "") -> str:
