@@ -301,3 +301,78 @@ def test_outbox_refreshes_firing_until_resolved(tmp_path: Path) -> None:
     now[0] += 200
     assert ob.claim("am", 10, lease_s=30) == []
     store.close()
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rocewatch-test-receiver")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    crt, pem = tmp_path / "rx.crt", tmp_path / "rx.key"
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pem.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return crt, pem
+
+
+def test_https_receiver_with_private_ca(tmp_path: Path) -> None:
+    import ssl
+
+    from rocewatch.notify.base import TlsConfig
+
+    crt, key = self_signed(tmp_path)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(crt, key)
+    rx = Receiver(free_port(), tls=ctx).start()
+    store = Store(f"sqlite:///{tmp_path / 'o.db'}")
+    store.create_schema()
+    url = f"https://127.0.0.1:{rx.port}/hook"
+    r = RetryConfig(initial_s=0.05, max_s=0.1, jitter=0.0)
+    try:
+        # without the receiver's CA the certificate is not trusted: retried, never sent plain
+        untrusted = WebhookSink(WebhookConfig(name="ops", url=url, secret=SECRET, timeout_s=2))
+        d = Dispatcher(Outbox(store), [untrusted], r, poll_s=0.05)
+        d.enqueue([alert(1)])
+        assert not d.drain(0.3)
+        assert d.failures["ops"] >= 1 and rx.requests == []
+        trusted = WebhookSink(
+            WebhookConfig(
+                name="ops", url=url, secret=SECRET, timeout_s=2, tls=TlsConfig(ca_file=str(crt))
+            )
+        )
+        d2 = Dispatcher(Outbox(store), [trusted], r, poll_s=0.05)
+        time.sleep(0.2)  # past the backoff
+        assert d2.drain(10)
+    finally:
+        rx.stop()
+        store.close()
+    (req,) = rx.requests
+    check_signed(req)
+    assert events(req) == [(alert(1).fingerprint, alert(1).to_json()["startsAt"], "firing")]
