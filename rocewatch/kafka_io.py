@@ -522,6 +522,11 @@ class DetectService:
             self.metrics.close()
         if self.notifier is not None:
             self.notifier.stop()
+            # a graceful stop delivers what it can; the outbox keeps the rest for the next start
+            try:
+                self.notifier.drain(self.cfg.notify.drain_timeout_s)
+            except RetryableError as e:
+                log.warning("notify: final delivery skipped: %s", e)
             if self.notifier.outbox.store is not self.store:
                 self.notifier.outbox.store.close()
         try:
