@@ -71,6 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit after this many seconds without input (0: run forever)",
     )
 
+    nt = sub.add_parser(
+        "notify",
+        help="deliver queued alert notifications (webhooks, Alertmanager) from the outbox",
+    )
+    nt.add_argument("--config", type=Path, required=True)
+    nt.add_argument(
+        "--max-idle",
+        type=float,
+        default=0.0,
+        help="exit after this many seconds with nothing to deliver (0: run forever)",
+    )
+
     ev = sub.add_parser(
         "evaluate",
         help="score the detectors on labelled simulated scenarios "
@@ -255,6 +267,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         cfg = load_config(args.config)
         DetectService(cfg).run(max_idle_s=args.max_idle)
         return 0
+    if args.command == "notify":
+        from rocewatch.notify.service import run_notify
+
+        cfg = load_config(args.config)
+        return run_notify(cfg, max_idle_s=args.max_idle)
     if args.command == "evaluate":
         from rocewatch.evaluate import run_evaluate
 

@@ -24,6 +24,13 @@ from detectors.lifecycle import LifecycleConfig
 from detectors.registry import DETECTORS
 from detectors.windows import WindowConfig
 from rocewatch.errors import ConfigError
+from rocewatch.notify.base import (
+    AlertmanagerConfig,
+    NotifyConfig,
+    RetryConfig,
+    TlsConfig,
+    WebhookConfig,
+)
 
 T = TypeVar("T")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -93,6 +100,7 @@ class Config:
     topology: str | None = None
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     storage_url: str | None = None
+    storage_retention_days: float | None = None  # storage.retention_days: prune older rows
     state_dir: str = "./rocewatch-state"
     metrics_port: int | None = None
     window: WindowConfig = field(default_factory=WindowConfig)
@@ -103,6 +111,7 @@ class Config:
     api: ApiConfig = field(default_factory=ApiConfig)
     detectors: dict[str, Any] = field(default_factory=dict)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
 
 
 def _expand(v: Any) -> Any:
@@ -159,7 +168,27 @@ _DATACLASSES: dict[str, type[Any]] = {
     "MembershipConfig": MembershipConfig,
     "ApiConfig": ApiConfig,
     "AgentConfig": AgentConfig,
+    "RetryConfig": RetryConfig,
+    "TlsConfig": TlsConfig,
 }
+
+
+def _notify(data: Any, where: str) -> NotifyConfig:
+    """The ``notify`` section: lists of webhooks and alertmanagers, retry settings."""
+    if data is None:
+        return NotifyConfig()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    data = dict(data)
+    lists: dict[str, Any] = {}
+    for key, cls in (("webhooks", WebhookConfig), ("alertmanagers", AlertmanagerConfig)):
+        items = data.pop(key, None) or []
+        if not isinstance(items, list):
+            raise ConfigError(f"{where}.{key}: must be a list")
+        lists[key] = tuple(build(cls, d, f"{where}.{key}[{i}]") for i, d in enumerate(items))
+    cfg = dataclasses.replace(build(NotifyConfig, data, where), **lists)
+    cfg.validate()
+    return cfg
 
 
 def load_config(path: str | Path | None) -> Config:
@@ -182,6 +211,7 @@ def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
     storage = doc.pop("storage", None) or {}
     actions = doc.pop("actions", None)
     executors = ExecutorsConfig.from_dict(doc.pop("executors", None), build, f"{where}.executors")
+    notify = _notify(doc.pop("notify", None), f"{where}.notify")
     dets = doc.pop("detectors", None) or {}
     if not isinstance(dets, dict):
         raise ConfigError(f"{where}.detectors: must be a mapping")
@@ -195,7 +225,21 @@ def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
         built[name] = build(DETECTORS[name][1], d, f"{where}.detectors.{name}")
     cfg = build(Config, doc, where)
     policy = build(PolicyConfig, actions, f"{where}.actions")
-    url = storage.get("url") if isinstance(storage, dict) else None
+    if not isinstance(storage, dict):
+        raise ConfigError(f"{where}.storage: must be a mapping")
+    unknown = set(storage) - {"url", "retention_days"}
+    if unknown:
+        raise ConfigError(f"{where}.storage.{sorted(unknown)[0]}: unknown setting")
+    url = storage.get("url")
+    keep = storage.get("retention_days")
+    if keep is not None and (not isinstance(keep, int | float) or keep <= 0):
+        raise ConfigError(f"{where}.storage.retention_days: must be a positive number of days")
     return dataclasses.replace(
-        cfg, policy=policy, executors=executors, detectors=built, storage_url=url
+        cfg,
+        policy=policy,
+        executors=executors,
+        detectors=built,
+        storage_url=url,
+        storage_retention_days=keep,
+        notify=notify,
     )

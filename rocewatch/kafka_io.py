@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 MAX_ROWS_PER_MESSAGE = 8192
 STATE_VERSION = 1
+RETENTION_EVERY_S = 3600.0  # how often the service prunes storage by age
 
 
 def ensure_topics(k: KafkaConfig) -> None:
@@ -276,6 +277,9 @@ class DetectService:
                 self.store,
                 pending=lambda: list(self._pending_snapshot),
             ).start()
+        from rocewatch.notify.service import open_dispatcher
+
+        self.notifier = open_dispatcher(cfg, self.store)
         self.latencies: deque[float] = deque(maxlen=100_000)
         self._pending_lat: deque[tuple[int, int]] = deque()
         self.stop_event = threading.Event()
@@ -380,6 +384,10 @@ class DetectService:
     # --- output ----------------------------------------------------------------------------------
     def _emit(self, out: Output) -> None:
         t = self.cfg.kafka.topics
+        if self.notifier is not None and out.alerts:
+            # committed before the checkpoint: a restart re-derives nothing the outbox lost,
+            # and an event re-derived after a restart is already queued (unique per sink)
+            self.notifier.enqueue(out.alerts)
         for a in out.alerts:
             if self._suppressed(t.alerts, _alert_id(a)):
                 continue
@@ -496,10 +504,13 @@ class DetectService:
             signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
         last_input = time.monotonic()
         last_commit = time.monotonic()
+        last_prune = 0.0
         flushed = True
         log.info(
             "detecting on %s as group %s", self.cfg.kafka.topics.telemetry, self.cfg.kafka.group_id
         )
+        if self.notifier is not None:
+            self.notifier.start()
         try:
             while not self.stop_event.is_set():
                 if self.live_jobs is not None:
@@ -520,6 +531,16 @@ class DetectService:
                 if now - last_commit >= self.cfg.kafka.commit_interval_s:
                     self.checkpoint()
                     last_commit = now
+                if (
+                    self.store is not None
+                    and self.cfg.storage_retention_days
+                    and now - last_prune >= RETENTION_EVERY_S
+                ):
+                    last_prune = now
+                    try:
+                        self.store.apply_retention(self.cfg.storage_retention_days)
+                    except RetryableError as e:
+                        log.warning("retention: %s; trying again later", e)
                 if self.metrics is not None:
                     self.metrics.update(self)
                 if max_idle_s and now - last_input >= max_idle_s and flushed:
@@ -542,6 +563,17 @@ class DetectService:
     def close(self) -> None:
         if self.api is not None:
             self.api.close()
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.notifier is not None:
+            self.notifier.stop()
+            # a graceful stop delivers what it can; the outbox keeps the rest for the next start
+            try:
+                self.notifier.drain(self.cfg.notify.drain_timeout_s)
+            except RetryableError as e:
+                log.warning("notify: final delivery skipped: %s", e)
+            if self.notifier.outbox.store is not self.store:
+                self.notifier.outbox.store.close()
         try:
             self.producer.flush(timeout=30)
             self.producer.close(timeout=10)

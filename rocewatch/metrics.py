@@ -1,14 +1,30 @@
-"""Self-metrics on a Prometheus /metrics endpoint for long-running processes."""
+"""Self-metrics on a Prometheus /metrics endpoint for long-running processes.
+
+The detector service (`rocewatch detect`) and the notification sender (`rocewatch notify`)
+serve them on ``metrics_port``. What they export:
+
+* ingest: ``rocewatch_samples_ingested_total`` (rate() is the ingest rate),
+  ``rocewatch_consumer_lag_records{partition}``, ``rocewatch_input_skipped{reason}``
+  (malformed or skipped input, counted by reason);
+* detection: ``rocewatch_detector_batch_seconds`` (histogram of detector CPU time per consumed
+  batch), ``rocewatch_detector_cpu_seconds``, ``rocewatch_alerts_firing``;
+* delivery: ``rocewatch_notify_sent_total{sink}``, ``rocewatch_notify_failures_total{sink}``
+  (failed requests, e.g. webhook failures), ``rocewatch_notify_dead_total{sink}`` (events a
+  receiver refused for good), ``rocewatch_notify_outbox_depth{sink}`` (events waiting).
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class ServiceMetrics:
-    def __init__(self, port: int, addr: str = "0.0.0.0") -> None:
+    def __init__(self, port: int, addr: str = "0.0.0.0", depth_every_s: float = 2.0) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.samples = Counter("rocewatch_samples_ingested_total", "samples ingested", registry=r)
@@ -27,22 +43,87 @@ class ServiceMetrics:
         self.detector_s = Gauge(
             "rocewatch_detector_cpu_seconds", "CPU seconds in detectors", registry=r
         )
+        self.batch_s = Histogram(
+            "rocewatch_detector_batch_seconds",
+            "detector CPU seconds per consumed batch",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
         self.firing = Gauge("rocewatch_alerts_firing", "alerts firing now", registry=r)
+        self.sent = Counter(
+            "rocewatch_notify_sent_total", "alert events delivered", ["sink"], registry=r
+        )
+        self.failures = Counter(
+            "rocewatch_notify_failures_total",
+            "notification requests that failed (retried later unless refused)",
+            ["sink"],
+            registry=r,
+        )
+        self.dead = Counter(
+            "rocewatch_notify_dead_total",
+            "alert events a receiver refused for good",
+            ["sink"],
+            registry=r,
+        )
+        self.depth = Gauge(
+            "rocewatch_notify_outbox_depth",
+            "alert events waiting in the outbox",
+            ["sink"],
+            registry=r,
+        )
         self._samples_seen = 0
-        start_http_server(port, addr=addr, registry=r)
+        self._detector_seen = 0.0
+        self._notify_seen: dict[tuple[str, str], int] = {}
+        self._depth_every_s = depth_every_s
+        self._depth_at = 0.0
+        self.server, self._thread = start_http_server(port, addr=addr, registry=r)
+        self.port = int(self.server.server_port)
 
     def update(self, svc: Any) -> None:
+        """Refresh from a DetectService after one poll."""
         p = svc.pipeline
         if p.samples_in > self._samples_seen:
             self.samples.inc(p.samples_in - self._samples_seen)
             self._samples_seen = p.samples_in
         for k, v in svc.stats.counts.items():
             self.skipped.labels(reason=k).set(v)
+        spent = p.detector_seconds - self._detector_seen
+        if spent > 0:
+            self.batch_s.observe(spent)
+            self._detector_seen = p.detector_seconds
         self.detector_s.set(p.detector_seconds)
         self.firing.set(len(p.lifecycle.firing))
-        for (_topic, part), off in svc.offsets.items():
+        if getattr(svc, "consumer", None) is not None:
             from kafka.structs import TopicPartition
 
-            hw = svc.consumer.highwater(TopicPartition(_topic, part))
-            if hw is not None:
-                self.lag.labels(partition=str(part)).set(max(0, hw - off))
+            for (topic, part), off in svc.offsets.items():
+                hw = svc.consumer.highwater(TopicPartition(topic, part))
+                if hw is not None:
+                    self.lag.labels(partition=str(part)).set(max(0, hw - off))
+        if getattr(svc, "notifier", None) is not None:
+            self.update_notify(svc.notifier)
+
+    def update_notify(self, d: Any, depth: dict[str, int] | None = None) -> None:
+        """Refresh from a notify Dispatcher; the outbox depth is read at most every few
+        seconds (it is a query) unless given."""
+        for kind, counts, metric in (
+            ("sent", d.sent, self.sent),
+            ("failures", d.failures, self.failures),
+            ("dead", d.dead, self.dead),
+        ):
+            for sink, n in counts.items():
+                seen = self._notify_seen.get((kind, sink), 0)
+                if n > seen:
+                    metric.labels(sink=sink).inc(n - seen)
+                    self._notify_seen[(kind, sink)] = n
+        now = time.monotonic()
+        if depth is None and now - self._depth_at >= self._depth_every_s:
+            depth = d.outbox.depth()
+        if depth is not None:
+            self._depth_at = now
+            for sink in d.sink_names:
+                self.depth.labels(sink=sink).set(depth.get(sink, 0))
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

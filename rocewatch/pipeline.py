@@ -40,6 +40,9 @@ ROLLUP_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
+COARSE_ROLLUP_S = 60
+
+
 @dataclass
 class Output:
     """What one advance produced: alert events (firing and resolved), actions, metric rollups."""
@@ -157,6 +160,10 @@ class Pipeline:
         self.policy = DrainPolicy(self.config.policy, topology, executor or DryRunExecutor())
         self.actions: list[Action] = []
         self.rollups = Rollups(rollup_s) if rollup_s else None
+        # a coarser level for dashboards over long ranges (storage keeps both)
+        self.rollups_coarse = (
+            Rollups(COARSE_ROLLUP_S) if rollup_s and rollup_s < COARSE_ROLLUP_S else None
+        )
         self.detector_seconds = 0.0
         self.samples_in = 0
 
@@ -171,8 +178,8 @@ class Pipeline:
 
     def finish(self) -> Output:
         out = self._run(self.engine.finish())
-        if self.rollups is not None:
-            last = self.rollups.flush()
+        for level in self._rollup_levels():
+            last = level.flush()
             if last is not None:
                 out.rollups.append(last)
         return out
@@ -198,8 +205,8 @@ class Pipeline:
             out.actions += actions
             if self.retain:
                 self.actions += actions
-            if self.rollups is not None:
-                r = self.rollups.add(step)
+            for level in self._rollup_levels():
+                r = level.add(step)
                 if r is not None:
                     out.rollups.append(r)
         out.steps = len(steps)
@@ -217,6 +224,10 @@ class Pipeline:
         if self.retain:
             self.actions += actions
         return out
+    def _rollup_levels(self) -> list[Rollups]:
+        # getattr: a checkpoint written before the coarse level existed lacks it
+        levels = [self.rollups, getattr(self, "rollups_coarse", None)]
+        return [r for r in levels if r is not None]
 
     def _firing_labels(self) -> list[dict[str, str]]:
         return [a.labels for a in self.lifecycle.firing.values()]

@@ -73,8 +73,17 @@ def replay(
     total = sum(s.bytes_total for s in sources)
     bar = Progress("replay", total, unit="B", enabled=show_progress)
     t0 = time.perf_counter()
+    notifier = None
+    if config.notify.enabled:
+        from rocewatch.notify.service import open_dispatcher
+
+        notifier = open_dispatcher(config, store)
+    if notifier is not None:
+        notifier.start()
 
     def sink(out: Output) -> None:
+        if notifier is not None and out.alerts:
+            notifier.enqueue(out.alerts)  # durable before anything else sees them
         if store is not None:
             if out.alerts:
                 store.write_alerts(out.alerts)
@@ -95,6 +104,17 @@ def replay(
         for s in sources:
             s.close()
         bar.close()
+        if notifier is not None:
+            notifier.stop()
+    if notifier is not None:
+        if not notifier.drain(config.notify.drain_timeout_s):
+            log.warning(
+                "notify: %d events still undelivered in the outbox; `rocewatch notify` "
+                "delivers them",
+                notifier.depth(),
+            )
+        if notifier.outbox.store is not store:
+            notifier.outbox.store.close()
     alerts = [a.to_json() for a in pipeline.all_alerts()]
     actions = [a.to_json() for a in pipeline.actions]
     write_jsonl(out_dir / "alerts.jsonl", alerts)

@@ -64,7 +64,7 @@ need_root() {
 
 # --- install ------------------------------------------------------------------------------------
 
-PACKAGES=(postgresql slurmctld slurmd slurm-client munge iproute2 ethtool)  # ip + ethtool: agent tests
+PACKAGES=(postgresql slurmctld slurmd slurm-client munge iproute2 ethtool prometheus-alertmanager)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q '^install ok installed$'; }
 

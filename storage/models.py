@@ -27,7 +27,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3  # = the number of the newest migration (storage/migrations/versions)
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
@@ -188,3 +188,38 @@ actions_table = ActionRow.__table__
 rollups_table = RollupRow.__table__
 meta_table = MetaRow.__table__
 commands_table = OperatorCommandRow.__table__
+
+
+class OutboxRow(Base):
+    """One alert event waiting for (or done with) delivery to one notification sink.
+
+    The row is written in the same commit as the alert itself, before any delivery is tried, so
+    neither a restart nor a receiver outage loses it. ``delivered_at`` set means sent (the
+    receiver answered 2xx); ``dead_at`` set means the receiver refused it for good (4xx): kept
+    for the audit trail, never retried. ``next_attempt_at`` is when it may be (re)tried.
+    """
+
+    __tablename__ = "notify_outbox"
+    __table_args__ = (
+        UniqueConstraint("sink", "fingerprint", "starts_at", "status", name="uq_outbox_event"),
+        Index("ix_outbox_due", "sink", "delivered_at", "dead_at", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    sink: Mapped[str] = mapped_column(String(64))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    starts_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    status: Mapped[str] = mapped_column(String(16))
+    alert: Mapped[dict[str, Any]] = mapped_column(JsonType)  # the Alertmanager alert object
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    delivered_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    dead_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    # Alertmanager forgets a firing alert not re-sent within its resolve_timeout: such sinks
+    # re-send firing events until their resolution is delivered (NULL: no refresh due).
+    refresh_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+
+
+outbox_table = OutboxRow.__table__

@@ -14,7 +14,6 @@ from sqlalchemy import text
 from rocewatch.errors import ConfigError, RetryableError
 from rocewatch.model import Action, Alert
 from storage import SCHEMA_VERSION, Store
-from storage.models import Base
 
 T0 = 1_795_946_400_000_000_000  # 2026-11-29T10:00:00Z
 S = 1_000_000_000
@@ -35,7 +34,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'rocewatch.db'}"
     # A dedicated test database: start every test from empty tables.
     s = Store(PG_URL)
-    Base.metadata.drop_all(s.engine)
+    s.drop_schema()
     s.close()
     return PG_URL
 
@@ -265,3 +264,53 @@ def test_unsupported_url_is_a_config_error() -> None:
         Store("mysql://root:pw@localhost/x")
     with pytest.raises(ConfigError):
         Store("not a url")
+
+
+def test_retention_by_age_includes_the_outbox(url: str) -> None:
+    from storage.outbox import Outbox
+
+    now = [T0 + 40 * 86400 * S]  # 40 days after T0
+    with Store(url, clock=lambda: now[0]) as s:
+        s.create_schema()
+        s.write_alerts([storm(starts=T0, ends=T0 + S), storm(starts=now[0] - S, ends=now[0])])
+        s.write_actions([drain(t=T0), drain(t=now[0] - S)])
+        ob = Outbox(s, clock=lambda: T0 / 1e9)  # queued 40 days ago...
+        ob.enqueue([storm(starts=T0, ends=T0 + S), storm(starts=T0 + 5 * S)], ["ops"])
+        (first, _pending) = ob.claim("ops", 10, lease_s=1)
+        ob.delivered([first])  # ...one delivered, one still pending: that one is kept
+        assert s.apply_retention(30) == {
+            "alerts": 1,
+            "actions": 1,
+            "metric_rollups": 0,
+            "notify_outbox": 1,
+        }
+        assert [a.starts_at for a in s.alerts()] == [now[0] - S]
+        assert ob.depth() == {"ops": 1}
+        with pytest.raises(ConfigError):
+            s.apply_retention(0)
+
+
+def test_storage_config_retention() -> None:
+    from rocewatch.config import config_from_dict
+
+    c = config_from_dict({"storage": {"url": "sqlite://", "retention_days": 7}})
+    assert (c.storage_url, c.storage_retention_days) == ("sqlite://", 7)
+    with pytest.raises(ConfigError, match="retention_days"):
+        config_from_dict({"storage": {"retention_days": -1}})
+    with pytest.raises(ConfigError, match=r"storage\.bogus"):
+        config_from_dict({"storage": {"bogus": 1}})
+
+
+def test_rollups_with_awkward_names_and_nulls(store: Store) -> None:
+    df = rollups(n=3).with_columns(
+        pl.Series("port", ["", 'Eth"1,2', "et-0/0/1\nx"]),
+        pl.Series("qual", ["", "", "3"]),
+        pl.Series("mean", [None, float("nan"), 1.5]),
+        pl.Series("max", [float("inf"), 2.0, 3.0]),
+    )
+    assert store.write_rollups(df) == 3
+    got = store.rollups()
+    assert got["port"].to_list() == ["", 'Eth"1,2', "et-0/0/1\nx"]
+    assert got["qual"].to_list() == ["", "", "3"]
+    assert got["mean"].to_list() == [None, None, 1.5]
+    assert got["max"].to_list() == [float("inf"), 2.0, 3.0]

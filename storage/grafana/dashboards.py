@@ -1,0 +1,560 @@
+"""Generates the provisioned Grafana dashboards (JSON) from the SQL below.
+
+    python -m storage.grafana.dashboards      # rewrites provisioning/dashboards/rocewatch/*.json
+
+Every panel reads the rocewatch PostgreSQL database (datasource uid ``rocewatch-pg``) with
+Grafana's PostgreSQL macros ``$__timeFilter(col)``, ``$__timeFrom()``, ``$__timeTo()`` and
+``$__timeGroupAlias(col, 'interval')``. Rollup values are per-second rates for counters (bytes,
+packets, microseconds of pause per second) and plain values for gauges. tests/test_grafana.py
+runs every query against a real PostgreSQL filled by a replay with faults.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).parent / "provisioning" / "dashboards" / "rocewatch"
+DS = {"type": "grafana-postgresql-datasource", "uid": "rocewatch-pg"}
+# rocewatch writes 10 s and 1 min rollups: ranges over 6 hours read the 1 min ones
+FINEST = (
+    "resolution_s = CASE WHEN $__timeTo()::timestamptz - $__timeFrom()::timestamptz "
+    "> interval '6 hours' THEN 60 ELSE 10 END"
+)
+
+
+def series(metric: str, value: str = "r.mean", top: int = 10, where: str = "") -> str:
+    """A time series per entity of one metric: the ``top`` entities by their peak."""
+    extra = f" AND {where}" if where else ""
+    return f"""WITH top AS (
+  SELECT device, port, qual FROM metric_rollups
+  WHERE metric = '{metric}' AND $__timeFilter(bucket_start) AND {FINEST}{extra}
+  GROUP BY device, port, qual HAVING max(mean) > 0
+  ORDER BY max(mean) DESC LIMIT {top}
+)
+SELECT r.bucket_start AS time,
+       r.device || '/' || r.port || CASE WHEN r.qual <> '' THEN ' p' || r.qual ELSE '' END
+         AS metric,
+       {value} AS value
+FROM metric_rollups r JOIN top USING (device, port, qual)
+WHERE r.metric = '{metric}' AND $__timeFilter(r.bucket_start) AND r.{FINEST}
+ORDER BY 1, 2"""
+
+
+def heatmap(metric: str, where: str) -> str:
+    """Pause time in % of each bucket per entity: one heatmap row per switch/port or NIC."""
+    return f"""SELECT bucket_start AS time, device || '/' || port AS metric,
+       max(mean) / 1e4 AS value
+FROM metric_rollups
+WHERE metric = '{metric}' AND $__timeFilter(bucket_start) AND {FINEST} AND {where}
+  AND (device, port) IN (
+    SELECT device, port FROM metric_rollups
+    WHERE metric = '{metric}' AND $__timeFilter(bucket_start) AND mean > 0
+    GROUP BY device, port ORDER BY max(mean) DESC LIMIT 40)
+GROUP BY 1, 2
+ORDER BY 1, 2"""
+
+
+def alerts_table(names: list[str]) -> str:
+    inlist = ", ".join(f"'{n}'" for n in names)
+    return f"""SELECT starts_at AS "started", ends_at AS "ended", alertname, severity, status,
+       coalesce(switch || '/' || port, node || '/' || nic, labels->>'scope', '') AS entity,
+       role, annotations->>'summary' AS summary, annotations->>'evidence' AS evidence
+FROM alerts
+WHERE alertname IN ({inlist})
+  AND starts_at <= $__timeTo() AND (ends_at IS NULL OR ends_at >= $__timeFrom())
+ORDER BY starts_at DESC"""
+
+
+ENTITY = "coalesce(switch || '/' || port, node || '/' || nic, labels->>'scope', '')"
+
+
+def panel(
+    title: str,
+    kind: str,
+    sql: str,
+    x: int,
+    y: int,
+    w: int = 12,
+    h: int = 8,
+    fmt: str = "time_series",
+    unit: str | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    p: dict[str, Any] = {
+        "type": kind,
+        "title": title,
+        "datasource": DS,
+        "gridPos": {"x": x, "y": y, "w": w, "h": h},
+        "targets": [
+            {
+                "refId": "A",
+                "datasource": DS,
+                "editorMode": "code",
+                "format": fmt,
+                "rawQuery": True,
+                "rawSql": sql,
+            }
+        ],
+        "fieldConfig": {"defaults": {}, "overrides": []},
+        "options": options,
+    }
+    if unit:
+        p["fieldConfig"]["defaults"]["unit"] = unit
+    return p
+
+
+def dashboard(uid: str, title: str, panels: list[dict[str, Any]], hours: int = 6) -> dict[str, Any]:
+    for i, p in enumerate(panels, 1):
+        p["id"] = i
+    return {
+        "uid": uid,
+        "title": title,
+        "tags": ["rocewatch"],
+        "timezone": "utc",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": False,
+        "refresh": "30s",
+        "time": {"from": f"now-{hours}h", "to": "now"},
+        "panels": panels,
+        "links": [
+            {"type": "dashboards", "tags": ["rocewatch"], "asDropdown": True, "title": "rocewatch"}
+        ],
+    }
+
+
+def build() -> dict[str, dict[str, Any]]:
+    d: dict[str, dict[str, Any]] = {}
+    d["fabric-overview"] = dashboard(
+        "rw-overview",
+        "rocewatch: fabric overview",
+        [
+            panel(
+                "Alerts firing now",
+                "stat",
+                "SELECT count(*) AS firing FROM alerts WHERE status = 'firing'",
+                0,
+                0,
+                6,
+                4,
+                fmt="table",
+            ),
+            panel(
+                "Alerts started in range",
+                "stat",
+                "SELECT count(*) AS alerts FROM alerts WHERE $__timeFilter(starts_at)",
+                6,
+                0,
+                6,
+                4,
+                fmt="table",
+            ),
+            panel(
+                "Drain decisions in range",
+                "stat",
+                "SELECT count(*) AS actions FROM actions WHERE $__timeFilter(time)",
+                12,
+                0,
+                6,
+                4,
+                fmt="table",
+            ),
+            panel(
+                "Ports paused > 50% of a step",
+                "stat",
+                "SELECT count(DISTINCT device || '/' || port) AS ports FROM metric_rollups "
+                "WHERE metric IN ('pfc_rx_pause_us', 'nic_rx_pause_us') AND max > 5e5 "
+                f"AND $__timeFilter(bucket_start) AND {FINEST}",
+                18,
+                0,
+                6,
+                4,
+                fmt="table",
+            ),
+            panel(
+                "Alerts started per minute, by kind",
+                "timeseries",
+                "SELECT $__timeGroupAlias(starts_at, '1m'), alertname AS metric, "
+                "count(*) AS value FROM alerts WHERE $__timeFilter(starts_at) "
+                "GROUP BY 1, 2 ORDER BY 1",
+                0,
+                4,
+                12,
+                8,
+            ),
+            panel(
+                "Fabric throughput (switch ports, transmitted)",
+                "timeseries",
+                'SELECT bucket_start AS time, sum(mean) * 8 AS "tx" FROM metric_rollups '
+                f"WHERE metric = 'port_out_octets' AND $__timeFilter(bucket_start) AND {FINEST} "
+                "GROUP BY 1 ORDER BY 1",
+                12,
+                4,
+                12,
+                8,
+                unit="bps",
+            ),
+            panel(
+                "Most paused ports and NICs",
+                "table",
+                "SELECT device || '/' || port AS entity, qual AS priority, "
+                'max(mean) / 1e4 AS "peak pause %", avg(mean) / 1e4 AS "mean pause %" '
+                "FROM metric_rollups WHERE metric IN ('pfc_rx_pause_us', 'nic_tx_pause_us') "
+                f"AND $__timeFilter(bucket_start) AND {FINEST} GROUP BY 1, 2 "
+                "HAVING max(mean) > 0 ORDER BY 3 DESC LIMIT 15",
+                0,
+                12,
+                24,
+                8,
+                fmt="table",
+            ),
+        ],
+    )
+    d["pfc"] = dashboard(
+        "rw-pfc",
+        "rocewatch: PFC pause",
+        [
+            panel(
+                "Pause time received per switch port (% of time)",
+                "heatmap",
+                heatmap("pfc_rx_pause_us", "port <> ''"),
+                0,
+                0,
+                24,
+                10,
+                calculate=False,
+                yAxis={"axisPlacement": "left"},
+                cellGap=1,
+            ),
+            panel(
+                "Pause time requested per switch port (sent, % of time)",
+                "heatmap",
+                heatmap("pfc_tx_pause_us", "port <> ''"),
+                0,
+                10,
+                24,
+                10,
+                calculate=False,
+            ),
+            panel(
+                "Pause time requested per NIC (sent, % of time)",
+                "heatmap",
+                heatmap("nic_tx_pause_us", "port <> ''"),
+                0,
+                20,
+                24,
+                10,
+                calculate=False,
+            ),
+            panel(
+                "PFC storms: origin and victims",
+                "table",
+                alerts_table(["PFCStorm"]),
+                0,
+                30,
+                24,
+                8,
+                fmt="table",
+            ),
+        ],
+    )
+    d["congestion"] = dashboard(
+        "rw-congestion",
+        "rocewatch: ECN and CNP",
+        [
+            panel(
+                "ECN-marked packets per queue (switch)",
+                "timeseries",
+                series("queue_ecn_marked_pkts"),
+                0,
+                0,
+                12,
+                8,
+                unit="pps",
+            ),
+            panel(
+                "ECN-marked RoCE packets per NIC",
+                "timeseries",
+                series("nic_ecn_marked_pkts"),
+                12,
+                0,
+                12,
+                8,
+                unit="pps",
+            ),
+            panel(
+                "CNPs sent per NIC (notification point)",
+                "timeseries",
+                series("nic_cnp_sent"),
+                0,
+                8,
+                12,
+                8,
+                unit="pps",
+            ),
+            panel(
+                "CNPs handled per NIC (reaction point)",
+                "timeseries",
+                series("nic_cnp_handled"),
+                12,
+                8,
+                12,
+                8,
+                unit="pps",
+            ),
+            panel(
+                "Queue peak occupancy",
+                "timeseries",
+                series("queue_peak_bytes", "r.max"),
+                0,
+                16,
+                12,
+                8,
+                unit="decbytes",
+            ),
+            panel(
+                "Congestion alerts",
+                "table",
+                alerts_table(["ECNCongestion", "QueueBuildup", "TransportErrors"]),
+                12,
+                16,
+                12,
+                8,
+                fmt="table",
+            ),
+        ],
+    )
+    d["link-health"] = dashboard(
+        "rw-links",
+        "rocewatch: link errors and BER",
+        [
+            panel(
+                "FCS/CRC errors per switch port",
+                "timeseries",
+                series("port_in_fcs_errors"),
+                0,
+                0,
+                12,
+                8,
+                unit="short",
+            ),
+            panel(
+                "NIC PHY errors (CRC, symbol, FEC-uncorrectable)",
+                "timeseries",
+                """SELECT r.bucket_start AS time, r.device || '/' || r.port || ' '
+       || replace(r.metric, 'nic_rx_', '') AS metric, r.mean AS value
+FROM metric_rollups r
+WHERE r.metric IN ('nic_rx_crc_errors', 'nic_rx_symbol_errors', 'nic_rx_uncorrectable')
+  AND $__timeFilter(r.bucket_start) AND r."""
+                + FINEST
+                + """
+  AND (r.device, r.port) IN (
+    SELECT device, port FROM metric_rollups
+    WHERE metric IN ('nic_rx_crc_errors', 'nic_rx_symbol_errors', 'nic_rx_uncorrectable')
+      AND $__timeFilter(bucket_start) AND mean > 0
+    GROUP BY device, port ORDER BY max(mean) DESC LIMIT 10)
+ORDER BY 1, 2""",
+                12,
+                0,
+                12,
+                8,
+            ),
+            panel(
+                "Pre-FEC bit error rate per NIC (corrected bits / (speed x time))",
+                "timeseries",
+                """SELECT c.bucket_start AS time, c.device || '/' || c.port AS metric,
+       c.mean / (s.last * 1e6) AS value
+FROM metric_rollups c
+JOIN metric_rollups s ON s.bucket_start = c.bucket_start AND s.resolution_s = c.resolution_s
+  AND s.device = c.device AND s.port = c.port AND s.metric = 'nic_link_speed_mbps'
+  AND s.last > 0
+WHERE c.metric = 'nic_rx_corrected_bits' AND $__timeFilter(c.bucket_start) AND c."""
+                + FINEST
+                + """
+  AND (c.device, c.port) IN (
+    SELECT device, port FROM metric_rollups
+    WHERE metric = 'nic_rx_corrected_bits' AND $__timeFilter(bucket_start)
+    GROUP BY device, port ORDER BY max(mean) DESC LIMIT 10)
+ORDER BY 1, 2""",
+                0,
+                8,
+                12,
+                8,
+                unit="sci",
+            ),
+            panel(
+                "Link flaps (carrier transitions, PHY link-down events)",
+                "timeseries",
+                """SELECT bucket_start AS time, device || '/' || port AS metric, mean AS value
+FROM metric_rollups
+WHERE metric IN ('port_carrier_transitions', 'nic_link_down_events')
+  AND $__timeFilter(bucket_start) AND """
+                + FINEST
+                + """
+  AND (device, port) IN (
+    SELECT device, port FROM metric_rollups
+    WHERE metric IN ('port_carrier_transitions', 'nic_link_down_events')
+      AND $__timeFilter(bucket_start) AND mean > 0 GROUP BY device, port)
+ORDER BY 1, 2""",
+                12,
+                8,
+                12,
+                8,
+            ),
+            panel("Flaky links", "table", alerts_table(["FlakyLink"]), 0, 16, 24, 8, fmt="table"),
+        ],
+    )
+    d["stragglers"] = dashboard(
+        "rw-stragglers",
+        "rocewatch: stragglers",
+        [
+            panel(
+                "RDMA throughput relative to the fabric median (slowest NICs)",
+                "timeseries",
+                """WITH tx AS (
+  SELECT bucket_start, device, port, mean FROM metric_rollups
+  WHERE metric = 'nic_tx_rdma_bytes' AND $__timeFilter(bucket_start) AND """
+                + FINEST
+                + """
+), med AS (
+  SELECT bucket_start, percentile_cont(0.5) WITHIN GROUP (ORDER BY mean) AS m
+  FROM tx GROUP BY bucket_start
+), slow AS (
+  SELECT tx.device, tx.port FROM tx JOIN med USING (bucket_start) WHERE med.m > 0
+  GROUP BY tx.device, tx.port ORDER BY avg(tx.mean / med.m) LIMIT 8
+)
+SELECT tx.bucket_start AS time, tx.device || '/' || tx.port AS metric, tx.mean / med.m AS value
+FROM tx JOIN med USING (bucket_start) JOIN slow USING (device, port)
+WHERE med.m > 0
+ORDER BY 1, 2""",
+                0,
+                0,
+                24,
+                9,
+                unit="percentunit",
+            ),
+            panel(
+                "NICs whose PCIe link is below its maximum",
+                "table",
+                """SELECT cur.device AS node, cur.port AS nic,
+       min(cur.last) AS "speed GT/s", max(mx.last) AS "max GT/s",
+       min(w.last) AS "width", max(mw.last) AS "max width",
+       min(cur.bucket_start) AS "first seen", max(cur.bucket_start) AS "last seen"
+FROM metric_rollups cur
+JOIN metric_rollups mx ON mx.bucket_start = cur.bucket_start
+  AND mx.resolution_s = cur.resolution_s AND mx.device = cur.device AND mx.port = cur.port
+  AND mx.metric = 'nic_pcie_max_speed_gts'
+LEFT JOIN metric_rollups w ON w.bucket_start = cur.bucket_start
+  AND w.resolution_s = cur.resolution_s AND w.device = cur.device AND w.port = cur.port
+  AND w.metric = 'nic_pcie_width'
+LEFT JOIN metric_rollups mw ON mw.bucket_start = cur.bucket_start
+  AND mw.resolution_s = cur.resolution_s AND mw.device = cur.device AND mw.port = cur.port
+  AND mw.metric = 'nic_pcie_max_width'
+WHERE cur.metric = 'nic_pcie_speed_gts' AND $__timeFilter(cur.bucket_start)
+  AND (cur.min < mx.last OR w.min < mw.last)
+GROUP BY 1, 2
+ORDER BY 1, 2""",
+                0,
+                9,
+                12,
+                8,
+                fmt="table",
+            ),
+            panel(
+                "Straggler and PCIe alerts",
+                "table",
+                alerts_table(["Straggler", "PCIeDowngrade"]),
+                12,
+                9,
+                12,
+                8,
+                fmt="table",
+            ),
+        ],
+    )
+    d["alerts-actions"] = dashboard(
+        "rw-alerts",
+        "rocewatch: alerts and actions",
+        [
+            panel(
+                "Alerts timeline",
+                "state-timeline",
+                f"""SELECT t AS time, alertname || ' ' || entity AS metric, v AS value FROM (
+  SELECT starts_at AS t, alertname, {ENTITY} AS entity, 1 AS v FROM alerts
+  UNION ALL
+  SELECT ends_at, alertname, {ENTITY}, 0 FROM alerts WHERE ends_at IS NOT NULL
+) x
+WHERE t <= $__timeTo() AND t >= $__timeFrom()
+ORDER BY 1, 2""",
+                0,
+                0,
+                24,
+                12,
+                mergeValues=True,
+                showValue="never",
+            ),
+            panel(
+                "Alerts",
+                "table",
+                alerts_table(
+                    [
+                        "PFCStorm",
+                        "FlakyLink",
+                        "Straggler",
+                        "PCIeDowngrade",
+                        "ECNCongestion",
+                        "QueueBuildup",
+                        "TransportErrors",
+                        "PortAnomaly",
+                        "FabricIncident",
+                    ]
+                ),
+                0,
+                12,
+                24,
+                10,
+                fmt="table",
+            ),
+            panel(
+                "Drain and resume decisions",
+                "table",
+                """SELECT time, action, node, scheduler, executed, outcome, reason,
+       alert_fingerprint
+FROM actions WHERE $__timeFilter(time) ORDER BY time DESC""",
+                0,
+                22,
+                24,
+                8,
+                fmt="table",
+            ),
+            panel(
+                "Decisions per minute, by outcome",
+                "timeseries",
+                "SELECT $__timeGroupAlias(time, '1m'), action || ': ' || outcome AS metric, "
+                "count(*) AS value FROM actions WHERE $__timeFilter(time) "
+                "GROUP BY 1, 2 ORDER BY 1",
+                0,
+                30,
+                24,
+                8,
+            ),
+        ],
+    )
+    return d
+
+
+def write(out: Path = OUT) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, dash in build().items():
+        p = out / f"{name}.json"
+        p.write_text(json.dumps(dash, indent=2) + "\n")
+        paths.append(p)
+    return paths
+
+
+if __name__ == "__main__":
+    for p in write():
+        print(p)

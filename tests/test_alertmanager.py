@@ -1,0 +1,190 @@
+"""The Alertmanager sink against a REAL Alertmanager (Debian's prometheus-alertmanager), which
+the fixture starts on a free loopback port with its own config and storage under tmp_path."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rocewatch.config import config_from_dict
+from rocewatch.model import Alert
+from rocewatch.notify.alertmanager import AlertmanagerSink
+from rocewatch.notify.base import AlertmanagerConfig, RetryConfig
+from rocewatch.notify.dispatcher import Dispatcher
+from rocewatch.replay import replay
+from storage.outbox import Outbox
+from storage.store import Store
+from tests.notify_receiver import free_port
+
+BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+
+pytestmark = pytest.mark.skipif(
+    BINARY is None,
+    reason="prometheus-alertmanager is not installed (bash scripts/services.sh install)",
+)
+
+
+def http(method: str, url: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        raw = r.read()
+    return json.loads(raw) if raw else None
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    conf = tmp_path / "alertmanager.yml"
+    conf.write_text(
+        "route:\n  receiver: blackhole\n  group_by: [alertname]\nreceivers:\n  - name: blackhole\n"
+    )
+    data = tmp_path / "am-data"
+    data.mkdir()
+    log = (tmp_path / "alertmanager.log").open("w")
+    assert BINARY is not None
+    proc = subprocess.Popen(
+        [
+            BINARY,
+            f"--config.file={conf}",
+            f"--storage.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",  # no gossip: a private single instance
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/-/ready", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(
+                        "alertmanager did not start:\n"
+                        + (tmp_path / "alertmanager.log").read_text()
+                    )
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def listed(url: str) -> dict[frozenset[tuple[str, str]], dict[str, Any]]:
+    """Alertmanager's active alerts (GET /api/v2/alerts), keyed by label set."""
+    return {frozenset(a["labels"].items()): a for a in http("GET", f"{url}/api/v2/alerts")}
+
+
+def key(a: dict[str, Any] | Alert) -> frozenset[tuple[str, str]]:
+    labels = a.labels if isinstance(a, Alert) else a["labels"]
+    return frozenset(labels.items())
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    from rocewatch.sim import scenarios as sc
+    from rocewatch.sim import write_scenario
+
+    d = tmp_path_factory.mktemp("scenario")
+    write_scenario(sc.SCENARIOS["default"](nodes=16, duration_s=20.0, seed=1), d)
+    out = tmp_path_factory.mktemp("out")
+    res = replay(d, out)
+    return d, res.alerts
+
+
+def test_firing_alerts_are_listed_and_resolved_ones_end(
+    alertmanager: str, replayed: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    _, finals = replayed
+    resolved = [a for a in finals if a["status"] == "resolved"]
+    still = [a for a in finals if a["status"] == "firing"]
+    assert resolved and still
+    store = Store(f"sqlite:///{tmp_path / 'outbox.db'}")
+    store.create_schema()
+    sink = AlertmanagerSink(AlertmanagerConfig(name="am", url=alertmanager, max_alerts=25))
+    d = Dispatcher(Outbox(store), [sink], RetryConfig(initial_s=0.1, max_s=0.5), poll_s=0.1)
+
+    # every alert fires first
+    firing = [Alert.from_json({**a, "endsAt": "0001-01-01T00:00:00Z"}) for a in finals]
+    d.enqueue(firing)
+    assert d.drain(30)
+    got = listed(alertmanager)
+    assert set(got) == {key(a) for a in finals}
+    for a in finals:
+        g = got[key(a)]
+        assert g["startsAt"].startswith(a["startsAt"][:19])
+        assert g["annotations"] == a["annotations"]
+        assert g["status"]["state"] == "active"
+    a0 = resolved[0]
+    flt = "&".join(
+        f"filter={urllib.request.quote(f'{k}={json.dumps(v)}')}" for k, v in a0["labels"].items()
+    )
+    assert [g["labels"] for g in http("GET", f"{alertmanager}/api/v2/alerts?{flt}")] == [
+        a0["labels"]
+    ]
+
+    # then the resolved ones are resolved: Alertmanager ends them, the rest keep firing
+    d.enqueue([Alert.from_json(a) for a in resolved])
+    assert d.drain(30)
+    got = listed(alertmanager)
+    assert set(got) == {key(a) for a in still}
+    # asked for explicitly by its labels, a resolved alert is no longer active
+    assert http("GET", f"{alertmanager}/api/v2/alerts?{flt}") == []
+    store.close()
+
+
+def test_replay_posts_to_alertmanager_and_silences_apply(
+    alertmanager: str, replayed: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    scenario, finals = replayed
+    cfg = config_from_dict(
+        {
+            "state_dir": str(tmp_path / "state"),
+            "notify": {
+                "drain_timeout_s": 30,
+                "alertmanagers": [{"name": "am", "url": alertmanager}],
+            },
+        }
+    )
+    # a silence a user set up before: rocewatch's alerts go through Alertmanager's own logic
+    still = [a for a in finals if a["status"] == "firing"]
+    target = still[0]
+    now = time.time()
+    silence = {
+        "matchers": [
+            {"name": k, "value": v, "isRegex": False, "isEqual": True}
+            for k, v in target["labels"].items()
+        ],
+        "startsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - 60)),
+        "endsAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 3600)),
+        "createdBy": "rocewatch-test",
+        "comment": "maintenance",
+    }
+    sid = http("POST", f"{alertmanager}/api/v2/silences", silence)["silenceID"]
+
+    res = replay(scenario, tmp_path / "out", cfg)
+    assert res.alerts == finals  # the same detection with delivery on
+    got = listed(alertmanager)
+    assert set(got) == {key(a) for a in still}
+    assert got[key(target)]["status"]["state"] == "suppressed"
+    assert got[key(target)]["status"]["silencedBy"] == [sid]
+    others = [got[key(a)] for a in still if key(a) != key(target)]
+    assert others and all(g["status"]["state"] == "active" for g in others)

@@ -1,0 +1,217 @@
+"""The provisioned Grafana dashboards: every SQL query runs against a real PostgreSQL filled by
+a replay of a simulated scenario with faults, and returns rows showing the injected faults.
+
+Grafana itself does not run here; its PostgreSQL macros are expanded as Grafana 11 expands them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from rocewatch.replay import replay
+from storage.grafana import dashboards
+from storage.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+PROV = ROOT / "storage" / "grafana" / "provisioning"
+PG_URL = os.environ.get("ROCEWATCH_TEST_PG_URL", "")
+needs_pg = pytest.mark.skipif(not PG_URL, reason="ROCEWATCH_TEST_PG_URL is not set")
+
+
+def dashboard_files() -> list[Path]:
+    return sorted((PROV / "dashboards" / "rocewatch").glob("*.json"))
+
+
+def queries() -> list[tuple[str, str, str]]:
+    """(dashboard file, panel title, rawSql) for every target of every panel."""
+    out = []
+    for f in dashboard_files():
+        for p in json.loads(f.read_text())["panels"]:
+            for t in p.get("targets", []):
+                out.append((f.stem, p["title"], t["rawSql"]))
+    return out
+
+
+def _args(sql: str, start: int) -> tuple[list[str], int]:
+    """Split the macro arguments from the '(' at ``start``; return them and the index after ')'."""
+    depth, args, cur = 0, [], ""
+    for i in range(start, len(sql)):
+        c = sql[i]
+        if c == "(":
+            depth += 1
+            if depth == 1:
+                continue
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                args.append(cur.strip())
+                return [a for a in args if a], i + 1
+        elif c == "," and depth == 1:
+            args.append(cur.strip())
+            cur = ""
+            continue
+        cur += c
+    raise ValueError("unbalanced macro call")
+
+
+def _seconds(interval: str) -> int:
+    m = re.fullmatch(r"'?(\d+)([smhd])'?", interval)
+    assert m, f"interval {interval!r}"
+    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def expand(sql: str, t_from: dt.datetime, t_to: dt.datetime) -> str:
+    """Grafana's PostgreSQL macros (pkg/tsdb/grafana-postgresql-datasource/macros.go)."""
+    f = t_from.strftime("%Y-%m-%dT%H:%M:%SZ")
+    t = t_to.strftime("%Y-%m-%dT%H:%M:%SZ")
+    out = ""
+    i = 0
+    for m in re.finditer(r"\$__(\w+)", sql):
+        if m.start() < i:
+            continue
+        out += sql[i : m.start()]
+        name = m.group(1)
+        args, i = _args(sql, m.end())
+        if name == "timeFilter":
+            out += f"{args[0]} BETWEEN '{f}' AND '{t}'"
+        elif name == "timeFrom":
+            out += f"'{f}'"
+        elif name == "timeTo":
+            out += f"'{t}'"
+        elif name == "timeGroupAlias":
+            s = _seconds(args[1])
+            out += f'floor(extract(epoch from {args[0]})/{s})*{s} AS "time"'
+        else:
+            raise AssertionError(f"macro $__{name} is not expanded by this test")
+    out += sql[i:]
+    assert "$" not in out, out
+    return out
+
+
+def test_dashboards_are_generated_from_the_source() -> None:
+    built = dashboards.build()
+    files = dashboard_files()
+    assert {f.stem for f in files} == set(built)
+    for f in files:
+        assert json.loads(f.read_text()) == built[f.stem], (
+            f"{f.name} is stale: run python -m storage.grafana.dashboards"
+        )
+
+
+def test_replay_stores_10s_and_1min_rollups(filled_pg: tuple[Store, dict[str, Any]]) -> None:
+    store, _ = filled_pg
+    with store.engine.connect() as conn:
+        res = dict(
+            conn.execute(text("SELECT resolution_s, count(*) FROM metric_rollups GROUP BY 1")).all()
+        )
+    assert set(res) == {10, 60} and res[10] > res[60] > 0
+
+
+def test_provisioning_files() -> None:
+    ds = yaml.safe_load((PROV / "datasources" / "rocewatch.yaml").read_text())
+    (src,) = ds["datasources"]
+    assert src["type"] == "grafana-postgresql-datasource"
+    uids = {
+        t["datasource"]["uid"]
+        for f in dashboard_files()
+        for p in json.loads(f.read_text())["panels"]
+        for t in p["targets"]
+    }
+    assert uids == {src["uid"]}
+    prov = yaml.safe_load((PROV / "dashboards" / "rocewatch.yaml").read_text())
+    assert (
+        prov["providers"][0]["options"]["path"] == "/etc/grafana/provisioning/dashboards/rocewatch"
+    )
+    titles = {json.loads(f.read_text())["title"] for f in dashboard_files()}
+    assert len(titles) == 6
+    kinds = {p["type"] for f in dashboard_files() for p in json.loads(f.read_text())["panels"]}
+    assert {"heatmap", "timeseries", "table", "state-timeline", "stat"} <= kinds
+
+
+@pytest.fixture(scope="module")
+def filled_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store, dict[str, Any]]]:
+    """A fresh PostgreSQL database holding a replay of the default faulty scenario."""
+    from rocewatch.sim import scenarios as sc
+    from rocewatch.sim import write_scenario
+
+    base = make_url(PG_URL)
+    name = f"rw_grafana_{uuid.uuid4().hex[:10]}"
+    admin = base.set(drivername="postgresql", database="postgres")
+    dsn = admin.render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    store = Store(base.set(database=name).render_as_string(hide_password=False))
+    try:
+        store.create_schema()
+        scen = tmp_path_factory.mktemp("scenario")
+        write_scenario(sc.SCENARIOS["default"](nodes=16, duration_s=20.0, seed=1), scen)
+        replay(scen, tmp_path_factory.mktemp("out"), store=store)
+        truth = json.loads((scen / "truth.json").read_text())
+        yield store, truth
+    finally:
+        store.close()
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# panel title -> what the injected faults must make it show (checked in the rows' text)
+EXPECT = {
+    "Pause time received per switch port (% of time)": ["leaf-r7-p0/Ethernet1/8"],
+    "Pause time requested per NIC (sent, % of time)": ["gpu-008/mlx5_7"],
+    "PFC storms: origin and victims": ["gpu-008/mlx5_7", "'origin'"],
+    "FCS/CRC errors per switch port": ["leaf-r0-p0/Ethernet1/12"],
+    "Flaky links": ["leaf-r0-p0/Ethernet1/12"],
+    "ECN-marked packets per queue (switch)": ["leaf-r6-p0/Ethernet1/9 p3"],
+    "NICs whose PCIe link is below its maximum": ["'gpu-016', 'mlx5_5'"],
+    "Straggler and PCIe alerts": ["gpu-016/mlx5_5"],
+    "Congestion alerts": ["gpu-015/mlx5_4", "leaf-r6-p0/Ethernet1/9"],
+    "Drain and resume decisions": ["'gpu-008'"],
+    "Alerts timeline": ["PFCStorm gpu-008/mlx5_7", "FlakyLink leaf-r0-p0/Ethernet1/12"],
+}
+
+
+@needs_pg
+@pytest.mark.parametrize(("dash", "title", "sql"), queries(), ids=lambda v: str(v)[:60])
+def test_every_dashboard_query_returns_the_faults(
+    filled_pg: tuple[Store, dict[str, Any]], dash: str, title: str, sql: str
+) -> None:
+    store, truth = filled_pg
+    start = dt.datetime.fromtimestamp(truth["start_ns"] / 1e9, tz=dt.UTC)
+    end = dt.datetime.fromtimestamp(truth["end_ns"] / 1e9, tz=dt.UTC)
+    q = expand(sql, start - dt.timedelta(minutes=5), end + dt.timedelta(minutes=5))
+    with store.engine.connect() as conn:
+        rows = [tuple(r) for r in conn.execute(text(q)).all()]
+    assert rows, f"{dash}: {title!r} returned no rows"
+    numbers = [v for r in rows for v in r if isinstance(v, int | float) and not isinstance(v, bool)]
+    strings = [v for r in rows for v in r if isinstance(v, str)]
+    assert strings or any(numbers), f"{dash}: {title!r} returned only zeros: {rows[:5]}"
+    shown = repr(rows)
+    for want in EXPECT.get(title, []):
+        assert want in shown, f"{dash}: {title!r} does not show {want}: {shown[:800]}"
+    # over a long range the same panels read the 1 min rollups
+    q_long = expand(sql, start - dt.timedelta(hours=7), end + dt.timedelta(minutes=5))
+    with store.engine.connect() as conn:
+        long_rows = conn.execute(text(q_long)).all()
+    assert long_rows, f"{dash}: {title!r} returned no rows over 7 hours"
+    # nothing outside the range leaks in (a count answers one row of zero)
+    if title == "Alerts firing now":  # the current state, whatever the range
+        return
+    q_empty = expand(sql, start - dt.timedelta(days=3), start - dt.timedelta(days=2))
+    with store.engine.connect() as conn:
+        early = [tuple(r) for r in conn.execute(text(q_empty)).all()]
+    assert all(v in (0, None) for r in early for v in r), (
+        f"{dash}: {title!r} ignores the time range: {early[:3]}"
+    )

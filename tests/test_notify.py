@@ -1,0 +1,378 @@
+"""Alert delivery by signed webhook from the durable outbox, against a real HTTP receiver."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rocewatch.errors import ConfigError
+from rocewatch.model import Alert
+from rocewatch.notify.base import (
+    DELIVERY_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    RetryConfig,
+    WebhookConfig,
+)
+from rocewatch.notify.dispatcher import Dispatcher
+from rocewatch.notify.signing import verify
+from rocewatch.notify.webhook import WebhookSink
+from storage.outbox import Outbox
+from storage.store import Store
+from tests.notify_receiver import Received, Receiver, free_port
+
+SECRET = "test-hmac-secret-4f9a"
+T0 = 1_795_946_400_000_000_000
+S = 1_000_000_000
+
+
+def alert(i: int, ends: int = 0, name: str = "FlakyLink") -> Alert:
+    return Alert(
+        {"alertname": name, "severity": "warning", "switch": "leaf-0", "port": f"Ethernet{i}"},
+        {"summary": f"port {i}"},
+        T0 + i * S,
+        ends_at=ends,
+    )
+
+
+def events(req: Received) -> list[tuple[str, str, str]]:
+    return [(a["fingerprint"], a["startsAt"], a["status"]) for a in req.json()["alerts"]]
+
+
+def check_signed(req: Received, secret: str = SECRET) -> None:
+    h = {k.lower(): v for k, v in req.headers.items()}
+    assert verify(
+        secret.encode(), req.body, h[TIMESTAMP_HEADER.lower()], h[SIGNATURE_HEADER.lower()]
+    ), "bad signature"
+    assert h[DELIVERY_HEADER.lower()]
+
+
+def make(tmp_path: Path, port: int, **retry: Any) -> tuple[Dispatcher, Store]:
+    store = Store(f"sqlite:///{tmp_path / 'outbox.db'}")
+    store.create_schema()
+    sink = WebhookSink(
+        WebhookConfig(name="ops", url=f"http://127.0.0.1:{port}/hook", secret=SECRET, timeout_s=2)
+    )
+    r = RetryConfig(**{"initial_s": 0.05, "max_s": 0.2, "jitter": 0.0, **retry})
+    return Dispatcher(Outbox(store), [sink], r, poll_s=0.05), store
+
+
+def test_payload_is_alertmanager_v4_and_signed(tmp_path: Path) -> None:
+    rx = Receiver(free_port()).start()
+    d, store = make(tmp_path, rx.port)
+    try:
+        a, b = alert(1), alert(2, ends=T0 + 9 * S)
+        d.enqueue([a, b, alert(3, name="Straggler")])
+        assert d.drain(10)
+    finally:
+        rx.stop()
+        store.close()
+    assert len(rx.requests) == 2  # one request per alertname group
+    by_group = {r.json()["groupLabels"]["alertname"]: r for r in rx.requests}
+    body = by_group["FlakyLink"].json()
+    assert body["version"] == "4"
+    assert body["status"] == "firing"
+    assert body["receiver"] == "rocewatch"
+    assert body["groupKey"] == '{}:{alertname="FlakyLink"}'
+    assert body["commonLabels"] == {
+        "alertname": "FlakyLink",
+        "severity": "warning",
+        "switch": "leaf-0",
+    }
+    assert body["truncatedAlerts"] == 0
+    assert body["alerts"] == [a.to_json(), b.to_json()]
+    for r in rx.requests:
+        assert r.path == "/hook"
+        check_signed(r)
+        assert not verify(
+            b"wrong", r.body, r.headers[TIMESTAMP_HEADER], r.headers[SIGNATURE_HEADER]
+        )
+
+
+def test_resolved_notification_follows_firing(tmp_path: Path) -> None:
+    rx = Receiver(free_port()).start()
+    d, store = make(tmp_path, rx.port)
+    try:
+        d.enqueue([alert(1)])
+        assert d.drain(10)
+        d.enqueue([alert(1), alert(1, ends=T0 + 5 * S)])  # the firing re-sent is not doubled
+        assert d.drain(10)
+    finally:
+        rx.stop()
+        store.close()
+    got = [e for r in rx.requests for e in events(r)]
+    assert [s for _, _, s in got] == ["firing", "resolved"]
+    assert rx.requests[1].json()["status"] == "resolved"
+    assert rx.requests[1].json()["alerts"][0]["endsAt"] == "2026-11-29T10:00:05.000Z"
+
+
+def test_5xx_is_retried_with_backoff_4xx_is_dead(tmp_path: Path) -> None:
+    rx = Receiver(free_port(), statuses=[503, 503]).start()
+    d, store = make(tmp_path, rx.port)
+    try:
+        d.enqueue([alert(1)])
+        assert d.drain(10)
+        assert d.failures["ops"] == 2 and d.sent["ops"] == 1
+        rx.statuses = [400]
+        d.enqueue([alert(2)])
+        assert d.drain(5)  # nothing pending: the refused event is dead, not retried
+        assert d.dead["ops"] == 1
+        assert d.outbox.dead_count() == 1
+        n = len(rx.requests)
+        d.run_once()
+        assert len(rx.requests) == n
+    finally:
+        rx.stop()
+        store.close()
+    assert [events(r)[0][2] for r in rx.requests] == ["firing"] * 4
+
+
+def test_backoff_is_exponential_and_capped() -> None:
+    r = RetryConfig(initial_s=1, max_s=30, multiplier=2, jitter=0)
+    assert [r.delay(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+    j = RetryConfig(initial_s=10, max_s=10, jitter=0.1)
+    assert j.delay(3, 0.0) == pytest.approx(9) and j.delay(3, 0.999) == pytest.approx(11, 1e-3)
+
+
+def test_secret_is_required_and_never_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(ConfigError, match="secret"):
+        WebhookSink(WebhookConfig(name="x", url="http://127.0.0.1:1/"))
+    cfg = WebhookConfig(name="x", url="http://u:pw@127.0.0.1:1/?token=t", secret=SECRET)
+    assert SECRET not in repr(cfg)
+    caplog.set_level(logging.DEBUG)
+    port = free_port()  # nobody listens
+    d, store = make(tmp_path, port)
+    d.enqueue([alert(1)])
+    assert not d.drain(0.3)
+    store.close()
+    assert d.failures["ops"] >= 1
+    assert "connection refused" in caplog.text.lower()
+    assert SECRET not in caplog.text
+
+
+# --- the outage test: real processes, a receiver down for 60 s ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rocewatch.sim import scenarios as sc
+    from rocewatch.sim import write_scenario
+
+    d = tmp_path_factory.mktemp("scenario")
+    write_scenario(sc.SCENARIOS["default"](nodes=16, duration_s=20.0, seed=1), d)
+    return d
+
+
+def rocewatch(*args: str, env: dict[str, str]) -> list[str]:
+    return [sys.executable, "-m", "rocewatch.cli", *args]
+
+
+def test_receiver_down_60s_gets_every_alert_exactly_once(scenario: Path, tmp_path: Path) -> None:
+    port = free_port()
+    state = tmp_path / "state"
+    cfg = tmp_path / "rocewatch.yaml"
+    cfg.write_text(
+        f"""
+state_dir: {state}
+notify:
+  drain_timeout_s: 2
+  poll_s: 0.2
+  retry: {{initial_s: 0.5, max_s: 4}}
+  webhooks:
+    - name: ops
+      url: http://127.0.0.1:{port}/alerts
+      secret: ${{RW_TEST_WEBHOOK_SECRET}}
+      timeout_s: 5
+"""
+    )
+    env = {**os.environ, "RW_TEST_WEBHOOK_SECRET": SECRET}
+    down_at = time.monotonic()
+    out = tmp_path / "out"
+    # 1. replay while the receiver is down: it queues everything and exits with it pending
+    r = subprocess.run(
+        rocewatch("replay", str(scenario), "--out", str(out), "--config", str(cfg), env=env),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "still undelivered" in r.stderr
+    # 2. a sender retries for a while, then is stopped (a restart)
+    logs = tmp_path / "notify-a.log"
+    with logs.open("w") as fh:
+        a = subprocess.Popen(
+            rocewatch("notify", "--config", str(cfg), env=env), env=env, stdout=fh, stderr=fh
+        )
+    try:
+        time.sleep(15)
+    finally:
+        a.send_signal(signal.SIGTERM)
+        assert a.wait(timeout=30) == 0
+    # 3. a new sender; the receiver comes up 60 s after the outage began
+    logs_b = tmp_path / "notify-b.log"
+    rx = Receiver(port)
+    with logs_b.open("w") as fh:
+        b = subprocess.Popen(
+            rocewatch("notify", "--config", str(cfg), "--max-idle", "2", env=env),
+            env=env,
+            stdout=fh,
+            stderr=fh,
+        )
+    try:
+        time.sleep(max(0.0, 60 - (time.monotonic() - down_at)))
+        rx.start()
+        up_at = time.monotonic()
+        assert b.wait(timeout=60) == 0
+        # 4. the happy path sends nothing twice: another sender finds nothing to do
+        c = subprocess.run(
+            rocewatch("notify", "--config", str(cfg), "--max-idle", "0.5", env=env),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert c.returncode == 0, c.stderr
+    finally:
+        if b.poll() is None:
+            b.kill()
+        rx.stop()
+    assert up_at - down_at >= 60
+    text = r.stderr + logs.read_text() + logs_b.read_text() + c.stderr
+    assert "Connection refused" in text
+    assert SECRET not in text
+
+    finals = [json.loads(line) for line in (out / "alerts.jsonl").read_text().splitlines()]
+    want = Counter((a["fingerprint"], a["startsAt"], "firing") for a in finals)
+    want += Counter(
+        (a["fingerprint"], a["startsAt"], "resolved") for a in finals if a["status"] == "resolved"
+    )
+    assert len(finals) > 20 and any(a["status"] == "resolved" for a in finals)
+    got: Counter[tuple[str, str, str]] = Counter()
+    for req in rx.requests:
+        check_signed(req)
+        assert req.json()["version"] == "4"
+        got.update(events(req))
+    assert max(got.values()) == 1, [k for k, n in got.items() if n > 1][:5]
+    assert got == want
+    # the resolved notification carries the alert's final state
+    final_by_key = {(a["fingerprint"], a["startsAt"], a["status"]): a for a in finals}
+    sent = {
+        (a["fingerprint"], a["startsAt"], a["status"]): a
+        for req in rx.requests
+        for a in req.json()["alerts"]
+    }
+    for k, a in final_by_key.items():
+        assert sent[k]["endsAt"] == a["endsAt"]
+
+
+def test_outbox_refreshes_firing_until_resolved(tmp_path: Path) -> None:
+    now = [1000.0]
+    store = Store(f"sqlite:///{tmp_path / 'o.db'}")
+    store.create_schema()
+    ob = Outbox(store, clock=lambda: now[0])
+    ob.enqueue([alert(1)], ["am"])
+    (item,) = ob.claim("am", 10, lease_s=30)
+    ob.delivered([item], refresh_s=60)
+    assert ob.depth() == {}
+    now[0] += 30
+    assert ob.claim("am", 10, lease_s=30) == []
+    now[0] += 31
+    (again,) = ob.claim("am", 10, lease_s=30)
+    assert again.refresh and again.alert["status"] == "firing"
+    ob.delivered([again], refresh_s=60)
+    ob.enqueue([alert(1, ends=T0 + 5 * S)], ["am"])
+    now[0] += 200
+    (res,) = ob.claim("am", 10, lease_s=30)  # the resolution, and no more refreshes
+    assert res.alert["status"] == "resolved" and not res.refresh
+    ob.delivered([res], refresh_s=60)
+    now[0] += 200
+    assert ob.claim("am", 10, lease_s=30) == []
+    store.close()
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rocewatch-test-receiver")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    crt, pem = tmp_path / "rx.crt", tmp_path / "rx.key"
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pem.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return crt, pem
+
+
+def test_https_receiver_with_private_ca(tmp_path: Path) -> None:
+    import ssl
+
+    from rocewatch.notify.base import TlsConfig
+
+    crt, key = self_signed(tmp_path)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(crt, key)
+    rx = Receiver(free_port(), tls=ctx).start()
+    store = Store(f"sqlite:///{tmp_path / 'o.db'}")
+    store.create_schema()
+    url = f"https://127.0.0.1:{rx.port}/hook"
+    r = RetryConfig(initial_s=0.05, max_s=0.1, jitter=0.0)
+    try:
+        # without the receiver's CA the certificate is not trusted: retried, never sent plain
+        untrusted = WebhookSink(WebhookConfig(name="ops", url=url, secret=SECRET, timeout_s=2))
+        d = Dispatcher(Outbox(store), [untrusted], r, poll_s=0.05)
+        d.enqueue([alert(1)])
+        assert not d.drain(0.3)
+        assert d.failures["ops"] >= 1 and rx.requests == []
+        trusted = WebhookSink(
+            WebhookConfig(
+                name="ops", url=url, secret=SECRET, timeout_s=2, tls=TlsConfig(ca_file=str(crt))
+            )
+        )
+        d2 = Dispatcher(Outbox(store), [trusted], r, poll_s=0.05)
+        time.sleep(0.2)  # past the backoff
+        assert d2.drain(10)
+    finally:
+        rx.stop()
+        store.close()
+    (req,) = rx.requests
+    check_signed(req)
+    assert events(req) == [(alert(1).fingerprint, alert(1).to_json()["startsAt"], "firing")]
