@@ -224,6 +224,7 @@ class Pipeline:
         if self.retain:
             self.actions += actions
         return out
+
     def _rollup_levels(self) -> list[Rollups]:
         # getattr: a checkpoint written before the coarse level existed lacks it
         levels = [self.rollups, getattr(self, "rollups_coarse", None)]
