@@ -158,9 +158,10 @@ def make_channel(t: TargetConfig) -> grpc.Channel:
     """A grpc channel to ``t`` with its TLS settings (insecure when TLS is off)."""
     opts: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", _MAX_MSG),
-        ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000),
-        ("grpc.keepalive_permit_without_calls", 1),
+        # gRPC servers (Go's included) refuse pings more often than every 5 minutes by default
+        # and answer with GOAWAY "too_many_pings"; a dead peer still shows as a failed stream
+        ("grpc.keepalive_time_ms", 330_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
         # reconnect pacing is ours (capped backoff with jitter), not the channel's
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
@@ -247,6 +248,8 @@ class _Session(threading.Thread):
         self.decoder = NotificationDecoder(owner.stats, owner.mapper, owner.lldp)
         self.rng = random.Random(seed)
         self.stop_ev = threading.Event()
+        self.lock = threading.Lock()  # the decoder, between this thread and the flusher
+        self.last_flush = time.monotonic()
         self._call: Any = None
         self._errors_logged: set[str] = set()
         self.source = f"{t.name}:{t.address.rpartition(':')[2]}"
@@ -267,10 +270,17 @@ class _Session(threading.Thread):
             if self.sub.mode == "poll" and self.health.synced:
                 yield pb.SubscribeRequest(poll=pb.Poll())
 
-    def _flush(self, last: list[float]) -> None:
-        if self.decoder.pending():
-            self.owner._emit(self.decoder.take())
-        last[0] = time.monotonic()
+    def _flush(self, last: list[float] | None = None) -> None:
+        with self.lock:
+            df = self.decoder.take() if self.decoder.pending() else None
+            self.last_flush = time.monotonic()
+        if df is not None:
+            self.owner._emit(df)
+
+    def flush_idle(self, interval: float) -> None:
+        """Hand over what a quiet stream decoded (called by the collector's flusher)."""
+        if time.monotonic() - self.last_flush >= interval and self.decoder.pending():
+            self._flush()
 
     def run(self) -> None:
         attempt = 0
@@ -312,7 +322,10 @@ class _Session(threading.Thread):
                             log.info("gNMI target %s: subscribed", h.name)
                         kind = resp.WhichOneof("response")
                         if kind == "update":
-                            n = self.decoder.add_notification(h.name, resp.update, time.time_ns())
+                            with self.lock:
+                                n = self.decoder.add_notification(
+                                    h.name, resp.update, time.time_ns()
+                                )
                             h.updates += n
                             h.notifications += 1
                             h.last_update_mono = now
@@ -331,7 +344,7 @@ class _Session(threading.Thread):
                             self._report(f"gNMI target {h.name}: error response: {resp.error}")
                         if (
                             self.decoder.pending() >= cfg.batch_updates
-                            or now - last[0] >= cfg.batch_interval_s
+                            or now - self.last_flush >= cfg.batch_interval_s
                         ):
                             self._flush(last)
                             h.tick_rate(now)
@@ -416,6 +429,8 @@ class Collector:
         self.lldp = LldpTable()
         self.metrics = _Metrics(registry) if registry is not None else None
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._flusher: threading.Thread | None = None
         self._sessions: dict[str, _Session] = {}
         self._seed = config.seed
         for t in targets if targets is not None else config.all_targets():
@@ -444,8 +459,23 @@ class Collector:
         for s in self._sessions.values():
             if not s.is_alive() and not s.stop_ev.is_set():
                 s.start()
+        if self._flusher is None:
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name="gnmi-flush", daemon=True
+            )
+            self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        iv = self.config.batch_interval_s
+        while not self._stopping.wait(iv):
+            for s in list(self._sessions.values()):
+                s.flush_idle(iv)
 
     def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        if self._flusher is not None:
+            self._flusher.join(timeout=timeout)
+            self._flusher = None
         for s in self._sessions.values():
             s.stop()
         for s in self._sessions.values():

@@ -15,9 +15,12 @@ Responses are wire-encoded once per switch and tick from precompiled path bytes 
 bytes (the generic handler's serializer is the identity), so the target costs little per update;
 ``PreEncodedFeed`` loops a few encoded ticks for benchmarks.
 
-Pacing: ``realtime=False`` streams the simulated ticks as fast as the client reads them (tests,
-replay equivalence); ``realtime=True`` sends tick k at start + k x interval with timestamps moved
-to the wall clock (demo stack).
+Pacing: ``pace=0`` streams the simulated ticks as fast as the client reads them; ``pace=x``
+sends tick k at start + k x interval / x (1: real time; tests run faster than real time so that
+every switch's stream stays within a tick of the others); ``wall_clock=True`` moves timestamps
+to the wall clock (demo stack). A paced stream that subscribes late joins at the fabric's
+current tick (``join_now``), as a switch serves its current counters; with ``join_now=False``
+it starts from the first tick and catches up (tests that compare whole recordings).
 """
 
 from __future__ import annotations
@@ -291,7 +294,9 @@ class GnmiTarget:
         feed: FabricFeed | PreEncodedFeed,
         address: str = "127.0.0.1:0",
         *,
-        realtime: bool = False,
+        pace: float = 0.0,
+        wall_clock: bool = False,
+        join_now: bool = True,
         eof: bool = False,
         tls_cert: bytes | None = None,
         tls_key: bytes | None = None,
@@ -303,7 +308,9 @@ class GnmiTarget:
     ) -> None:
         self.feed = feed
         self.address = address
-        self.realtime = realtime
+        self.pace = pace
+        self.wall_clock = wall_clock
+        self.join_now = join_now
         self.eof = eof
         self.tls = (tls_cert, tls_key, client_ca) if tls_cert and tls_key else None
         self.auth = (username, password) if username is not None else None
@@ -313,6 +320,9 @@ class GnmiTarget:
         self.subscribes = 0  # Subscribe RPCs accepted
         self._server: grpc.Server | None = None
         self._stop = threading.Event()
+        self._clock_lock = threading.Lock()
+        self._t0: float | None = None
+        self._wall0 = 0
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> int:
@@ -407,11 +417,11 @@ class GnmiTarget:
         subs = self._subs(sl)
         mode = sl.mode
         if mode == pb.SubscriptionList.ONCE:
-            yield from self._full(s, 0, subs, lldp=True)
+            yield from self._full(s, self._now_tick(), subs, lldp=True)
             yield SYNC
             return
         if mode == pb.SubscriptionList.POLL:
-            k = 0
+            k = self._now_tick()
             yield from self._full(s, k, subs, lldp=True)
             yield SYNC
             for req in requests:
@@ -419,7 +429,8 @@ class GnmiTarget:
                     return
                 if req.WhichOneof("request") != "poll":
                     continue
-                k = min(k + 1, self.feed.n_ticks - 1)
+                k = max(k + 1, self._now_tick()) if self.pace else k + 1
+                k = min(k, self.feed.n_ticks - 1)
                 yield from self._full(s, k, subs, lldp=True)
                 yield SYNC
             return
@@ -473,18 +484,24 @@ class GnmiTarget:
             out = (out or set()) | set(sel)
         return None if out is None else sorted(out)
 
+    def _now_tick(self) -> int:
+        if not self.pace or self._t0 is None:
+            return 0
+        k = int((time.monotonic() - self._t0) * self.pace * 1e9 / self.feed.interval_ns)
+        return min(k, self.feed.n_ticks - 1)
+
     def _shift(self, k: int) -> int:
-        if not self.realtime:
+        if not self.wall_clock:
             return 0
         start = getattr(self.feed, "start_ns", 0)
-        return self._wall0 - start if hasattr(self, "_wall0") else 0
+        return self._wall0 - start
 
     def _wait(self, k: int, t0: float, ctx: grpc.ServicerContext) -> bool:
         """Sleep until tick ``k`` is due (realtime); False when the stream should end."""
         if self._stop.is_set() or not ctx.is_active():
             return False
-        if self.realtime:
-            due = t0 + k * self.feed.interval_ns / 1e9
+        if self.pace > 0:
+            due = t0 + k * self.feed.interval_ns / 1e9 / self.pace
             delay = due - time.monotonic()
             if delay > 0 and self._stop.wait(delay):
                 return False
@@ -495,9 +512,13 @@ class GnmiTarget:
     ) -> Iterator[bytes]:
         feed = self.feed
         assert isinstance(feed, FabricFeed)
-        if self.realtime and not hasattr(self, "_wall0"):
-            self._wall0 = time.time_ns()
-        t0 = time.monotonic()
+        with self._clock_lock:
+            if self._t0 is None:  # the fabric's clock starts with the first stream
+                self._t0 = time.monotonic()
+                self._wall0 = time.time_ns()
+        t0 = self._t0
+        # a paced stream joins at the fabric's current tick (a re-subscribe sees current values)
+        k0 = self._now_tick() if self.join_now else 0
         groups = feed.groups[s]
         # per group: which subscriptions cover it and how
         plan: list[list[tuple[_Sub, list[int] | None]]] = []
@@ -508,7 +529,9 @@ class GnmiTarget:
         next_due = [[0] * len(p) for p in plan]
         last_sent_ns = [[0] * len(p) for p in plan]
         interval = feed.interval_ns
-        for k in range(feed.n_ticks):
+        k0 = min(k0, feed.n_ticks - 1)
+        for k in range(k0, feed.n_ticks):
+            first = k == k0
             if not self._wait(k, t0, ctx):
                 return
             ts, vals = feed.values(s, k)
@@ -536,13 +559,13 @@ class GnmiTarget:
                             last_sent_ns[gi][j] = now
                         idx.update(chosen)
                 last[gi] = v
-                if k == 0 and updates_only:
+                if first and updates_only:
                     continue
                 if idx:
                     sel_idx = sorted(idx)
                     yield g.encode(ts, v, None if len(sel_idx) == len(g.leaves) else sel_idx)
                     sent += len(sel_idx)
-            if k == 0:
+            if first:
                 if not updates_only:
                     for lg, lv, lsel in lldp_subs:
                         if lsel is not None:
