@@ -222,6 +222,7 @@ class PreEncodedFeed:
 
     def __init__(self, feed: FabricFeed, ticks: int, repeat: int) -> None:
         self.switches = feed.switches
+        self._index = {n: i for i, n in enumerate(self.switches)}
         self.n_ticks = ticks * repeat
         self.interval_ns = feed.interval_ns
         self.encoded: list[list[bytes]] = []
@@ -239,9 +240,56 @@ class PreEncodedFeed:
 
     def switch_index(self, name: str) -> int | None:
         try:
-            return self.switches.index(name)
-        except ValueError:
+            return self._index.get(name)
+        except AttributeError:
             return None
+
+    @classmethod
+    def synthetic(
+        cls, switches: int, ports: int, ticks: int = 2, repeat: int = 10, seed: int = 1
+    ) -> PreEncodedFeed:
+        """``switches`` x ``ports`` with the fabric feed's layout (17 values per port in three
+        notifications) and random counters: the benchmark's load, no simulation needed."""
+        rng = np.random.default_rng(seed)
+        self = cls.__new__(cls)
+        self.switches = [f"sw-{i:03d}" for i in range(switches)]
+        self._index = {n: i for i, n in enumerate(self.switches)}
+        self.n_ticks = ticks * repeat
+        self.interval_ns = 1_000_000_000
+        layout: dict[str, list[str]] = {}
+        for m in (*SW_COUNTERS, *SW_GAUGES):
+            head, _, tail = OPENCONFIG_PATH[m].partition("/state/")
+            layout.setdefault(head + "/state", []).append(tail)
+        groups = []
+        for p in range(ports):
+            port = f"Ethernet{p + 1}"
+            for parent, leaves in layout.items():
+                keys = {
+                    "interface": {"name": port}
+                    if parent.startswith("/interfaces")
+                    else {"interface-id": port},
+                    "switch-priority": {"priority": "3"},
+                    "queue": {"name": "3"},
+                }
+                pre, keyless, tags = _prefix(parent, keys)
+                groups.append(Group(keyless, tags, pre, leaves))
+        base = rng.integers(0, 1 << 50, size=(switches, len(groups), 8), dtype=np.uint64)
+        t0 = 1795946400000000000
+        self.encoded = []
+        for s in range(switches):
+            per_tick = []
+            for k in range(ticks):
+                vals = (base[s] + np.uint64(k * 1000)).tolist()
+                ts = t0 + k * self.interval_ns + s * 1000
+                per_tick.append(
+                    b"".join(
+                        _frame(g.encode(ts, v[: len(g.leaves)]))
+                        for g, v in zip(groups, vals, strict=True)
+                    )
+                )
+            self.encoded.append(per_tick)
+        self.updates_per_tick = switches * sum(len(g.leaves) for g in groups)
+        return self
 
 
 def _frame(msg: bytes) -> bytes:
@@ -590,3 +638,63 @@ class GnmiTarget:
         if not self.eof:
             while not self._stop.wait(0.2) and ctx.is_active():
                 pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rocewatch.sim.gnmi_target``: serve a simulated fabric (or a synthetic load)."""
+    import argparse
+
+    from rocewatch.sim import scenarios as sc
+
+    ap = argparse.ArgumentParser(prog="python -m rocewatch.sim.gnmi_target")
+    ap.add_argument("--address", default="127.0.0.1:9339")
+    ap.add_argument("--scenario", default="default", choices=sorted(sc.SCENARIOS))
+    ap.add_argument("--nodes", type=int, default=16)
+    ap.add_argument("--duration", type=float, default=3600.0, help="telemetry seconds")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pace", type=float, default=1.0, help="1 = real time, 0 = flat out")
+    ap.add_argument("--synthetic", help="SWITCHESxPORTS of pre-encoded responses, e.g. 64x64")
+    ap.add_argument("--ticks", type=int, default=20, help="--synthetic: ticks per stream")
+    ap.add_argument("--eof", action="store_true", help="end each stream after its last tick")
+    ap.add_argument("--tls-cert")
+    ap.add_argument("--tls-key")
+    ap.add_argument("--client-ca", help="require client certificates signed by this CA")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    feed: FabricFeed | PreEncodedFeed
+    if args.synthetic:
+        n_sw, n_ports = (int(x) for x in args.synthetic.lower().split("x"))
+        feed = PreEncodedFeed.synthetic(n_sw, n_ports, ticks=2, repeat=max(1, args.ticks // 2))
+    else:
+        cfg = sc.SCENARIOS[args.scenario](
+            nodes=args.nodes, duration_s=args.duration, seed=args.seed
+        )
+        feed = FabricFeed(Simulator(cfg))
+
+    def read(p: str | None) -> bytes | None:
+        return open(p, "rb").read() if p else None  # noqa: SIM115
+
+    target = GnmiTarget(
+        feed,
+        args.address,
+        pace=args.pace,
+        wall_clock=args.pace == 1.0,
+        eof=args.eof,
+        tls_cert=read(args.tls_cert),
+        tls_key=read(args.tls_key),
+        client_ca=read(args.client_ca),
+    )
+    port = target.start()
+    print(f"serving {len(feed.switches)} switches on port {port}", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        target.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
