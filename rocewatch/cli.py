@@ -77,10 +77,26 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--quick", action="store_true", help="a small suite (tests, CI)")
     ev.add_argument("--config", type=Path, help="rocewatch config (detector thresholds, policy)")
 
+    col = sub.add_parser(
+        "collect",
+        help="subscribe to switches over gNMI and write telemetry to Kafka (or a file)",
+    )
+    col.add_argument("--config", type=Path, help="rocewatch config (gnmi: and kafka: sections)")
+    col.add_argument("--topology", type=Path, help="topology (targets, cabling check)")
+    col.add_argument("--target", action="append", default=[], help="NAME=HOST:PORT (repeatable)")
+    col.add_argument("--out", type=Path, help="append gnmic event JSON lines here, not Kafka")
+    col.add_argument("--duration", type=float, default=0.0, help="seconds (0: until stopped)")
+
     t = sub.add_parser("topology", help="topology file tools")
     tsub = t.add_subparsers(dest="topology_command", required=True)
     tc = tsub.add_parser("check", help="validate a topology file")
     tc.add_argument("file", type=Path)
+    td = tsub.add_parser("discover", help="write a topology file from LLDP neighbours over gNMI")
+    td.add_argument("--config", type=Path)
+    td.add_argument("--topology", type=Path, help="current topology: targets, names, roles")
+    td.add_argument("--target", action="append", default=[], help="NAME=HOST:PORT (repeatable)")
+    td.add_argument("--out", type=Path, required=True)
+    td.add_argument("--timeout", type=float, default=30.0)
     return p
 
 
@@ -177,6 +193,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rocewatch.evaluate import run_evaluate
 
         return run_evaluate(args.out, args.json, args.quick, args.config, args.verbose)
+    if args.command == "collect" or (
+        args.command == "topology" and args.topology_command == "discover"
+    ):
+        from collector.gnmi.service import run_collect, run_discover
+        from rocewatch.topology import Topology
+
+        cfg = load_config(args.config)
+        topo_file = args.topology or (Path(cfg.topology) if cfg.topology else None)
+        topo = Topology.load(topo_file) if topo_file else None
+        if args.command == "collect":
+            return run_collect(cfg, topo, args.target, args.out, args.duration)
+        return run_discover(cfg, topo, args.target, args.out, args.timeout)
     if args.command == "topology":
         from rocewatch.topology import Topology
 

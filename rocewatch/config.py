@@ -95,6 +95,7 @@ class Config:
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     detectors: dict[str, Any] = field(default_factory=dict)
+    gnmi: dict[str, Any] = field(default_factory=dict)  # collector/gnmi/config.py reads it
 
 
 def _expand(v: Any) -> Any:

@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import orjson
 import polars as pl
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -537,3 +539,78 @@ def test_openconfig_gnmi_cli_reads_the_simulated_target(pki: dict[str, Path]) ->
         for leaf, v in zip(feed.groups[s][gi].leaves, values[gi], strict=True)
     }
     assert got == want, out.stdout
+
+
+# --- LLDP: discover the cabling, report what disagrees with the topology ------------------------
+
+
+def test_topology_discover_and_miscabling_report(tmp_path: Path) -> None:
+    cfg = SimConfig(nodes=4, nics_per_node=2, spines=2, duration_s=600.0)
+    sim = Simulator(cfg)
+    topo_file = tmp_path / "topology.yaml"
+    topo_file.write_text(yaml.safe_dump(sim.topology.to_dict(), sort_keys=False))
+    # two NICs of different nodes plugged into each other's leaf ports
+    swap = ("leaf-r0-p0/Ethernet1/1", "leaf-r0-p0/Ethernet1/2")
+    feed = FabricFeed(sim, swaps=[swap])
+    with GnmiTarget(feed, pace=1.0) as target:
+        tgt = [f"--target={s}=127.0.0.1:{target.port}" for s in feed.switches]
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        out = tmp_path / "discovered.yaml"
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rocewatch.cli",
+                "topology",
+                "discover",
+                *tgt,
+                f"--topology={topo_file}",
+                f"--out={out}",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        found = Topology.load(out)
+        known = sim.topology
+        assert {frozenset(map(str, ln)) for ln in found.links} == {
+            frozenset(map(str, ln)) for ln in known.links
+        }
+        moved = {
+            str(found.nics[("gpu-001", "mlx5_0")].switch_port),
+            str(found.nics[("gpu-002", "mlx5_0")].switch_port),
+        }
+        assert moved == {"leaf-r0-p0/Ethernet1/2", "leaf-r0-p0/Ethernet1/1"}
+        assert str(found.nics[("gpu-001", "mlx5_0")].switch_port) == "leaf-r0-p0/Ethernet1/2"
+        for (node, nic), n in known.nics.items():
+            if node not in ("gpu-001", "gpu-002") or nic != "mlx5_0":
+                assert found.nics[(node, nic)].switch_port == n.switch_port
+        diffs = [x for x in r.stdout.splitlines() if x.startswith("differs")]
+        assert len(diffs) == 2 and all("leaf-r0-p0/Ethernet1/" in x for x in diffs), r.stdout
+
+        # a running collector reports the same two cables, and nothing else
+        events = tmp_path / "events.jsonl"
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rocewatch.cli",
+                "collect",
+                *tgt,
+                f"--topology={topo_file}",
+                f"--out={events}",
+                "--duration=3",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        mis = [x for x in r.stdout.splitlines() if x.startswith("miscabled")]
+        assert len(mis) == 2, r.stdout
+        assert any("leaf-r0-p0/Ethernet1/1: cabled to gpu-002/eth0" in x for x in mis), mis
+        assert "miscabled" in r.stderr  # logged while running, not only at exit
+        assert events.stat().st_size > 0

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -672,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
         feed = FabricFeed(Simulator(cfg))
 
     def read(p: str | None) -> bytes | None:
-        return open(p, "rb").read() if p else None  # noqa: SIM115
+        return Path(p).read_bytes() if p else None
 
     target = GnmiTarget(
         feed,
