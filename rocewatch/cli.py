@@ -86,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--target", action="append", default=[], help="NAME=HOST:PORT (repeatable)")
     col.add_argument("--out", type=Path, help="append gnmic event JSON lines here, not Kafka")
     col.add_argument("--duration", type=float, default=0.0, help="seconds (0: until stopped)")
+    col.add_argument(
+        "--gnmic-topic",
+        help="instead of subscribing: read gnmic's Kafka output (format: event) from this topic",
+    )
+    col.add_argument(
+        "--max-idle", type=float, default=0.0, help="--gnmic-topic: exit after this idle time"
+    )
 
     t = sub.add_parser("topology", help="topology file tools")
     tsub = t.add_subparsers(dest="topology_command", required=True)
@@ -202,6 +209,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         cfg = load_config(args.config)
         topo_file = args.topology or (Path(cfg.topology) if cfg.topology else None)
         topo = Topology.load(topo_file) if topo_file else None
+        if args.command == "collect" and args.gnmic_topic:
+            from collector.gnmi.kafka_events import GnmicKafkaBridge
+
+            if topo is None:
+                raise ConfigError("--gnmic-topic needs a topology (to name gnmic's sources)")
+            bridge = GnmicKafkaBridge(cfg, topo, args.gnmic_topic)
+            bridge.run(max_idle_s=args.max_idle)
+            print(f"bridged {bridge.messages} gnmic messages to {cfg.kafka.topics.telemetry}")
+            return 0
         if args.command == "collect":
             return run_collect(cfg, topo, args.target, args.out, args.duration)
         return run_discover(cfg, topo, args.target, args.out, args.timeout)

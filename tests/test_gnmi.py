@@ -614,3 +614,58 @@ def test_topology_discover_and_miscabling_report(tmp_path: Path) -> None:
         assert any("leaf-r0-p0/Ethernet1/1: cabled to gpu-002/eth0" in x for x in mis), mis
         assert "miscabled" in r.stderr  # logged while running, not only at exit
         assert events.stat().st_size > 0
+
+
+# --- gnmic's Kafka output (format: event) -> rocewatch telemetry --------------------------------
+
+
+@pytest.mark.kafka
+def test_gnmic_kafka_event_topic_is_bridged_to_telemetry(
+    kafka_bootstrap: str,
+    kafka_topics,
+    scenario: tuple[Path, SimConfig],
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+
+    from collector.gnmi.kafka_events import GnmicKafkaBridge
+    from rocewatch import wire
+    from rocewatch.config import Config, KafkaConfig, TopicsConfig
+
+    scen, _ = scenario
+    topo = Topology.load(scen / "topology.yaml")
+    lines = (scen / "switch.jsonl").read_bytes().splitlines()[:3000]
+    gnmic_topic = kafka_topics("gnmic")
+    prod = KafkaProducer(bootstrap_servers=[kafka_bootstrap])
+    # as gnmic writes: one message per notification, a JSON array of its events
+    for i in range(0, len(lines), 3):
+        prod.send(gnmic_topic, b"[" + b",".join(lines[i : i + 3]) + b"]")
+    prod.send(gnmic_topic, lines[0])  # a single event object is accepted too
+    prod.send(gnmic_topic, b"not json at all")
+    prod.flush()
+    prod.close()
+    k = KafkaConfig(
+        bootstrap_servers=kafka_bootstrap,
+        topics=TopicsConfig(
+            telemetry=kafka_topics("telemetry"),
+            alerts=kafka_topics("alerts"),
+            actions=kafka_topics("actions"),
+            dead_letter=kafka_topics("dlq"),
+        ),
+        group_id=kafka_topics("group"),
+    )
+    bridge = GnmicKafkaBridge(Config(kafka=k), topo, gnmic_topic)
+    bridge.run(max_idle_s=3.0)
+    assert bridge.messages == len(range(0, len(lines), 3)) + 2
+    assert bridge.stats.get("malformed_lines") == 1
+    c = KafkaConsumer(
+        k.topics.telemetry,
+        bootstrap_servers=[kafka_bootstrap],
+        auto_offset_reset="earliest",
+        group_id=None,
+        consumer_timeout_ms=5000,
+    )
+    got = pl.concat([wire.decode(m.value) for m in c])
+    c.close()
+    want = GnmicEventDecoder(topo).decode_lines([*lines, lines[0]])
+    assert canonical(got).equals(canonical(want))
