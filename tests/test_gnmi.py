@@ -535,7 +535,7 @@ def test_openconfig_gnmi_cli_reads_the_simulated_target(pki: dict[str, Path]) ->
         i for i, g in enumerate(feed.groups[s]) if g.tags == {"interface_name": "Ethernet1/2"}
     )
     want = {
-        f"interfaces/interface/Ethernet1/2/state/counters/{leaf}": str(v)
+        f"interfaces/interface/Ethernet1/2/state/{leaf}": str(v)
         for leaf, v in zip(feed.groups[s][gi].leaves, values[gi], strict=True)
     }
     assert got == want, out.stdout

@@ -1,8 +1,8 @@
-"""The gNMI collector: one Subscribe stream per target over grpcio, decoded into columnar batches.
+"""The gNMI collector: a Subscribe stream per target over grpcio, decoded into columnar batches.
 
-Each target runs in its own thread with its own channel: it subscribes, decodes every response
-straight into column lists (``NotificationDecoder``) and hands a SAMPLE_SCHEMA frame to the sink
-every ``batch_updates`` samples or ``batch_interval_s``. A stream that fails or ends is
+Each target is a task on one asyncio event loop (grpc.aio) with its own channel: it subscribes,
+decodes every response straight into column lists (``NotificationDecoder``) and hands a
+SAMPLE_SCHEMA frame to the sink every ``batch_updates`` samples or ``batch_interval_s``. A stream that fails or ends is
 re-subscribed after a capped exponential backoff with jitter (delay drawn from
 [d/2, d], d = min(max, initial x 2^attempt)); the attempt count resets once a response arrives.
 Errors are reported once per distinct cause, naming the target (TLS problems say which setting
@@ -12,13 +12,14 @@ to check). Per-target health (state, last error, updates, rate, reconnects) is k
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,13 @@ def _cert_name(pem: bytes) -> str | None:
 
 def make_channel(t: TargetConfig) -> grpc.Channel:
     """A grpc channel to ``t`` with its TLS settings (insecure when TLS is off)."""
+    opts, creds = _channel_args(t)
+    if creds is None:
+        return grpc.insecure_channel(t.address, options=opts)
+    return grpc.secure_channel(t.address, creds, options=opts)
+
+
+def _channel_args(t: TargetConfig) -> tuple[list[tuple[str, Any]], grpc.ChannelCredentials | None]:
     opts: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", _MAX_MSG),
         # gRPC servers (Go's included) refuse pings more often than every 5 minutes by default
@@ -169,7 +177,7 @@ def make_channel(t: TargetConfig) -> grpc.Channel:
     ]
     tls = t.tls or TlsConfig()
     if not tls.on:
-        return grpc.insecure_channel(t.address, options=opts)
+        return opts, None
     root = _read(tls.ca_file, "ca_file", t.name)
     name = tls.server_name
     if tls.skip_verify:
@@ -182,7 +190,15 @@ def make_channel(t: TargetConfig) -> grpc.Channel:
         private_key=_read(tls.key_file, "key_file", t.name),
         certificate_chain=_read(tls.cert_file, "cert_file", t.name),
     )
-    return grpc.secure_channel(t.address, creds, options=opts)
+    return opts, creds
+
+
+async def make_aio_channel(t: TargetConfig) -> grpc.aio.Channel:
+    """``make_channel`` for grpc.aio (the collector's streams)."""
+    opts, creds = await asyncio.to_thread(_channel_args, t)
+    if creds is None:
+        return grpc.aio.insecure_channel(t.address, options=opts)
+    return grpc.aio.secure_channel(t.address, creds, options=opts)
 
 
 def explain(t: TargetConfig, err: BaseException) -> str:
@@ -238,77 +254,81 @@ def backoff_delay(attempt: int, initial: float, cap: float, rng: random.Random) 
 # --- one target ----------------------------------------------------------------------------------
 
 
-class _Session(threading.Thread):
+class _StreamEnded(Exception):
+    pass
+
+
+class _Session:
+    """One target's subscription, re-subscribed forever; a task on the collector's event loop."""
+
     def __init__(self, owner: Collector, t: TargetConfig, seed: int) -> None:
-        super().__init__(name=f"gnmi-{t.name}", daemon=True)
         self.owner = owner
         self.t = t
         self.sub = t.subscription or SubscriptionConfig()
         self.health = TargetHealth(t.name, t.address)
         self.decoder = NotificationDecoder(owner.stats, owner.mapper, owner.lldp)
         self.rng = random.Random(seed)
-        self.stop_ev = threading.Event()
-        self.lock = threading.Lock()  # the decoder, between this thread and the flusher
         self.last_flush = time.monotonic()
-        self._call: Any = None
+        self.finished = threading.Event()
+        self.task: asyncio.Task[None] | None = None
         self._errors_logged: set[str] = set()
         self.source = f"{t.name}:{t.address.rpartition(':')[2]}"
 
-    def stop(self) -> None:
-        self.stop_ev.set()
-        call = self._call
-        if call is not None:
-            call.cancel()
-
-    def _requests(self, done: threading.Event) -> Iterator[Any]:
+    async def _requests(self, done: asyncio.Event) -> AsyncIterator[Any]:
         yield subscribe_request(self.sub, self.t.target)
         if self.sub.mode == "once":
             return
-        while not done.is_set() and not self.stop_ev.is_set():
-            if done.wait(self.sub.poll_interval_s if self.sub.mode == "poll" else 0.5):
+        while not done.is_set():
+            if self.sub.mode != "poll":
+                await done.wait()
                 return
-            if self.sub.mode == "poll" and self.health.synced:
+            try:
+                await asyncio.wait_for(done.wait(), self.sub.poll_interval_s)
+                return
+            except TimeoutError:
+                pass
+            if self.health.synced:
                 yield pb.SubscribeRequest(poll=pb.Poll())
 
-    def _flush(self, last: list[float] | None = None) -> None:
-        with self.lock:
-            df = self.decoder.take() if self.decoder.pending() else None
-            self.last_flush = time.monotonic()
-        if df is not None:
-            self.owner._emit(df)
+    def flush(self) -> None:
+        self.last_flush = time.monotonic()
+        if self.decoder.pending():
+            self.owner._emit(self.decoder.take())
 
-    def flush_idle(self, interval: float) -> None:
-        """Hand over what a quiet stream decoded (called by the collector's flusher)."""
-        if time.monotonic() - self.last_flush >= interval and self.decoder.pending():
-            self._flush()
+    async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.flush()
+            self.health.state = "done" if self.health.state == "done" else "stopped"
+            if self.owner.metrics:
+                self.owner.metrics.up.labels(target=self.health.name).set(0)
+            self.finished.set()
 
-    def run(self) -> None:
+    async def _run(self) -> None:
         attempt = 0
         h = self.health
         o = self.owner
         cfg = o.config
         metrics = o.metrics
-        md: list[tuple[str, str]] = []
+        md: tuple[tuple[str, str], ...] | None = None
         if self.t.username is not None:
-            md = [("username", self.t.username), ("password", self.t.password or "")]
-        while not self.stop_ev.is_set():
+            md = (("username", self.t.username), ("password", self.t.password or ""))
+        while True:
             h.state = "connecting"
             h.synced = False
-            done = threading.Event()
+            done = asyncio.Event()
             got_any = False
-            last = [time.monotonic()]
             try:
-                channel = make_channel(self.t)
+                channel = await make_aio_channel(self.t)
                 try:
-                    stub_call = channel.stream_stream(
+                    call = channel.stream_stream(
                         "/gnmi.gNMI/Subscribe",
                         request_serializer=pb.SubscribeRequest.SerializeToString,
                         response_deserializer=pb.SubscribeResponse.FromString,
-                    )
-                    self._call = call = stub_call(self._requests(done), metadata=md or None)
-                    if self.stop_ev.is_set():
-                        call.cancel()
-                    for resp in call:
+                    )(self._requests(done), metadata=md)
+                    decoder = self.decoder
+                    async for resp in call:
                         now = time.monotonic()
                         if not got_any:
                             got_any = True
@@ -322,10 +342,7 @@ class _Session(threading.Thread):
                             log.info("gNMI target %s: subscribed", h.name)
                         kind = resp.WhichOneof("response")
                         if kind == "update":
-                            with self.lock:
-                                n = self.decoder.add_notification(
-                                    h.name, resp.update, time.time_ns()
-                                )
+                            n = decoder.add_notification(h.name, resp.update, time.time_ns())
                             h.updates += n
                             h.notifications += 1
                             h.last_update_mono = now
@@ -339,48 +356,39 @@ class _Session(threading.Thread):
                                 )
                         elif kind == "sync_response":
                             h.synced = True
-                            self._flush(last)
+                            self.flush()
                         elif kind == "error":
                             self._report(f"gNMI target {h.name}: error response: {resp.error}")
                         if (
-                            self.decoder.pending() >= cfg.batch_updates
+                            decoder.pending() >= cfg.batch_updates
                             or now - self.last_flush >= cfg.batch_interval_s
                         ):
-                            self._flush(last)
+                            self.flush()
                             h.tick_rate(now)
                             if metrics:
                                 metrics.rate.labels(target=h.name).set(h.rate)
-                    self._flush(last)
+                    self.flush()
                     if self.sub.mode == "once":
                         h.state = "done"
                         return
                     raise _StreamEnded("the target ended the stream")
                 finally:
                     done.set()
-                    self._call = None
-                    channel.close()
+                    await channel.close(grace=None)
             except (grpc.RpcError, OSError, _StreamEnded, ValueError) as e:
-                self._flush(last)
-                if self.stop_ev.is_set():
-                    break
+                self.flush()
                 self._report(explain(self.t, e))
             except ConfigError as e:
-                h.state = "stopped"
                 self._report(str(e))
                 return
             if metrics:
                 metrics.up.labels(target=h.name).set(0)
-            h.reconnects += 1
-            if metrics:
                 metrics.reconnects.labels(target=h.name).inc()
+            h.reconnects += 1
             delay = backoff_delay(attempt, cfg.backoff_initial_s, cfg.backoff_max_s, self.rng)
             attempt += 1
             h.state = "backoff"
-            if self.stop_ev.wait(delay):
-                break
-        h.state = "stopped"
-        if metrics:
-            metrics.up.labels(target=h.name).set(0)
+            await asyncio.sleep(delay)
 
     def _report(self, msg: str) -> None:
         self.health.last_error = msg
@@ -391,19 +399,17 @@ class _Session(threading.Thread):
             log.warning("%s", msg)
 
 
-class _StreamEnded(Exception):
-    pass
-
-
 # --- many targets --------------------------------------------------------------------------------
 
 
 class Collector:
     """Subscribes to many gNMI targets at once and hands decoded batches to ``sink``.
 
-    ``sink`` receives SAMPLE_SCHEMA frames (from the target threads, one call at a time);
-    ``event_sink``, if given, receives gnmic "event" objects of every notification (file output).
-    ``lldp`` collects the neighbours the targets report.
+    All streams run on one asyncio event loop (grpc.aio) in a background thread: one thread
+    decodes everything, so nothing contends for the interpreter. ``sink`` receives
+    SAMPLE_SCHEMA frames on that thread; ``event_sink``, if given, receives gnmic "event"
+    objects of every notification (file output). ``lldp`` collects the neighbours the targets
+    report.
 
     >>> c = Collector(GnmiConfig(), sink=lambda df: None)
     >>> c.health()
@@ -428,11 +434,11 @@ class Collector:
         self.mapper = mapper
         self.lldp = LldpTable()
         self.metrics = _Metrics(registry) if registry is not None else None
-        self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._flusher: threading.Thread | None = None
         self._sessions: dict[str, _Session] = {}
         self._seed = config.seed
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._flusher: asyncio.Task[None] | None = None
         for t in targets if targets is not None else config.all_targets():
             self.add_target(t)
 
@@ -443,52 +449,84 @@ class Collector:
             raise ConfigError(f"gnmi target {t.name}: already collected")
         s = _Session(self, t, seed=hash((self._seed, t.name)) & 0xFFFFFFFF)
         self._sessions[t.name] = s
-        if start:
-            s.start()
+        if start or self._loop is not None:
+            self._spawn(s)
 
     def remove_target(self, name: str) -> None:
         s = self._sessions.pop(name, None)
-        if s is not None:
-            s.stop()
-            s.join(timeout=5)
+        if s is not None and self._loop is not None and s.task is not None:
+            self._loop.call_soon_threadsafe(s.task.cancel)
+            s.finished.wait(5)
 
     def targets(self) -> list[str]:
         return list(self._sessions)
 
-    def start(self) -> None:
-        for s in self._sessions.values():
-            if not s.is_alive() and not s.stop_ev.is_set():
-                s.start()
-        if self._flusher is None:
-            self._flusher = threading.Thread(
-                target=self._flush_loop, name="gnmi-flush", daemon=True
-            )
-            self._flusher.start()
+    def _spawn(self, s: _Session) -> None:
+        if self._loop is None:
+            self.start()
+            return
+        loop = self._loop
 
-    def _flush_loop(self) -> None:
+        def create() -> None:
+            s.task = loop.create_task(s.run())
+
+        loop.call_soon_threadsafe(create)
+
+    def start(self) -> None:
+        if self._loop is not None:
+            return
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        ready = threading.Event()
+
+        def main() -> None:
+            asyncio.set_event_loop(loop)
+            for s in self._sessions.values():
+                s.task = loop.create_task(s.run())
+            self._flusher = loop.create_task(self._flush_loop())
+            loop.call_soon(ready.set)
+            loop.run_forever()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+        self._thread = threading.Thread(target=main, name="gnmi-collector", daemon=True)
+        self._thread.start()
+        ready.wait(10)
+
+    async def _flush_loop(self) -> None:
         iv = self.config.batch_interval_s
-        while not self._stopping.wait(iv):
+        while True:
+            await asyncio.sleep(iv)
+            now = time.monotonic()
             for s in list(self._sessions.values()):
-                s.flush_idle(iv)
+                if now - s.last_flush >= iv and s.decoder.pending():
+                    s.flush()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stopping.set()
-        if self._flusher is not None:
-            self._flusher.join(timeout=timeout)
-            self._flusher = None
-        for s in self._sessions.values():
-            s.stop()
-        for s in self._sessions.values():
-            if s.is_alive():
-                s.join(timeout=timeout)
+        loop = self._loop
+        if loop is None or self._thread is None:
+            return
+
+        async def shutdown() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            loop.stop()
+
+        if loop.is_running():
+            asyncio.run_coroutine_threadsafe(shutdown(), loop)
+        self._thread.join(timeout)
+        self._loop = None
+        self._thread = None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for every session to end (ONCE subscriptions); True if all ended."""
         end = None if timeout is None else time.monotonic() + timeout
         for s in self._sessions.values():
             left = None if end is None else max(0.0, end - time.monotonic())
-            s.join(timeout=left)
-        return not any(s.is_alive() for s in self._sessions.values())
+            s.finished.wait(left)
+        return all(s.finished.is_set() for s in self._sessions.values())
 
     def health(self) -> dict[str, TargetHealth]:
         now = time.monotonic()
@@ -503,15 +541,11 @@ class Collector:
             self.metrics.unknown.labels(path=path).set(n)
 
     def _emit(self, df: pl.DataFrame) -> None:
-        if df.height == 0:
-            return
-        with self._lock:
+        if df.height:
             self.sink(df)
 
     def _emit_events(self, events: list[dict[str, Any]]) -> None:
-        if self.event_sink is None or not events:
-            return
-        with self._lock:
+        if self.event_sink is not None and events:
             self.event_sink(events)
 
     def __enter__(self) -> Collector:
