@@ -2,9 +2,10 @@
 
 Each target is a task on one asyncio event loop (grpc.aio) with its own channel: it subscribes,
 decodes every response straight into column lists (``NotificationDecoder``) and hands a
-SAMPLE_SCHEMA frame to the sink every ``batch_updates`` samples or ``batch_interval_s``. A stream that fails or ends is
-re-subscribed after a capped exponential backoff with jitter (delay drawn from
-[d/2, d], d = min(max, initial x 2^attempt)); the attempt count resets once a response arrives.
+SAMPLE_SCHEMA frame to the sink every ``batch_updates`` samples or ``batch_interval_s``. A
+stream that fails or ends is re-subscribed after a capped exponential backoff with jitter (delay
+drawn from [d/2, d], d = min(max, initial x 2^attempt)); the attempt count resets once a
+response arrives.
 Errors are reported once per distinct cause, naming the target (TLS problems say which setting
 to check). Per-target health (state, last error, updates, rate, reconnects) is kept in
 ``TargetHealth`` and, when a Prometheus registry is given, exported as metrics.
