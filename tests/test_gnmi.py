@@ -669,3 +669,55 @@ def test_gnmic_kafka_event_topic_is_bridged_to_telemetry(
     c.close()
     want = GnmicEventDecoder(topo).decode_lines([*lines, lines[0]])
     assert canonical(got).equals(canonical(want))
+
+
+def test_skip_verify_trusts_a_self_signed_target() -> None:
+    key = _key()
+    now = dt.datetime.now(dt.UTC)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "leaf-self-signed")])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("leaf-self-signed.example")]), critical=False
+        )
+        .sign(key, hashes.SHA256())
+    )
+    feed = FabricFeed(Simulator(SimConfig(nodes=2, nics_per_node=1, spines=1, duration_s=0.5)))
+    with GnmiTarget(feed, tls_cert=_pem(cert), tls_key=_pem_key(key)) as target:
+        once = SubscriptionConfig(mode="once", paths=("/interfaces",))
+        addr = f"127.0.0.1:{target.port}"
+        frames: list[pl.DataFrame] = []
+        col = Collector(
+            GnmiConfig(backoff_initial_s=5, backoff_max_s=5),
+            frames.append,
+            [
+                TargetConfig(
+                    "leaf-r0-p0",
+                    addr,
+                    target="leaf-r0-p0",
+                    subscription=once,
+                    tls=TlsConfig(skip_verify=True),
+                ),
+                # verifying against the system's CAs fails, and says so
+                TargetConfig(
+                    "leaf-verify",
+                    addr,
+                    target="leaf-r0-p0",
+                    subscription=once,
+                    tls=TlsConfig(enabled=True),
+                ),
+            ],
+        )
+        with col:
+            h = col.health()
+            assert wait_for(
+                lambda: h["leaf-r0-p0"].state == "done" and h["leaf-verify"].last_error != "", 20
+            )
+    assert h["leaf-r0-p0"].state == "done" and pl.concat(frames).height == 3 * 8
+    assert "leaf-verify" in h["leaf-verify"].last_error and "TLS" in h["leaf-verify"].last_error
