@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--out", type=Path, help="append gnmic event JSON lines here, not Kafka")
     col.add_argument("--duration", type=float, default=0.0, help="seconds (0: until stopped)")
     col.add_argument(
+        "--shard-group",
+        help="collect only this instance's share of the targets (Kafka consumer group NAME)",
+    )
+    col.add_argument(
         "--gnmic-topic",
         help="instead of subscribing: read gnmic's Kafka output (format: event) from this topic",
     )
@@ -219,7 +223,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"bridged {bridge.messages} gnmic messages to {cfg.kafka.topics.telemetry}")
             return 0
         if args.command == "collect":
-            return run_collect(cfg, topo, args.target, args.out, args.duration)
+            return run_collect(
+                cfg, topo, args.target, args.out, args.duration, shard_group=args.shard_group
+            )
         return run_discover(cfg, topo, args.target, args.out, args.timeout)
     if args.command == "topology":
         from rocewatch.topology import Topology

@@ -721,3 +721,60 @@ def test_skip_verify_trusts_a_self_signed_target() -> None:
             )
     assert h["leaf-r0-p0"].state == "done" and pl.concat(frames).height == 3 * 8
     assert "leaf-verify" in h["leaf-verify"].last_error and "TLS" in h["leaf-verify"].last_error
+
+
+# --- sharding targets over collector instances (Kafka consumer group) ---------------------------
+
+
+@pytest.mark.kafka
+def test_targets_are_sharded_and_move_when_an_instance_leaves(
+    kafka_bootstrap: str,
+    kafka_topics,  # type: ignore[no-untyped-def]
+) -> None:
+    import threading
+
+    from collector.gnmi.shard import KafkaSharding
+    from rocewatch.config import KafkaConfig
+
+    feed = FabricFeed(Simulator(SimConfig(nodes=4, nics_per_node=4, spines=2, duration_s=600.0)))
+    k = KafkaConfig(bootstrap_servers=kafka_bootstrap)
+    group, topic = kafka_topics("shard-group"), kafka_topics("shards")
+    with GnmiTarget(feed, pace=1.0) as target:
+        targets = [TargetConfig(s, f"127.0.0.1:{target.port}", target=s) for s in feed.switches]
+        gcfg = GnmiConfig(subscription=SubscriptionConfig(sample_interval_s=0.1))
+        members = []
+        for _ in range(2):
+            col = Collector(gcfg, lambda df: None, [])
+            shard = KafkaSharding(
+                k, col, targets, group, topic, partitions=8, session_timeout_ms=6000
+            )
+            stop = threading.Event()
+            th = threading.Thread(target=shard.run, args=(stop,), daemon=True)
+            th.start()
+            members.append((col, shard, stop, th))
+        try:
+            (ca, sa, stop_a, th_a), (cb, sb, _, _) = members
+            everyone = sorted(feed.switches)
+
+            def split() -> bool:
+                a, b = sa.owned_targets(), sb.owned_targets()
+                return bool(a) and bool(b) and sorted(a + b) == everyone
+
+            assert wait_for(split, 60), (sa.owned_targets(), sb.owned_targets())
+            assert not set(sa.owned_targets()) & set(sb.owned_targets())
+            assert wait_for(
+                lambda: all(h.updates > 0 for h in (*ca.health().values(), *cb.health().values())),
+                20,
+            )
+            # instance A goes away: B takes every target and collects them
+            stop_a.set()
+            th_a.join(20)
+            ca.stop()
+            assert wait_for(lambda: sb.owned_targets() == everyone, 60), sb.owned_targets()
+            assert wait_for(lambda: all(h.updates > 0 for h in cb.health().values()), 20)
+            assert sorted(cb.targets()) == everyone
+        finally:
+            for col, _shard, stop, th in members:
+                stop.set()
+                th.join(20)
+                col.stop()

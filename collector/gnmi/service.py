@@ -58,8 +58,13 @@ def run_collect(
     out: Path | None,
     duration: float = 0.0,
     cabling_every_s: float = 30.0,
+    shard_group: str | None = None,
 ) -> int:
-    """Collect until ``duration`` seconds pass (0: until SIGTERM/SIGINT); returns 0."""
+    """Collect until ``duration`` seconds pass (0: until SIGTERM/SIGINT); returns 0.
+
+    With ``shard_group``, this instance collects only its share of the targets, shared with the
+    other instances of the group through Kafka (collector/gnmi/shard.py).
+    """
     gcfg, targets = _targets(cfg, topology, extra_targets)
     fh: IO[bytes] | None = None
     publisher: Any = None
@@ -91,7 +96,14 @@ def run_collect(
 
         registry = CollectorRegistry()
         start_http_server(cfg.metrics_port, registry=registry)
-    col = Collector(gcfg, sink, targets, event_sink=sink_events, registry=registry)
+    shard = None
+    if shard_group:
+        from collector.gnmi.shard import KafkaSharding
+
+        col = Collector(gcfg, sink, [], event_sink=sink_events, registry=registry)
+        shard = KafkaSharding(cfg.kafka, col, targets, shard_group)
+    else:
+        col = Collector(gcfg, sink, targets, event_sink=sink_events, registry=registry)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -101,7 +113,9 @@ def run_collect(
     col.start()
     try:
         next_check = time.monotonic() + min(cabling_every_s, 1.0)
-        while not stop.wait(0.5):
+        while not stop.wait(0.0 if shard is not None else 0.5):
+            if shard is not None:
+                shard.poll(500)
             now = time.monotonic()
             if t_end is not None and now >= t_end:
                 break
@@ -114,6 +128,8 @@ def run_collect(
                         log.warning("miscabled: %s", line)
             col.export_unknown_paths()
     finally:
+        if shard is not None:
+            shard.close()
         col.stop()
         if publisher is not None:
             publisher.close()
