@@ -119,6 +119,8 @@ class FabricFeed:
     topology does not know about.
     """
 
+    KEEP_TICKS = 600
+
     def __init__(self, sim: Simulator, swaps: Sequence[tuple[str, str]] = ()) -> None:
         self.sim = sim
         fab = sim.fabric
@@ -168,7 +170,8 @@ class FabricFeed:
                 strings=True,
             )
             self.lldp[s].append((g, [sys_name, port_id, descr, chassis]))
-        self._ticks: list[Tick] = []
+        self._ticks: dict[int, Tick] = {}
+        self._next = 0
         self._steps: Iterator[Tick] | None = None
         self._lock = threading.Lock()
 
@@ -194,13 +197,18 @@ class FabricFeed:
         return out
 
     def tick(self, k: int) -> Tick:
-        """The simulator's tick ``k`` (computed once, shared by every stream)."""
+        """The simulator's tick ``k`` (computed once, shared by every stream).
+
+        Only the last ``KEEP_TICKS`` are kept: a stream further behind gets the oldest kept.
+        """
         with self._lock:
             if self._steps is None:
                 self._steps = self.sim.steps()
-            while len(self._ticks) <= k:
-                self._ticks.append(next(self._steps))
-            return self._ticks[k]
+            while self._next <= k:
+                self._ticks[self._next] = next(self._steps)
+                self._ticks.pop(self._next - self.KEEP_TICKS, None)
+                self._next += 1
+            return self._ticks.get(k) or self._ticks[max(0, self._next - self.KEEP_TICKS)]
 
     def switch_index(self, name: str) -> int | None:
         try:
