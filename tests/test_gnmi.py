@@ -249,6 +249,23 @@ def test_once_poll_on_change_and_updates_only() -> None:
         octets = changed.filter(pl.col("metric") == "port_in_octets")
         assert fcs.height == ports  # never changes in a healthy fabric: initial values only
         assert octets.height == ports * 10
+        # SAMPLE with suppress_redundant: unchanged values only at the heartbeat (every 0.5 s)
+        _, sup = run(
+            SubscriptionConfig(
+                sample_interval_s=0.1,
+                suppress_redundant=True,
+                heartbeat_interval_s=0.5,
+                paths=("/interfaces",),
+            ),
+            until=1.5,
+        )
+        assert sup.filter(pl.col("metric") == "port_in_fcs_errors").height == ports * 2
+        assert sup.filter(pl.col("metric") == "port_in_octets").height == ports * 10
+        # TARGET_DEFINED: this target samples counters every interval
+        _, td = run(
+            SubscriptionConfig(stream_mode="target_defined", paths=("/interfaces",)), until=1.5
+        )
+        assert td.filter(pl.col("metric") == "port_in_fcs_errors").height == ports * 10
         # updates_only: no initial set
         _, upd = run(
             SubscriptionConfig(stream_mode="on_change", updates_only=True, paths=("/interfaces",)),

@@ -584,7 +584,7 @@ class GnmiTarget:
         lldp_subs = [(g, v, self._union(subs, g)) for g, v in feed.lldp[s]]
         last: list[list[Any] | None] = [None] * len(groups)
         next_due = [[0] * len(p) for p in plan]
-        last_sent_ns = [[0] * len(p) for p in plan]
+        leaf_sent = [[0] * len(g.leaves) for g in groups]
         interval = feed.interval_ns
         k0 = min(k0, feed.n_ticks - 1)
         for k in range(k0, feed.n_ticks):
@@ -607,13 +607,19 @@ class GnmiTarget:
                     ):
                         if sub.mode != pb.ON_CHANGE:
                             next_due[gi][j] = now + sub.sample_ns
-                        hb = sub.heartbeat_ns and now - last_sent_ns[gi][j] >= sub.heartbeat_ns
-                        if on_change and prev is not None and not hb:
-                            chosen = [i for i in leaves if v[i] != prev[i]]
+                        hb = sub.heartbeat_ns
+                        sent_at = leaf_sent[gi]
+                        if on_change and prev is not None:
+                            # unchanged values only when their heartbeat is due (per leaf)
+                            chosen = [
+                                i
+                                for i in leaves
+                                if v[i] != prev[i] or (hb and now - sent_at[i] >= hb)
+                            ]
                         else:
                             chosen = list(leaves)
-                        if chosen:
-                            last_sent_ns[gi][j] = now
+                        for i in chosen:
+                            sent_at[i] = now
                         idx.update(chosen)
                 last[gi] = v
                 if first and updates_only:
