@@ -152,10 +152,37 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--once", action="store_true", help="print one sample as JSON lines, exit")
     ag.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: forever)")
 
+    col = sub.add_parser(
+        "collect",
+        help="subscribe to switches over gNMI and write telemetry to Kafka (or a file)",
+    )
+    col.add_argument("--config", type=Path, help="rocewatch config (gnmi: and kafka: sections)")
+    col.add_argument("--topology", type=Path, help="topology (targets, cabling check)")
+    col.add_argument("--target", action="append", default=[], help="NAME=HOST:PORT (repeatable)")
+    col.add_argument("--out", type=Path, help="append gnmic event JSON lines here, not Kafka")
+    col.add_argument("--duration", type=float, default=0.0, help="seconds (0: until stopped)")
+    col.add_argument(
+        "--shard-group",
+        help="collect only this instance's share of the targets (Kafka consumer group NAME)",
+    )
+    col.add_argument(
+        "--gnmic-topic",
+        help="instead of subscribing: read gnmic's Kafka output (format: event) from this topic",
+    )
+    col.add_argument(
+        "--max-idle", type=float, default=0.0, help="--gnmic-topic: exit after this idle time"
+    )
+
     t = sub.add_parser("topology", help="topology file tools")
     tsub = t.add_subparsers(dest="topology_command", required=True)
     tc = tsub.add_parser("check", help="validate a topology file")
     tc.add_argument("file", type=Path)
+    td = tsub.add_parser("discover", help="write a topology file from LLDP neighbours over gNMI")
+    td.add_argument("--config", type=Path)
+    td.add_argument("--topology", type=Path, help="current topology: targets, names, roles")
+    td.add_argument("--target", action="append", default=[], help="NAME=HOST:PORT (repeatable)")
+    td.add_argument("--out", type=Path, required=True)
+    td.add_argument("--timeout", type=float, default=30.0)
     return p
 
 
@@ -282,6 +309,29 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _int_listen(args)
     if args.command == "int-send":
         return _int_send(args)
+    if args.command == "collect" or (
+        args.command == "topology" and args.topology_command == "discover"
+    ):
+        from collector.gnmi.service import run_collect, run_discover
+        from rocewatch.topology import Topology
+
+        cfg = load_config(args.config)
+        topo_file = args.topology or (Path(cfg.topology) if cfg.topology else None)
+        topo = Topology.load(topo_file) if topo_file else None
+        if args.command == "collect" and args.gnmic_topic:
+            from collector.gnmi.kafka_events import GnmicKafkaBridge
+
+            if topo is None:
+                raise ConfigError("--gnmic-topic needs a topology (to name gnmic's sources)")
+            bridge = GnmicKafkaBridge(cfg, topo, args.gnmic_topic)
+            bridge.run(max_idle_s=args.max_idle)
+            print(f"bridged {bridge.messages} gnmic messages to {cfg.kafka.topics.telemetry}")
+            return 0
+        if args.command == "collect":
+            return run_collect(
+                cfg, topo, args.target, args.out, args.duration, shard_group=args.shard_group
+            )
+        return run_discover(cfg, topo, args.target, args.out, args.timeout)
     if args.command == "topology":
         from rocewatch.topology import Topology
 

@@ -112,6 +112,7 @@ class Config:
     detectors: dict[str, Any] = field(default_factory=dict)
     agent: AgentConfig = field(default_factory=AgentConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
+    gnmi: dict[str, Any] = field(default_factory=dict)  # collector/gnmi/config.py reads it
 
 
 def _expand(v: Any) -> Any:

@@ -15,6 +15,9 @@ bash scripts/services.sh install
 step "Apache Kafka broker jars (Maven Central, cached under ~/.cache/rocewatch)"
 python3 scripts/kafka_broker.py fetch
 
+step "Go gNMI tools: openconfig fake_server and gnmi_cli (go install, cached under ~/.cache/rocewatch/go)"
+bash scripts/go_tools.sh
+
 step "lint and types"
 python3 -m ruff check .
 python3 -m mypy

@@ -1,0 +1,192 @@
+"""`rocewatch collect` and `rocewatch topology discover`: the gNMI collector as a program."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import polars as pl
+import yaml
+
+from collector.gnmi.client import Collector
+from collector.gnmi.config import GnmiConfig, SubscriptionConfig, TargetConfig, gnmi_config
+from collector.gnmi.lldp import cabling_problems, discover
+from rocewatch.config import Config
+from rocewatch.errors import ConfigError
+from rocewatch.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+def parse_targets(specs: list[str]) -> list[TargetConfig]:
+    """``NAME=HOST:PORT`` (or ``HOST:PORT``, named by itself) from the command line."""
+    out = []
+    for s in specs:
+        name, sep, addr = s.partition("=")
+        if not sep:
+            name, addr = s, s
+        out.append(TargetConfig(name, addr, target=name if sep else None))
+    return out
+
+
+def _targets(
+    cfg: Config, topology: Topology | None, extra: list[str]
+) -> tuple[GnmiConfig, list[TargetConfig]]:
+    gcfg = gnmi_config(cfg.gnmi)
+    targets = {t.name: t for t in gcfg.all_targets(topology)}
+    for t in parse_targets(extra):
+        targets[t.name] = gcfg.resolved(t)
+    if not targets:
+        raise ConfigError(
+            "no gNMI targets: list them under gnmi.targets, pass --target NAME=HOST:PORT, "
+            "or set gnmi.targets_from_topology with switch addresses in the topology"
+        )
+    return gcfg, list(targets.values())
+
+
+def run_collect(
+    cfg: Config,
+    topology: Topology | None,
+    extra_targets: list[str],
+    out: Path | None,
+    duration: float = 0.0,
+    cabling_every_s: float = 30.0,
+    shard_group: str | None = None,
+) -> int:
+    """Collect until ``duration`` seconds pass (0: until SIGTERM/SIGINT); returns 0.
+
+    With ``shard_group``, this instance collects only its share of the targets, shared with the
+    other instances of the group through Kafka (collector/gnmi/shard.py).
+    """
+    gcfg, targets = _targets(cfg, topology, extra_targets)
+    fh: IO[bytes] | None = None
+    publisher: Any = None
+    sink_events = None
+    if out is not None:
+        fh = out.open("ab")
+
+        def write_events(evs: list[dict[str, Any]]) -> None:
+            assert fh is not None
+            fh.write(b"".join(orjson.dumps(e) + b"\n" for e in evs))
+
+        sink_events = write_events
+
+        def sink(df: pl.DataFrame) -> None:
+            pass
+
+    else:
+        from rocewatch.kafka_io import TelemetryPublisher, ensure_topics
+
+        ensure_topics(cfg.kafka)
+        publisher = TelemetryPublisher(cfg.kafka, source="gnmi")
+
+        def sink(df: pl.DataFrame) -> None:
+            publisher.publish(df)
+
+    registry = None
+    if cfg.metrics_port:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry()
+        start_http_server(cfg.metrics_port, registry=registry)
+    shard = None
+    if shard_group:
+        from collector.gnmi.shard import KafkaSharding
+
+        col = Collector(gcfg, sink, [], event_sink=sink_events, registry=registry)
+        shard = KafkaSharding(cfg.kafka, col, targets, shard_group)
+    else:
+        col = Collector(gcfg, sink, targets, event_sink=sink_events, registry=registry)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    reported: set[str] = set()
+    t_end = time.monotonic() + duration if duration > 0 else None
+    log.info("collecting from %d gNMI targets", len(targets))
+    col.start()
+    try:
+        next_check = time.monotonic() + min(cabling_every_s, 1.0)
+        while not stop.wait(0.0 if shard is not None else 0.5):
+            if shard is not None:
+                shard.poll(500)
+            now = time.monotonic()
+            if t_end is not None and now >= t_end:
+                break
+            if topology is not None and now >= next_check:
+                next_check = now + cabling_every_s
+                for line in cabling_problems(topology, col.lldp):
+                    if line not in reported:
+                        reported.add(line)
+                        col.stats.inc("cabling_mismatches")
+                        log.warning("miscabled: %s", line)
+            col.export_unknown_paths()
+    finally:
+        if shard is not None:
+            shard.close()
+        col.stop()
+        if publisher is not None:
+            publisher.close()
+        if fh is not None:
+            fh.close()
+    for name, h in sorted(col.health().items()):
+        print(
+            f"{name}: {h.state}, {h.updates} updates, {h.subscribes} subscribes, "
+            f"{h.reconnects} reconnects{', last error: ' + h.last_error if h.last_error else ''}"
+        )
+    if topology is not None:
+        for line in cabling_problems(topology, col.lldp):
+            print(f"miscabled: {line}")
+    unknown = col.stats.detail.get("gnmi_unknown_paths", Counter())
+    if unknown:
+        print(
+            "unknown paths (counted, skipped): "
+            + ", ".join(f"{p}={n}" for p, n in unknown.most_common(10))
+        )
+    return 0
+
+
+def run_discover(
+    cfg: Config,
+    topology: Topology | None,
+    extra_targets: list[str],
+    out: Path,
+    timeout: float = 30.0,
+) -> int:
+    """Subscribe ONCE to every target's LLDP neighbours and write a topology file."""
+    gcfg, targets = _targets(cfg, topology, extra_targets)
+    once = SubscriptionConfig(
+        name="lldp", mode="once", paths=("/lldp/interfaces/interface/neighbors",)
+    )
+    targets = [dataclasses.replace(t, subscription=once) for t in targets]
+    col = Collector(gcfg, lambda df: None, targets)
+    col.start()
+    ended = col.wait(timeout)
+    col.stop()
+    failed = [h for h in col.health().values() if h.state != "done"]
+    for h in failed:
+        print(f"{h.name}: no LLDP answer ({h.last_error or 'timed out'})")
+    if not ended and len(failed) == len(targets):
+        raise ConfigError("no target answered the LLDP subscription")
+    doc = discover(
+        col.lldp,
+        {t.name: t.address for t in targets},
+        fabric=topology.fabric if topology else "discovered",
+        base=topology,
+    )
+    Topology.from_dict(doc)  # what we write must load
+    out.write_text(yaml.safe_dump(doc, sort_keys=False, width=120))
+    print(
+        f"wrote {out}: {len(doc['switches'])} switches, {len(doc['links'])} links, "
+        f"{len(doc['nodes'])} nodes"
+    )
+    if topology is not None:
+        for line in cabling_problems(topology, col.lldp):
+            print(f"differs from the topology in use: {line}")
+    return 0 if not failed else 1
