@@ -36,6 +36,7 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
 from rocewatch.errors import BadInput, ConfigError, RetryableError
+from rocewatch.kafka_check import preflight
 from rocewatch.model import Action, Alert
 from rocewatch.pipeline import Output, Pipeline
 from rocewatch.sources import merged, scenario_sources
@@ -49,7 +50,12 @@ STATE_VERSION = 1
 
 
 def ensure_topics(k: KafkaConfig) -> None:
-    """Create rocewatch's topics if the broker lacks them (telemetry with k.partitions)."""
+    """Create rocewatch's topics if the broker lacks them (telemetry with k.partitions).
+
+    First checks TLS and SASL against the broker (kafka_check.preflight), so an untrusted
+    certificate or a refused password fails at once with a clear error.
+    """
+    preflight(k)
     try:
         admin = KafkaAdminClient(**k.client_kwargs(), request_timeout_ms=30000)
     except KafkaError as e:
