@@ -64,6 +64,8 @@ class KafkaConfig:
     commit_interval_s: float = 5.0  # checkpoint + offset commit; a crash re-reads at most this
     session_timeout_ms: int = 10000  # how soon a dead detector's partitions move to another
     idle_flush_s: float = 2.0
+    # longest wait between reconnect attempts to a broker that went away (kafka-python: 30 s)
+    reconnect_backoff_max_ms: int = 1000
 
     def client_kwargs(self) -> dict[str, Any]:
         """Connection settings shared by kafka-python producers, consumers and admin clients."""
@@ -71,6 +73,7 @@ class KafkaConfig:
             "bootstrap_servers": self.bootstrap_servers.split(","),
             "security_protocol": self.security_protocol,
             "client_id": self.client_id,
+            "reconnect_backoff_max_ms": self.reconnect_backoff_max_ms,
         }
         if self.security_protocol in ("SSL", "SASL_SSL"):
             kw.update(

@@ -329,13 +329,21 @@ class DetectService:
             sum(self.suppress.values()),
         )
 
-    def checkpoint(self) -> None:
-        """Make results durable, save state with offsets, then commit offsets to Kafka."""
-        self.producer.flush(timeout=60)
-        out_ends = {
-            (tp.topic, tp.partition): off
-            for tp, off in self.consumer.end_offsets(self._output_tps()).items()
-        }
+    def checkpoint(self) -> bool:
+        """Make results durable, save state with offsets, then commit offsets to Kafka.
+
+        While the broker is away nothing can be made durable: the checkpoint is postponed (the
+        previous one and its offsets stay valid) and False returned.
+        """
+        try:
+            self.producer.flush(timeout=60)
+            out_ends = {
+                (tp.topic, tp.partition): off
+                for tp, off in self.consumer.end_offsets(self._output_tps()).items()
+            }
+        except KafkaError as e:
+            log.warning("checkpoint postponed, Kafka unreachable: %s", e)
+            return False
         cp = Checkpoint(
             STATE_VERSION, self.pipeline, dict(self.offsets), dict(self.part_hi), out_ends
         )
@@ -355,6 +363,7 @@ class DetectService:
                 self.consumer.commit(commit)
             except KafkaError as e:  # the checkpoint file still holds the offsets
                 log.warning("offset commit failed (%s); the checkpoint keeps them", e)
+        return True
 
     # --- output ----------------------------------------------------------------------------------
     def _emit(self, out: Output) -> None:
@@ -464,6 +473,22 @@ class DetectService:
             if produced:
                 self.latencies.append((now - produced) / 1e9)
 
+    def _caught_up(self) -> bool:
+        """True when the broker answers and every assigned partition has been read to its end."""
+        try:
+            tps = list(self.consumer.assignment())
+            if not tps:
+                return False
+            ends = self.consumer.end_offsets(tps, timeout_ms=2000)
+            for tp, end in ends.items():
+                off = self.offsets.get((tp.topic, tp.partition))
+                if (off if off is not None else self.consumer.position(tp)) < end:
+                    return False
+        except KafkaError as e:
+            log.info("broker unreachable while input is idle: %s", e)
+            return False
+        return True
+
     def flush_idle(self) -> None:
         """No input for a while: close every pending step (the end of a recording, a quiet hour)."""
         self._emit(self.pipeline.finish())
@@ -487,10 +512,17 @@ class DetectService:
                     last_input = now
                     flushed = False
                 elif not flushed and now - last_input >= self.cfg.kafka.idle_flush_s:
-                    self.flush_idle()
-                    flushed = True
-                    self.checkpoint()
-                    last_commit = now
+                    if self._caught_up():
+                        self.flush_idle()
+                        flushed = True
+                        self.checkpoint()
+                        last_commit = now
+                    else:
+                        # a broker outage or a stalled fetch, not a quiet stream: closing every
+                        # window now would make the backlog late; partitions stay live meanwhile
+                        last_input = time.monotonic()
+                        for key in self.part_seen_wall:
+                            self.part_seen_wall[key] = last_input
                 if now - last_commit >= self.cfg.kafka.commit_interval_s:
                     self.checkpoint()
                     last_commit = now
