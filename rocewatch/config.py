@@ -66,6 +66,10 @@ class KafkaConfig:
     idle_flush_s: float = 2.0
     # longest wait between reconnect attempts to a broker that went away (kafka-python: 30 s)
     reconnect_backoff_max_ms: int = 1000
+    # the publisher's bound on telemetry not yet acknowledged by the broker, and what to do
+    # when it is full: block (slow the collector down) or drop (count and skip new telemetry)
+    publish_buffer_bytes: int = 64 << 20
+    publish_when_full: str = "block"
 
     def client_kwargs(self) -> dict[str, Any]:
         """Connection settings shared by kafka-python producers, consumers and admin clients."""
@@ -136,6 +140,12 @@ class KafkaConfig:
             path = getattr(self, name)
             if path and self.security_protocol.endswith("SSL") and not Path(path).is_file():
                 raise ConfigError(f"kafka.{name}: {path}: no such file")
+        if self.publish_when_full not in ("block", "drop"):
+            raise ConfigError(
+                f"kafka.publish_when_full: {self.publish_when_full!r} is not valid (block, drop)"
+            )
+        if self.publish_buffer_bytes < 1 << 20:
+            raise ConfigError("kafka.publish_buffer_bytes: must be at least 1048576 (1 MiB)")
         if self.compression_type not in ("none", "gzip", "lz4", "zstd", "snappy"):
             raise ConfigError(f"kafka.compression_type: {self.compression_type!r} is not valid")
 

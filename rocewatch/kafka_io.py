@@ -97,7 +97,13 @@ def make_producer(k: KafkaConfig, **extra: Any) -> KafkaProducer:
 
 
 class TelemetryPublisher:
-    """Sample frames -> TelemetryBatch messages on the telemetry topic, keyed by device."""
+    """Sample frames -> TelemetryBatch messages on the telemetry topic, keyed by device.
+
+    Memory is bounded while the broker is slow or away: at most ``k.publish_buffer_bytes`` of
+    messages wait for the broker's acknowledgement. When that is full, ``publish_when_full``
+    decides: ``block`` (wait for room; the collector is slowed, nothing is lost) or ``drop``
+    (the new message is dropped and counted in ``dropped_messages``/``dropped_samples``).
+    """
 
     def __init__(self, k: KafkaConfig, source: str = "rocewatch", producer: Any = None) -> None:
         self.k = k
@@ -105,6 +111,41 @@ class TelemetryPublisher:
         self.source = source
         self.seq = 0
         self.samples = 0
+        self.pending_bytes = 0  # sent to the producer, not yet acknowledged by the broker
+        self.max_pending_bytes = 0
+        self.dropped_messages = 0
+        self.dropped_samples = 0
+        self.failed_messages = 0  # given up by the producer (delivery timeout)
+        self._room = threading.Condition()
+
+    def _acked(self, size: int, result: Any) -> None:
+        with self._room:
+            self.pending_bytes -= size
+            if isinstance(result, Exception):
+                self.failed_messages += 1
+            self._room.notify_all()
+
+    def _send(self, key: bytes, value: bytes, rows: int) -> None:
+        size = len(value)
+        limit = self.k.publish_buffer_bytes
+        with self._room:
+            if self.pending_bytes > 0 and self.pending_bytes + size > limit:
+                if self.k.publish_when_full == "drop":
+                    if self.dropped_messages == 0:
+                        log.warning(
+                            "publish buffer full (%d bytes unacknowledged): dropping telemetry "
+                            "until the broker catches up (counted)",
+                            self.pending_bytes,
+                        )
+                    self.dropped_messages += 1
+                    self.dropped_samples += rows
+                    return
+                while self.pending_bytes > 0 and self.pending_bytes + size > limit:
+                    self._room.wait(1.0)
+            self.pending_bytes += size
+            self.max_pending_bytes = max(self.max_pending_bytes, self.pending_bytes)
+        fut = self.producer.send(self.k.topics.telemetry, key=key, value=value)
+        fut.add_both(self._acked, size)
 
     def publish(self, df: pl.DataFrame, slice_ns: int = 100_000_000) -> None:
         """Send a frame as one message per device and time slice, in time order.
@@ -130,7 +171,7 @@ class TelemetryPublisher:
                 chunk = part.slice(off, MAX_ROWS_PER_MESSAGE)
                 self.seq += 1
                 value = wire.encode(chunk, self.source, self.seq)
-                self.producer.send(self.k.topics.telemetry, key=key, value=value)
+                self._send(key, value, chunk.height)
         self.samples += df.height
 
     def flush(self, timeout: float = 60.0) -> None:
@@ -169,7 +210,13 @@ def publish_scenario(scenario: Path, cfg: Config, rate: float = 0.0) -> int:
             s.close()
     if stats.counts:
         log.info("publish skipped input: %s", dict(stats.counts))
-    return pub.samples
+    if pub.dropped_samples:
+        log.warning(
+            "publish buffer was full: dropped %d samples in %d messages",
+            pub.dropped_samples,
+            pub.dropped_messages,
+        )
+    return pub.samples - pub.dropped_samples
 
 
 # --- the detector service ---------------------------------------------------------------------
@@ -542,6 +589,8 @@ class DetectService:
             self.consumer.close(autocommit=False)
             if self.store is not None:
                 self.store.close()
+            if self.metrics is not None:
+                self.metrics.close()
 
 
 def _alert_id(a: Alert) -> str:

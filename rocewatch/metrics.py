@@ -28,8 +28,17 @@ class ServiceMetrics:
             "rocewatch_detector_cpu_seconds", "CPU seconds in detectors", registry=r
         )
         self.firing = Gauge("rocewatch_alerts_firing", "alerts firing now", registry=r)
+        self.lag_total = Gauge(
+            "rocewatch_consumer_lag_records_total",
+            "records behind the log end, all assigned partitions together",
+            registry=r,
+        )
         self._samples_seen = 0
-        start_http_server(port, addr=addr, registry=r)
+        self._server, _thread = start_http_server(port, addr=addr, registry=r)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
     def update(self, svc: Any) -> None:
         p = svc.pipeline
@@ -40,9 +49,13 @@ class ServiceMetrics:
             self.skipped.labels(reason=k).set(v)
         self.detector_s.set(p.detector_seconds)
         self.firing.set(len(p.lifecycle.firing))
-        for (_topic, part), off in svc.offsets.items():
-            from kafka.structs import TopicPartition
+        from kafka.structs import TopicPartition
 
+        total = 0
+        for (_topic, part), off in svc.offsets.items():
+            # the log end as of the last fetch response: no request to the broker here
             hw = svc.consumer.highwater(TopicPartition(_topic, part))
             if hw is not None:
                 self.lag.labels(partition=str(part)).set(max(0, hw - off))
+                total += max(0, hw - off)
+        self.lag_total.set(total)
