@@ -526,7 +526,10 @@ class DetectService:
             tps = list(self.consumer.assignment())
             if not tps:
                 return False
-            ends = self.consumer.end_offsets(tps, timeout_ms=2000)
+            try:
+                ends = self.consumer.end_offsets(tps, timeout_ms=2000)
+            except TypeError:  # kafka-python 2.x takes no timeout here
+                ends = self.consumer.end_offsets(tps)
             for tp, end in ends.items():
                 off = self.offsets.get((tp.topic, tp.partition))
                 if (off if off is not None else self.consumer.position(tp)) < end:
