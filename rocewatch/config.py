@@ -33,7 +33,17 @@ from rocewatch.notify.base import (
 )
 
 T = TypeVar("T")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class Secret(str):
+    """A string that never shows its value in a repr (kafka-python logs its config dicts)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "'***'"
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,8 @@ class KafkaConfig:
     sasl_mechanism: str | None = None
     sasl_plain_username: str | None = None
     sasl_plain_password: str | None = field(default=None, repr=False)
+    # a file holding the password (a mounted Kubernetes/Docker secret); one line, read at start-up
+    sasl_plain_password_file: str | None = None
     topics: TopicsConfig = field(default_factory=TopicsConfig)
     group_id: str = "rocewatch-detect"
     client_id: str = "rocewatch"
@@ -63,6 +75,12 @@ class KafkaConfig:
     commit_interval_s: float = 5.0  # checkpoint + offset commit; a crash re-reads at most this
     session_timeout_ms: int = 10000  # how soon a dead detector's partitions move to another
     idle_flush_s: float = 2.0
+    # longest wait between reconnect attempts to a broker that went away (kafka-python: 30 s)
+    reconnect_backoff_max_ms: int = 1000
+    # the publisher's bound on telemetry not yet acknowledged by the broker, and what to do
+    # when it is full: block (slow the collector down) or drop (count and skip new telemetry)
+    publish_buffer_bytes: int = 64 << 20
+    publish_when_full: str = "block"
 
     def client_kwargs(self) -> dict[str, Any]:
         """Connection settings shared by kafka-python producers, consumers and admin clients."""
@@ -70,6 +88,7 @@ class KafkaConfig:
             "bootstrap_servers": self.bootstrap_servers.split(","),
             "security_protocol": self.security_protocol,
             "client_id": self.client_id,
+            "reconnect_backoff_max_ms": self.reconnect_backoff_max_ms,
         }
         if self.security_protocol in ("SSL", "SASL_SSL"):
             kw.update(
@@ -79,18 +98,65 @@ class KafkaConfig:
                 ssl_check_hostname=self.ssl_check_hostname,
             )
         if self.security_protocol.startswith("SASL"):
+            pw = self.password()
             kw.update(
                 sasl_mechanism=self.sasl_mechanism,
                 sasl_plain_username=self.sasl_plain_username,
-                sasl_plain_password=self.sasl_plain_password,
+                sasl_plain_password=None if pw is None else Secret(pw),
             )
         return kw
+
+    def password(self) -> str | None:
+        """The SASL password: ``sasl_plain_password``, else the first line of the password file."""
+        if self.sasl_plain_password is not None or not self.sasl_plain_password_file:
+            return self.sasl_plain_password
+        try:
+            text = Path(self.sasl_plain_password_file).read_text()
+        except OSError as e:
+            raise ConfigError(
+                f"kafka.sasl_plain_password_file: cannot read {self.sasl_plain_password_file}: "
+                f"{e.strerror}"
+            ) from e
+        return text.splitlines()[0] if text.strip() else ""
 
     def validate(self) -> None:
         if self.security_protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
             raise ConfigError(f"kafka.security_protocol: {self.security_protocol!r} is not valid")
         if self.security_protocol.startswith("SASL") and not self.sasl_mechanism:
             raise ConfigError("kafka.sasl_mechanism is required with a SASL security_protocol")
+        if self.sasl_mechanism and self.sasl_mechanism not in SASL_MECHANISMS:
+            raise ConfigError(
+                f"kafka.sasl_mechanism: {self.sasl_mechanism!r} is not valid "
+                f"(one of {', '.join(SASL_MECHANISMS)})"
+            )
+        if self.sasl_plain_password is not None and self.sasl_plain_password_file:
+            raise ConfigError(
+                "kafka: give sasl_plain_password or sasl_plain_password_file, not both"
+            )
+        if self.security_protocol.startswith("SASL") and self.sasl_mechanism in (
+            "PLAIN",
+            "SCRAM-SHA-256",
+            "SCRAM-SHA-512",
+        ):
+            if not self.sasl_plain_username:
+                raise ConfigError(
+                    f"kafka.sasl_plain_username is required with {self.sasl_mechanism}"
+                )
+            if not self.password():
+                raise ConfigError(
+                    f"kafka: {self.sasl_mechanism} needs a password "
+                    "(sasl_plain_password, e.g. ${ENV_VAR}, or sasl_plain_password_file)"
+                )
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path and self.security_protocol.endswith("SSL") and not Path(path).is_file():
+                raise ConfigError(f"kafka.{name}: {path}: no such file")
+        if self.publish_when_full not in ("block", "drop"):
+            raise ConfigError(
+                f"kafka.publish_when_full: {self.publish_when_full!r} is not valid (block, drop)"
+            )
+        if self.publish_buffer_bytes < 1 << 20:
+            raise ConfigError("kafka.publish_buffer_bytes: must be at least 1048576 (1 MiB)")
         if self.compression_type not in ("none", "gzip", "lz4", "zstd", "snappy"):
             raise ConfigError(f"kafka.compression_type: {self.compression_type!r} is not valid")
 

@@ -40,6 +40,7 @@ from actions.routing import RoutingExecutor
 from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
 from rocewatch.errors import BadInput, ConfigError, RetryableError
+from rocewatch.kafka_check import preflight
 from rocewatch.model import Action, Alert
 from rocewatch.pipeline import Output, Pipeline
 from rocewatch.sources import merged, scenario_sources
@@ -54,7 +55,12 @@ RETENTION_EVERY_S = 3600.0  # how often the service prunes storage by age
 
 
 def ensure_topics(k: KafkaConfig) -> None:
-    """Create rocewatch's topics if the broker lacks them (telemetry with k.partitions)."""
+    """Create rocewatch's topics if the broker lacks them (telemetry with k.partitions).
+
+    First checks TLS and SASL against the broker (kafka_check.preflight), so an untrusted
+    certificate or a refused password fails at once with a clear error.
+    """
+    preflight(k)
     try:
         admin = KafkaAdminClient(**k.client_kwargs(), request_timeout_ms=30000)
     except KafkaError as e:
@@ -96,7 +102,13 @@ def make_producer(k: KafkaConfig, **extra: Any) -> KafkaProducer:
 
 
 class TelemetryPublisher:
-    """Sample frames -> TelemetryBatch messages on the telemetry topic, keyed by device."""
+    """Sample frames -> TelemetryBatch messages on the telemetry topic, keyed by device.
+
+    Memory is bounded while the broker is slow or away: at most ``k.publish_buffer_bytes`` of
+    messages wait for the broker's acknowledgement. When that is full, ``publish_when_full``
+    decides: ``block`` (wait for room; the collector is slowed, nothing is lost) or ``drop``
+    (the new message is dropped and counted in ``dropped_messages``/``dropped_samples``).
+    """
 
     def __init__(self, k: KafkaConfig, source: str = "rocewatch", producer: Any = None) -> None:
         self.k = k
@@ -104,6 +116,41 @@ class TelemetryPublisher:
         self.source = source
         self.seq = 0
         self.samples = 0
+        self.pending_bytes = 0  # sent to the producer, not yet acknowledged by the broker
+        self.max_pending_bytes = 0
+        self.dropped_messages = 0
+        self.dropped_samples = 0
+        self.failed_messages = 0  # given up by the producer (delivery timeout)
+        self._room = threading.Condition()
+
+    def _acked(self, size: int, result: Any) -> None:
+        with self._room:
+            self.pending_bytes -= size
+            if isinstance(result, Exception):
+                self.failed_messages += 1
+            self._room.notify_all()
+
+    def _send(self, key: bytes, value: bytes, rows: int) -> None:
+        size = len(value)
+        limit = self.k.publish_buffer_bytes
+        with self._room:
+            if self.pending_bytes > 0 and self.pending_bytes + size > limit:
+                if self.k.publish_when_full == "drop":
+                    if self.dropped_messages == 0:
+                        log.warning(
+                            "publish buffer full (%d bytes unacknowledged): dropping telemetry "
+                            "until the broker catches up (counted)",
+                            self.pending_bytes,
+                        )
+                    self.dropped_messages += 1
+                    self.dropped_samples += rows
+                    return
+                while self.pending_bytes > 0 and self.pending_bytes + size > limit:
+                    self._room.wait(1.0)
+            self.pending_bytes += size
+            self.max_pending_bytes = max(self.max_pending_bytes, self.pending_bytes)
+        fut = self.producer.send(self.k.topics.telemetry, key=key, value=value)
+        fut.add_both(self._acked, size)
 
     def publish(self, df: pl.DataFrame, slice_ns: int = 100_000_000) -> None:
         """Send a frame as one message per device and time slice, in time order.
@@ -129,7 +176,7 @@ class TelemetryPublisher:
                 chunk = part.slice(off, MAX_ROWS_PER_MESSAGE)
                 self.seq += 1
                 value = wire.encode(chunk, self.source, self.seq)
-                self.producer.send(self.k.topics.telemetry, key=key, value=value)
+                self._send(key, value, chunk.height)
         self.samples += df.height
 
     def flush(self, timeout: float = 60.0) -> None:
@@ -168,7 +215,13 @@ def publish_scenario(scenario: Path, cfg: Config, rate: float = 0.0) -> int:
             s.close()
     if stats.counts:
         log.info("publish skipped input: %s", dict(stats.counts))
-    return pub.samples
+    if pub.dropped_samples:
+        log.warning(
+            "publish buffer was full: dropped %d samples in %d messages",
+            pub.dropped_samples,
+            pub.dropped_messages,
+        )
+    return pub.samples - pub.dropped_samples
 
 
 # --- the detector service ---------------------------------------------------------------------
@@ -354,13 +407,21 @@ class DetectService:
             sum(self.suppress.values()),
         )
 
-    def checkpoint(self) -> None:
-        """Make results durable, save state with offsets, then commit offsets to Kafka."""
-        self.producer.flush(timeout=60)
-        out_ends = {
-            (tp.topic, tp.partition): off
-            for tp, off in self.consumer.end_offsets(self._output_tps()).items()
-        }
+    def checkpoint(self) -> bool:
+        """Make results durable, save state with offsets, then commit offsets to Kafka.
+
+        While the broker is away nothing can be made durable: the checkpoint is postponed (the
+        previous one and its offsets stay valid) and False returned.
+        """
+        try:
+            self.producer.flush(timeout=60)
+            out_ends = {
+                (tp.topic, tp.partition): off
+                for tp, off in self.consumer.end_offsets(self._output_tps()).items()
+            }
+        except KafkaError as e:
+            log.warning("checkpoint postponed, Kafka unreachable: %s", e)
+            return False
         cp = Checkpoint(
             STATE_VERSION, self.pipeline, dict(self.offsets), dict(self.part_hi), out_ends
         )
@@ -380,6 +441,7 @@ class DetectService:
                 self.consumer.commit(commit)
             except KafkaError as e:  # the checkpoint file still holds the offsets
                 log.warning("offset commit failed (%s); the checkpoint keeps them", e)
+        return True
 
     # --- output ----------------------------------------------------------------------------------
     def _emit(self, out: Output) -> None:
@@ -493,6 +555,25 @@ class DetectService:
             if produced:
                 self.latencies.append((now - produced) / 1e9)
 
+    def _caught_up(self) -> bool:
+        """True when the broker answers and every assigned partition has been read to its end."""
+        try:
+            tps = list(self.consumer.assignment())
+            if not tps:
+                return False
+            try:
+                ends = self.consumer.end_offsets(tps, timeout_ms=2000)
+            except TypeError:  # kafka-python 2.x takes no timeout here
+                ends = self.consumer.end_offsets(tps)
+            for tp, end in ends.items():
+                off = self.offsets.get((tp.topic, tp.partition))
+                if (off if off is not None else self.consumer.position(tp)) < end:
+                    return False
+        except KafkaError as e:
+            log.info("broker unreachable while input is idle: %s", e)
+            return False
+        return True
+
     def flush_idle(self) -> None:
         """No input for a while: close every pending step (the end of a recording, a quiet hour)."""
         self._emit(self.pipeline.finish())
@@ -524,10 +605,17 @@ class DetectService:
                     last_input = now
                     flushed = False
                 elif not flushed and now - last_input >= self.cfg.kafka.idle_flush_s:
-                    self.flush_idle()
-                    flushed = True
-                    self.checkpoint()
-                    last_commit = now
+                    if self._caught_up():
+                        self.flush_idle()
+                        flushed = True
+                        self.checkpoint()
+                        last_commit = now
+                    else:
+                        # a broker outage or a stalled fetch, not a quiet stream: closing every
+                        # window now would make the backlog late; partitions stay live meanwhile
+                        last_input = time.monotonic()
+                        for key in self.part_seen_wall:
+                            self.part_seen_wall[key] = last_input
                 if now - last_commit >= self.cfg.kafka.commit_interval_s:
                     self.checkpoint()
                     last_commit = now

@@ -71,6 +71,11 @@ class ServiceMetrics:
             ["sink"],
             registry=r,
         )
+        self.lag_total = Gauge(
+            "rocewatch_consumer_lag_records_total",
+            "records behind the log end, all assigned partitions together",
+            registry=r,
+        )
         self._samples_seen = 0
         self._detector_seen = 0.0
         self._notify_seen: dict[tuple[str, str], int] = {}
@@ -96,10 +101,14 @@ class ServiceMetrics:
         if getattr(svc, "consumer", None) is not None:
             from kafka.structs import TopicPartition
 
+            total = 0
             for (topic, part), off in svc.offsets.items():
+                # the log end as of the last fetch response: no request to the broker here
                 hw = svc.consumer.highwater(TopicPartition(topic, part))
                 if hw is not None:
                     self.lag.labels(partition=str(part)).set(max(0, hw - off))
+                    total += max(0, hw - off)
+            self.lag_total.set(total)
         if getattr(svc, "notifier", None) is not None:
             self.update_notify(svc.notifier)
 

@@ -460,6 +460,8 @@ class Broker:
     heap: str = DEFAULT_HEAP
     extra_listeners: list[Listener] = field(default_factory=list)
     overrides: dict[str, Any] = field(default_factory=dict)
+    # extra StorageTool format arguments, e.g. ["--add-scram", "SCRAM-SHA-512=[name=u,password=p]"]
+    format_args: list[str] = field(default_factory=list)
     pid: int | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -521,6 +523,7 @@ class Broker:
                     "heap": self.heap,
                     "extra_listeners": [vars(x) for x in self.extra_listeners],
                     "overrides": self.overrides,
+                    "format_args": self.format_args,
                 },
                 indent=1,
             )
@@ -560,6 +563,7 @@ class Broker:
             cluster_id,
             "-c",
             str(self.properties_file),
+            *self.format_args,
             heap="256m",
         )
         try:
@@ -723,6 +727,7 @@ class Broker:
             heap=st.get("heap", DEFAULT_HEAP),
             extra_listeners=[Listener.coerce(x) for x in st.get("extra_listeners", [])],
             overrides=dict(st.get("overrides", {})),
+            format_args=list(st.get("format_args", [])),
         )
         with contextlib.suppress(FileNotFoundError, ValueError):
             b.pid = int((d / "broker.pid").read_text().strip())
@@ -739,6 +744,7 @@ def make_broker(
     heap: str = DEFAULT_HEAP,
     extra_listeners: Sequence[Listener | Mapping[str, Any]] = (),
     overrides: Mapping[str, Any] | None = None,
+    format_args: Sequence[str] = (),
 ) -> Broker:
     """A (not yet started) Broker for ``dir``.
 
@@ -769,6 +775,7 @@ def make_broker(
         heap=heap,
         extra_listeners=[Listener.coerce(x) for x in extra_listeners],
         overrides=dict(overrides or {}),
+        format_args=list(format_args),
     )
 
 
@@ -782,6 +789,7 @@ def start(
     heap: str = DEFAULT_HEAP,
     extra_listeners: Sequence[Listener | Mapping[str, Any]] = (),
     overrides: Mapping[str, Any] | None = None,
+    format_args: Sequence[str] = (),
     timeout: float = DEFAULT_START_TIMEOUT,
 ) -> Broker:
     """Fetch if needed, then start a broker in ``dir`` and wait until it serves. Raises BrokerError.
@@ -797,6 +805,7 @@ def start(
         heap=heap,
         extra_listeners=extra_listeners,
         overrides=overrides,
+        format_args=format_args,
     )
     return broker.start(timeout)
 

@@ -238,3 +238,40 @@ def kafka_topics(kafka_bootstrap: str, request: pytest.FixtureRequest) -> KafkaT
 
 
 # ============================ end of Kafka fixtures ===========================
+
+
+# ==================== Secured Kafka: TLS and SASL/SCRAM (real broker) =========================
+#
+#   secure_kafka_broker     session: a second local broker with listeners PLAINTEXT, SSL and
+#                           SASL_SSL (SCRAM-SHA-512 and SCRAM-SHA-256 enabled), a test CA and
+#                           broker certificate (tests/kafka_secure.py), SCRAM users from
+#                           SECURE_KAFKA_USERS. Attributes: .plaintext_bootstrap, .ssl_bootstrap,
+#                           .sasl_ssl_bootstrap, .pki.ca_file, .users. Started on first use only.
+# =============================================================================================
+SECURE_KAFKA_USERS = {"rocewatch": "Wq8-rocewatch-scram-pw-7Zt", "reader": "reader-pw-4Hk"}
+
+
+@pytest.fixture(scope="session")
+def secure_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    import kafka_secure  # tests/ is on sys.path (rootdir conftest)
+
+    kb = load_kafka_broker_module()
+    directory = tmp_path_factory.mktemp("kafka-secure")
+    problem = ""
+    try:
+        kb.fetch(quiet=True)
+        sb = kafka_secure.start_secure_broker(
+            kb,
+            directory,
+            SECURE_KAFKA_USERS,
+            timeout=float(os.environ.get("ROCEWATCH_KAFKA_START_TIMEOUT", "90")),
+        )
+    except kb.BrokerError as e:
+        problem = str(e)
+    if problem:
+        pytest.fail(f"could not start the secured Kafka broker: {problem}", pytrace=False)
+    atexit.register(_stop_quietly, sb.broker)
+    try:
+        yield sb
+    finally:
+        _stop_quietly(sb.broker)

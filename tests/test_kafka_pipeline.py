@@ -111,7 +111,7 @@ def test_kafka_gives_same_alerts_as_replay(
     n = publish_scenario(scenario, cfg)
     assert n > 100_000
     svc = DetectService(cfg)
-    svc.run(max_idle_s=4.0)
+    svc.run(max_idle_s=8.0)  # the group join counts as idle time
     events = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, cfg.kafka.topics.alerts)]
     assert comparable(events) == comparable(replayed)
     keys = Counter((e["fingerprint"], e["startsAt"], e["status"]) for e in events)
@@ -190,7 +190,7 @@ def test_garbage_messages_go_to_dead_letter_and_the_stream_goes_on(
     garbage.close()
     publish_scenario(scenario, cfg)
     svc = DetectService(cfg)
-    svc.run(max_idle_s=4.0)
+    svc.run(max_idle_s=8.0)  # the group join counts as idle time
     assert svc.stats.get("dead_letter") == 3
     dlq = read_topic(kafka_bootstrap, cfg.kafka.topics.dead_letter)
     assert len(dlq) == 3

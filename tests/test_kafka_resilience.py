@@ -1,0 +1,270 @@
+"""The live path when the real broker restarts mid-stream, and when detectors fall behind."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+import time
+import tracemalloc
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+import pytest
+from kafka import KafkaConsumer
+from kafka.structs import TopicPartition
+
+from rocewatch.config import Config, KafkaConfig, TopicsConfig
+from rocewatch.kafka_io import DetectService, TelemetryPublisher, ensure_topics, publish_scenario
+from rocewatch.replay import replay
+from rocewatch.sim import write_scenario
+from rocewatch.sim.scenarios import default_scenario
+from rocewatch.sources import merged, scenario_sources
+from rocewatch.stats import Stats
+from rocewatch.topology import Topology
+
+pytestmark = pytest.mark.kafka
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("scenario")
+    write_scenario(default_scenario(nodes=8, duration_s=30.0, seed=3), d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def replay_result(scenario: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    res = replay(scenario, tmp_path_factory.mktemp("replay"))
+    assert res.alerts and res.actions, "the default scenario must raise alerts and drains"
+    return res
+
+
+def make_cfg(
+    bootstrap: str, kafka_topics: Any, tmp_path: Path, scenario: Path, **kw: Any
+) -> Config:
+    k = KafkaConfig(
+        bootstrap_servers=bootstrap,
+        topics=TopicsConfig(
+            telemetry=kafka_topics("telemetry"),
+            alerts=kafka_topics("alerts"),
+            actions=kafka_topics("actions"),
+            dead_letter=kafka_topics("dlq"),
+        ),
+        group_id=kafka_topics("group"),
+        commit_interval_s=0.5,
+        idle_flush_s=2.0,
+        session_timeout_ms=6000,
+        **kw,
+    )
+    return Config(
+        topology=str(scenario / "topology.yaml"), kafka=k, state_dir=str(tmp_path / "state")
+    )
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 8.0) -> list[Any]:
+    c = KafkaConsumer(
+        topic,
+        bootstrap_servers=[bootstrap],
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
+        consumer_timeout_ms=int(timeout_s * 1000),
+    )
+    msgs = list(c)
+    c.close()
+    return msgs
+
+
+def comparable(alerts: list[dict]) -> dict[tuple[str, str], tuple]:
+    final: dict[tuple[str, str], dict] = {}
+    for e in alerts:
+        key = (e["fingerprint"], e["startsAt"])
+        if key not in final or e["status"] == "resolved":
+            final[key] = e
+    return {k: (v["status"], v["endsAt"], v["labels"]["alertname"]) for k, v in final.items()}
+
+
+def sorted_actions(actions: list[dict]) -> list[dict]:
+    return sorted(actions, key=lambda a: (a["time"], a["node"], a["action"], a["outcome"]))
+
+
+class Worker(threading.Thread):
+    """A thread that keeps its target's exception for the test to raise."""
+
+    def __init__(self, target: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self.fn = target
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.fn()
+        except BaseException as e:
+            self.error = e
+
+
+def test_broker_restart_mid_stream_loses_and_doubles_nothing(
+    restartable_kafka_broker, kafka_topics, tmp_path, scenario, replay_result
+):
+    broker = restartable_kafka_broker
+    cfg = make_cfg(broker.bootstrap, kafka_topics, tmp_path, scenario)
+    ensure_topics(cfg.kafka)
+    svc = DetectService(cfg)
+    detect = Worker(lambda: svc.run(max_idle_s=20.0))
+    published: list[int] = []
+    publish = Worker(lambda: published.append(publish_scenario(scenario, cfg, 1.5)))  # 20 s
+    detect.start()
+    publish.start()
+    deadline = time.monotonic() + 60
+    while svc.pipeline.samples_in < 50_000 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert svc.pipeline.samples_in >= 50_000, "the detector never got going"
+    assert publish.is_alive(), "the publisher finished before the restart: make it slower"
+    t0 = time.monotonic()
+    broker.restart()
+    down_s = time.monotonic() - t0
+    publish.join(240)
+    detect.join(300)
+    assert not publish.is_alive() and not detect.is_alive()
+    assert publish.error is None, repr(publish.error)
+    assert detect.error is None, repr(detect.error)
+    assert down_s > 2.0  # the broker really was away for a while
+
+    events = [orjson.loads(m.value) for m in read_topic(broker.bootstrap, cfg.kafka.topics.alerts)]
+    keys = Counter((e["fingerprint"], e["startsAt"], e["status"]) for e in events)
+    assert max(keys.values()) == 1, "an alert event was published twice"
+    assert comparable(events) == comparable(replay_result.alerts)
+    acts = [orjson.loads(m.value) for m in read_topic(broker.bootstrap, cfg.kafka.topics.actions)]
+    assert sorted_actions(acts) == sorted_actions(replay_result.actions)
+    # every sample the publisher accepted reached the detector exactly once
+    assert svc.pipeline.samples_in == published[0]
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The service's /metrics over HTTP, as {"name{labels}": value}."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def test_consumer_lag_is_a_prometheus_metric(kafka_bootstrap, kafka_topics, tmp_path, scenario):
+    port = free_port()
+    cfg = make_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
+    cfg = dataclasses.replace(cfg, metrics_port=port)
+    publish_scenario(scenario, cfg)
+    svc = DetectService(cfg)
+    topic = cfg.kafka.topics.telemetry
+    svc.consumer.subscribe([topic])
+    deadline = time.monotonic() + 60
+    while not svc.offsets and time.monotonic() < deadline:
+        svc.poll_once(timeout_ms=1000)
+    assert svc.offsets, "the detector read nothing"
+    svc.metrics.update(svc)
+    got = scrape(port)
+    # the truth, from the broker: log end offsets less what the detector has read
+    probe = KafkaConsumer(bootstrap_servers=[kafka_bootstrap], group_id=None)
+    ends = probe.end_offsets([TopicPartition(topic, p) for p in range(cfg.kafka.partitions)])
+    probe.close()
+    behind = {
+        tp.partition: end - svc.offsets.get((topic, tp.partition), 0) for tp, end in ends.items()
+    }
+    read = {p for (_t, p) in svc.offsets}
+    assert sum(behind[p] for p in read) > 0, "one poll read everything: the test needs more data"
+    for p in read:
+        assert got[f'rocewatch_consumer_lag_records{{partition="{p}"}}'] == behind[p]
+    assert got["rocewatch_consumer_lag_records_total"] == sum(behind[p] for p in read)
+    # caught up at the end of the stream: no lag left
+    svc.run(max_idle_s=8.0)
+    reg = svc.metrics.registry
+    assert reg.get_sample_value("rocewatch_consumer_lag_records_total") == 0
+    assert len(svc.offsets) == cfg.kafka.partitions
+    for p in range(cfg.kafka.partitions):
+        assert reg.get_sample_value("rocewatch_consumer_lag_records", {"partition": str(p)}) == 0
+
+
+def scenario_frames(scenario: Path) -> list[pl.DataFrame]:
+    topo = Topology.load(scenario / "topology.yaml")
+    src = scenario_sources(scenario, topo, Stats())
+    frames = [df for df, _ in merged(src, 0) if df.height]
+    for s in src:
+        s.close()
+    return frames
+
+
+def count_messages(bootstrap: str, topic: str) -> int:
+    c = KafkaConsumer(bootstrap_servers=[bootstrap], group_id=None)
+    parts = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
+    ends = c.end_offsets(parts)
+    c.close()
+    return sum(ends.values())
+
+
+def test_publisher_memory_is_bounded_while_the_broker_is_away(
+    restartable_kafka_broker, kafka_topics, tmp_path, scenario
+):
+    broker = restartable_kafka_broker
+    bound = 2 << 20
+    base = make_cfg(broker.bootstrap, kafka_topics, tmp_path, scenario).kafka
+    pubs = {}
+    for mode in ("drop", "block"):
+        k = dataclasses.replace(
+            base,
+            topics=dataclasses.replace(base.topics, telemetry=kafka_topics(f"telemetry-{mode}")),
+            publish_buffer_bytes=bound,
+            publish_when_full=mode,
+        )
+        ensure_topics(k)
+        pubs[mode] = TelemetryPublisher(k)
+    frames = scenario_frames(scenario)
+    for pub in pubs.values():  # the producers know the topics' leaders before the broker goes
+        pub.publish(frames[0])
+        pub.flush()
+    broker.stop()
+    try:
+        # drop: publishing goes on at full speed, memory stays bounded, drops are counted
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        drop = pubs["drop"]
+        offered = 0
+        for df in frames[1:]:  # ~50 MB of messages: 25 times the bound
+            drop.publish(df)
+            offered += df.height
+        peak = tracemalloc.get_traced_memory()[1] - before
+        tracemalloc.stop()
+        assert drop.max_pending_bytes <= bound
+        assert drop.dropped_samples > offered / 2, "the broker is away: most must be dropped"
+        assert peak < 4 * bound, f"publisher memory grew by {peak} bytes"
+        # block: the publisher waits for room instead; nothing is dropped
+        block = pubs["block"]
+        worker = Worker(lambda: [block.publish(df) for df in frames[1:]])
+        worker.start()
+        time.sleep(3.0)
+        assert worker.is_alive(), "the publisher should be blocked while the broker is away"
+        assert block.pending_bytes <= bound and block.dropped_messages == 0
+    finally:
+        broker.start()
+    worker.join(120)
+    assert not worker.is_alive() and worker.error is None, repr(worker.error)
+    for pub in pubs.values():
+        pub.close()
+        assert pub.failed_messages == 0 and pub.pending_bytes == 0
+    # nothing accepted was lost: every message not dropped reached the topic
+    assert count_messages(broker.bootstrap, pubs["block"].k.topics.telemetry) == pubs["block"].seq
+    accepted = pubs["drop"].seq - pubs["drop"].dropped_messages
+    assert count_messages(broker.bootstrap, pubs["drop"].k.topics.telemetry) == accepted
