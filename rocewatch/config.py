@@ -90,6 +90,12 @@ class KafkaConfig:
             "client_id": self.client_id,
             "reconnect_backoff_max_ms": self.reconnect_backoff_max_ms,
         }
+        # the certificate files are looked for when connecting, not when the config is read
+        # (a config written for the deployment's hosts still parses elsewhere)
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path and self.security_protocol.endswith("SSL") and not Path(path).is_file():
+                raise ConfigError(f"kafka.{name}: {path}: no such file")
         if self.security_protocol in ("SSL", "SASL_SSL"):
             kw.update(
                 ssl_cafile=self.ssl_cafile,
@@ -147,10 +153,6 @@ class KafkaConfig:
                     f"kafka: {self.sasl_mechanism} needs a password "
                     "(sasl_plain_password, e.g. ${ENV_VAR}, or sasl_plain_password_file)"
                 )
-        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
-            path = getattr(self, name)
-            if path and self.security_protocol.endswith("SSL") and not Path(path).is_file():
-                raise ConfigError(f"kafka.{name}: {path}: no such file")
         if self.publish_when_full not in ("block", "drop"):
             raise ConfigError(
                 f"kafka.publish_when_full: {self.publish_when_full!r} is not valid (block, drop)"

@@ -350,3 +350,8 @@ def test_password_from_env_or_file_never_in_the_yaml(tmp_path, monkeypatch):
     )
     with pytest.raises(ConfigError, match="needs a password"):
         load_config(conf)
+    # a missing CA file is named when connecting; the config itself still parses
+    conf.write_text(f"kafka:\n  security_protocol: SSL\n  ssl_cafile: {tmp_path / 'no-ca.pem'}\n")
+    k = load_config(conf).kafka
+    with pytest.raises(ConfigError, match=r"ssl_cafile: .*no-ca\.pem: no such file"):
+        k.client_kwargs()
