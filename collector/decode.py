@@ -53,7 +53,7 @@ class _Columns:
 
 def _number(v: Any, counter: bool, scale: float) -> tuple[float, int | None] | None:
     """A telemetry value -> (value, exact raw for counters); None when not numeric."""
-    if isinstance(v, bool):
+    if isinstance(v, bool) or v is None:
         return None
     if isinstance(v, int):
         if counter and 0 <= v < _U64:

@@ -9,20 +9,18 @@ an ``LldpTable`` instead of the batch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import polars as pl
 
-from collector.decode import _Columns
+from collector.decode import _Columns, _number
 from collector.gnmi.paths import flatten
 from collector.mapping import GnmiMapper, default_gnmi_mapper
 from rocewatch.model import is_counter
 from rocewatch.stats import Stats
 
-_U64 = 1 << 64
 _MEMO_MAX = 200_000
 # entry kinds
 METRIC, LLDP, SKIP = 0, 1, 2
@@ -82,34 +80,6 @@ def typed_value(tv: Any) -> Any:
     if w in ("any_val", "proto_bytes"):
         return None
     return v
-
-
-def _number(v: Any, counter: bool, scale: float) -> tuple[float, int | None] | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, int):
-        if counter and 0 <= v < _U64:
-            raw = v if scale == 1.0 else int(v * scale)
-            return float(raw), raw
-        return float(v) * scale, None
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return None
-        if counter and v >= 0 and v.is_integer() and v < 2.0**64:
-            raw = int(v * scale)
-            return float(raw), raw
-        return v * scale, None
-    if isinstance(v, str):
-        s = v.strip()
-        try:
-            return _number(int(s), counter, scale)
-        except ValueError:
-            pass
-        try:
-            return _number(float(s), counter, scale)
-        except ValueError:
-            return None
-    return None
 
 
 class NotificationDecoder:
