@@ -42,6 +42,8 @@ class TopicsConfig:
     alerts: str = "rocewatch.alerts"
     actions: str = "rocewatch.actions"
     dead_letter: str = "rocewatch.dlq"
+    steps: str = "rocewatch.steps"  # scale-out: closed steps per telemetry partition
+    state: str = "rocewatch.state"  # scale-out: compacted per-partition and detect state
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class KafkaConfig:
     commit_interval_s: float = 5.0  # checkpoint + offset commit; a crash re-reads at most this
     session_timeout_ms: int = 10000  # how soon a dead detector's partitions move to another
     idle_flush_s: float = 2.0
+    scale_out: bool = False  # two-stage consumer groups (rocewatch/scaleout.py)
 
     def client_kwargs(self) -> dict[str, Any]:
         """Connection settings shared by kafka-python producers, consumers and admin clients."""
