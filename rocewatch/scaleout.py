@@ -402,7 +402,8 @@ class Aggregator:
         if not his:
             return
         limit = min(his) + int(MAX_SKEW_S * 1e9)
-        pause, resume = [], []
+        pause: list[TopicPartition] = []
+        resume: list[TopicPartition] = []
         for p, part in self.parts.items():
             tp = TopicPartition(self.k.topics.telemetry, p)
             (pause if part.hi > limit else resume).append(tp)
