@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import polars as pl
 from kafka import ConsumerRebalanceListener, KafkaConsumer
@@ -72,6 +73,7 @@ STATE_VERSION = 1
 MAGIC = b"RWS1"
 MAX_MESSAGE_BYTES = 64 << 20  # steps and state topics; the producer's request limit matches
 ROWS_PER_STEPS_MESSAGE = 200_000
+HEARTBEAT_S = 1.0  # an owned partition reports at least this often
 MAX_SKEW_S = 2.0  # how far one owned partition may run ahead of the slowest
 SORT_KEY = ["step", "metric", "device", "port", "qual"]
 STEP_SCHEMA: dict[str, pl.DataType] = {"step": pl.Int64(), **AGG_SCHEMA}
@@ -180,19 +182,22 @@ def decode_steps(data: bytes) -> StepsMessage:
 
 def steps_rows(steps: list[Step], step_ns: int) -> pl.DataFrame | None:
     """Closed steps -> one frame with a step index, in a canonical row order."""
-    parts = [
-        f.select(list(AGG_SCHEMA)).with_columns(
-            pl.lit(s.start // step_ns, dtype=pl.Int64).alias("step")
-        )
-        for s in steps
-        for f in s.by_metric.values()
-        if f.height
-    ]
+    parts: list[pl.DataFrame] = []
+    idx: list[int] = []
+    lens: list[int] = []
+    for s in steps:
+        for f in s.by_metric.values():
+            if f.height:
+                parts.append(f)
+                idx.append(s.start // step_ns)
+                lens.append(f.height)
     if not parts:
         return None
-    # the canonical order makes re-emitted steps byte-for-byte the same after a restore (the
-    # engine's series table, which sets its own order, is a cache rebuilt after a restore)
-    return pl.concat(parts, how="vertical").select(list(STEP_SCHEMA)).sort(SORT_KEY)
+    rows = pl.concat(parts, how="vertical", rechunk=True).select(list(AGG_SCHEMA))
+    step = pl.Series("step", np.repeat(np.array(idx, dtype=np.int64), lens))
+    # the canonical order makes re-emitted steps the same after a restore (the engine's
+    # series table, which sets its own order, is a cache rebuilt after a restore)
+    return rows.with_columns(step).select(list(STEP_SCHEMA)).sort(SORT_KEY)
 
 
 # --- the state topic -----------------------------------------------------------------------------
@@ -277,6 +282,7 @@ class _Part:
     hi: int = -1
     seen: float = field(default_factory=time.monotonic)
     idle: bool = False  # an idle report was sent since the last record
+    reported: float = 0.0  # when the last steps message for it went out
     dirty: bool = True
     sent: deque[tuple[int, int]] = field(default_factory=deque)  # (newest ts, CreateTime ns)
 
@@ -388,6 +394,8 @@ class Aggregator:
         self.samples += n
         self._balance()
         for p, part in self.parts.items():
+            if now - part.reported >= HEARTBEAT_S:  # stage 2 tells a quiet owner from none
+                self._publish(p, part, [], idle=part.idle, heartbeat=True)
             if part.idle or now - part.seen < self.k.idle_flush_s or not self._caught_up(p, part):
                 continue
             self._publish(p, part, part.engine.finish(), idle=True)
@@ -414,12 +422,17 @@ class Aggregator:
 
     def _caught_up(self, p: int, part: _Part) -> bool:
         hw = self.consumer.highwater(TopicPartition(self.k.topics.telemetry, p))
-        return hw is None or part.offset is None or part.offset >= hw
+        if hw is None or TopicPartition(self.k.topics.telemetry, p) in self.consumer.paused():
+            return False
+        return part.offset is None or part.offset >= hw
 
-    def _publish(self, p: int, part: _Part, steps: list[Step], idle: bool) -> None:
+    def _publish(
+        self, p: int, part: _Part, steps: list[Step], idle: bool, heartbeat: bool = False
+    ) -> None:
         to = part.engine.closed_ns
-        if not steps and not idle:
+        if not steps and not idle and not heartbeat:
             return
+        part.reported = time.monotonic()
         step_ns = part.engine.step_ns
         closed_from = steps[0].start if steps else to
         rows = steps_rows(steps, step_ns)
@@ -478,7 +491,12 @@ class Aggregator:
             part = self.parts[p]
             assert part.offset is not None
             st = AggState(STATE_VERSION, p, part.engine, part.offset, part.hi)
-            futures.append((p, self.store.save(p, f"agg-{p}", _dumps(st))))
+            blob = _dumps(st)
+            if len(blob) > MAX_MESSAGE_BYTES:  # the stream goes on; a restart re-reads more
+                self.stats.inc("state_too_large", detail=f"agg-{p}")
+                log.error("state of partition %d is %d bytes: not checkpointed", p, len(blob))
+                continue
+            futures.append((p, self.store.save(p, f"agg-{p}", blob)))
         self.producer.flush(timeout=60)
         for p, fut in futures:
             self.store.confirm(p, fut)
@@ -489,7 +507,7 @@ class Aggregator:
             TopicPartition(self.k.topics.telemetry, p): OffsetAndMetadata(
                 self.parts[p].offset, "", -1
             )
-            for p in todo
+            for p, _ in futures
         }
         try:
             self.consumer.commit(offsets)
@@ -510,6 +528,28 @@ class DetectState:
     closed_ns: int | None  # every step ending at or before this has been evaluated
     offset: int  # next steps-topic offset
     out_ends: dict[tuple[str, int], int]  # end offsets of the output topics at checkpoint time
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the partial steps travel as one frame: many small frames cost more in headers
+        d = dict(self.__dict__)
+        parts = [
+            f.with_columns(pl.lit(p, dtype=pl.Int32).alias("part"))
+            for _, slot in sorted(self.buffer.items())
+            for p, f in sorted(slot.items())
+        ]
+        d["buffer"] = pl.concat(parts, how="vertical") if parts else None
+        return d
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        flat = d.pop("buffer")
+        buffer: dict[int, dict[int, pl.DataFrame]] = {}
+        if flat is not None and flat.height:
+            for (idx, p), f in flat.partition_by(
+                ["step", "part"], as_dict=True, maintain_order=True
+            ).items():
+                buffer.setdefault(int(idx), {})[int(p)] = f.drop("part")  # type: ignore[call-overload]
+        self.__dict__.update(d)
+        self.buffer = buffer
 
 
 class Detector:
@@ -652,32 +692,34 @@ class Detector:
         for msgs in recs.values():
             for m in msgs:
                 st.offset = m.offset + 1
-                n += 1
                 try:
                     msg = decode_steps(m.value or b"")
                 except BadInput as e:
                     self.stats.inc("bad_steps_message", detail=str(e)[:80])
                     continue
-                self._take(st, msg, now)
+                n += self._take(st, msg, now)
         self._advance(st, now)
         return n
 
-    def _take(self, st: DetectState, msg: StepsMessage, now: float) -> None:
+    def _take(self, st: DetectState, msg: StepsMessage, now: float) -> bool:
+        """Apply one steps message; True when it moved the partition on (not a heartbeat)."""
         p = msg.partition
         if not 0 <= p < self.n_parts:
             self.stats.inc("bad_steps_message", detail=f"partition {p}")
-            return
+            return False
         self.seen[p] = now
+        was_idle = st.part_idle.get(p)
         st.part_idle[p] = msg.idle
         prev = st.part_closed.get(p)
         if msg.closed_to is None or (prev is not None and msg.closed_to <= prev):
-            return  # nothing new: a re-emission after a restart, or an empty idle report
+            # nothing new: a heartbeat, a re-emission after a restart, an empty idle report
+            return bool(msg.idle and not was_idle)
         st.part_closed[p] = msg.closed_to
         if msg.sent:
             self.lat_pending.append((msg.closed_to, msg.sent))
         rows = msg.rows
         if rows is None or rows.height == 0:
-            return
+            return True
         step = pl.col("step")
         if prev is not None:
             rows = rows.filter(step >= prev // self.step_ns)  # steps sent before a restart
@@ -686,10 +728,11 @@ class Detector:
             if late.height:
                 self.stats.inc("late_step_rows", late.height, detail=f"partition {p}")
                 rows = rows.filter(step >= st.closed_ns // self.step_ns)
-        for (idx,), frame in rows.partition_by("step", as_dict=True).items():
+        for (idx,), frame in rows.partition_by("step", as_dict=True, maintain_order=True).items():
             slot = st.buffer.setdefault(int(idx), {})  # type: ignore[call-overload]
             old = slot.get(p)
             slot[p] = frame if old is None else pl.concat([old, frame])
+        return True
 
     def _target(self, st: DetectState, now: float) -> int | None:
         """How far every live partition has closed (None: wait for a partition to report)."""
@@ -728,7 +771,7 @@ class Detector:
         for idx in indices:
             slot = st.buffer.pop(idx, None)
             frame = None
-            if slot:
+            if slot:  # merged in partition order: the same step whoever aggregated what
                 frame = pl.concat([slot[p] for p in sorted(slot)], how="vertical").drop("step")
             steps.append(Step(idx * self.step_ns, (idx + 1) * self.step_ns, frame=frame))
         st.closed_ns = boundary
@@ -779,7 +822,14 @@ class Detector:
             (tp.topic, tp.partition): int(off)
             for tp, off in self.store.reader.end_offsets(self._output_tps()).items()
         }
-        fut = self.store.save(self.n_parts, "detect", _dumps(st))
+        blob = _dumps(st)
+        if len(blob) > MAX_MESSAGE_BYTES:  # the stream goes on; a restart re-reads more
+            self.stats.inc("state_too_large", detail="detect")
+            log.error(
+                "detect state is %d bytes, above %d: not checkpointed", len(blob), MAX_MESSAGE_BYTES
+            )
+            return
+        fut = self.store.save(self.n_parts, "detect", blob)
         self.producer.flush(timeout=60)
         self.store.confirm(self.n_parts, fut)
         if not commit:
