@@ -27,6 +27,7 @@ than a failover takes, so a failover does not drop a partition's steps).
 from __future__ import annotations
 
 import contextlib
+import heapq
 import io
 import json
 import logging
@@ -413,6 +414,9 @@ class Aggregator:
         the slowest anyway, and what runs ahead only fills its buffer."""
         his = [part.hi for part in self.parts.values() if part.hi >= 0 and not part.idle]
         if not his:
+            paused = self.consumer.paused()
+            if paused:
+                self.consumer.resume(*paused)
             return
         limit = min(his) + int(MAX_SKEW_S * 1e9)
         pause: list[TopicPartition] = []
@@ -578,7 +582,7 @@ class Detector:
         self.stall_s = max(20.0, 3 * self.k.session_timeout_ms / 1000.0)
         self.suppress: Counter[tuple[str, str]] = Counter()
         self.latencies: deque[float] = deque(maxlen=100_000)
-        self.lat_pending: deque[tuple[int, list[int]]] = deque()
+        self.lat_pending: list[tuple[int, list[int]]] = []  # a heap on closed time
         self.steps_evaluated = 0
         self.alerts_sent = 0
         self.actions_sent = 0
@@ -716,12 +720,12 @@ class Detector:
         was_idle = st.part_idle.get(p)
         st.part_idle[p] = msg.idle
         prev = st.part_closed.get(p)
+        if msg.sent and msg.closed_to is not None:
+            heapq.heappush(self.lat_pending, (msg.closed_to, msg.sent))
         if msg.closed_to is None or (prev is not None and msg.closed_to <= prev):
             # nothing new: a heartbeat, a re-emission after a restart, an empty idle report
             return bool(msg.idle and not was_idle)
         st.part_closed[p] = msg.closed_to
-        if msg.sent:
-            self.lat_pending.append((msg.closed_to, msg.sent))
         rows = msg.rows
         if rows is None or rows.height == 0:
             return True
@@ -742,6 +746,13 @@ class Detector:
     def _target(self, st: DetectState, now: float) -> int | None:
         """How far every live partition has closed (None: wait for a partition to report)."""
         live: list[int] = []
+        # silence means "no owner" only once this stage has read everything sent so far:
+        # a detect stage behind on the steps topic has simply not read the reports yet
+        hw = self.consumer.highwater(TopicPartition(self.k.topics.steps, 0))
+        behind = hw is None or st.offset < hw
+        if behind:
+            self.seen = {p: now for p in self.seen}
+            self.started = now
         for p in range(self.n_parts):
             if st.part_idle.get(p):
                 continue
@@ -784,7 +795,7 @@ class Detector:
         self.steps_evaluated += len(steps)
         t = time.time_ns()
         while self.lat_pending and self.lat_pending[0][0] <= boundary:
-            for sent in self.lat_pending.popleft()[1]:
+            for sent in heapq.heappop(self.lat_pending)[1]:
                 self.latencies.append((t - sent) / 1e9)
 
     def _emit(self, out: Output) -> None:
