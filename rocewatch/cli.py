@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="exit after this many seconds without input (0: run forever)",
     )
+    det.add_argument(
+        "--scale-out",
+        action="store_true",
+        help="two-stage consumer groups, so several instances split the work "
+        "(same as kafka.scale_out: true)",
+    )
 
     nt = sub.add_parser(
         "notify",
@@ -289,9 +295,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"published {n} samples to {cfg.kafka.topics.telemetry}")
         return 0
     if args.command == "detect":
+        cfg = load_config(args.config)
+        if args.scale_out or cfg.kafka.scale_out:
+            from rocewatch.scaleout import ScaleOutService
+
+            ScaleOutService(cfg).run(max_idle_s=args.max_idle)
+            return 0
         from rocewatch.kafka_io import DetectService
 
-        cfg = load_config(args.config)
         DetectService(cfg).run(max_idle_s=args.max_idle)
         return 0
     if args.command == "notify":

@@ -52,6 +52,8 @@ class TopicsConfig:
     alerts: str = "rocewatch.alerts"
     actions: str = "rocewatch.actions"
     dead_letter: str = "rocewatch.dlq"
+    steps: str = "rocewatch.steps"  # scale-out: closed steps per telemetry partition
+    state: str = "rocewatch.state"  # scale-out: compacted per-partition and detect state
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class KafkaConfig:
     # when it is full: block (slow the collector down) or drop (count and skip new telemetry)
     publish_buffer_bytes: int = 64 << 20
     publish_when_full: str = "block"
+    scale_out: bool = False  # two-stage consumer groups (rocewatch/scaleout.py)
 
     def client_kwargs(self) -> dict[str, Any]:
         """Connection settings shared by kafka-python producers, consumers and admin clients."""

@@ -185,6 +185,10 @@ class Pipeline:
         return out
 
     # --- evaluation ------------------------------------------------------------------------------
+    def evaluate(self, steps: list[Step]) -> Output:
+        """Evaluate steps closed elsewhere (the scale-out path), in time order."""
+        return self._run(steps)
+
     def _run(self, steps: list[Step]) -> Output:
         out = Output()
         t0 = time.process_time()

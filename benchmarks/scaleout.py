@@ -1,0 +1,247 @@
+"""Benchmark: scale-out detect (``rocewatch detect --scale-out``), one instance vs two.
+
+A simulated fabric (default 128 nodes x 8 NICs = 1,024 GPUs, every 100 ms) is published in
+real time to a 4-partition telemetry topic, once for one detector instance and once for two;
+then both again with the recording published as fast as the producer goes (``burst_*`` keys).
+Every instance is its own process; its CPU (user + sys, from /proc and wait4) is counted from
+the moment the fabric starts talking until it exits. Prints one JSON object (--json) with:
+
+  one_instance_cpu_s_per_msample    detector CPU seconds per million samples, one instance
+  two_instances_cpu_s_per_msample   the same, both instances together
+  efficiency                        the first divided by the second (1.0: splitting is free)
+  latency_p99_s                     publish -> evaluated by the detectors, two instances
+  latency_p99_one_instance_s        the same, one instance
+
+Starts its own Kafka broker unless --bootstrap. Two cores shared with the broker and the
+publisher cannot show a wall-clock speed-up; the CPU figures are what scaling costs.
+
+  python benchmarks/scaleout.py --json [--nodes 128] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+# benchmarks/detectors.py would shadow the detectors package: run from the repository root
+sys.path[:] = [str(ROOT), str(ROOT / "scripts")] + [
+    p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent
+]
+PARTITIONS = 4
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+THREADS = os.environ.get("ROCEWATCH_BENCH_POLARS_THREADS", "1")
+
+
+def log(msg: str) -> None:
+    print(f"[scaleout-bench] {msg}", file=sys.stderr, flush=True)
+
+
+def _pipeline_bench() -> Any:
+    """benchmarks/pipeline.py (its simulate-and-produce helpers), loaded by path."""
+    spec = importlib.util.spec_from_file_location(
+        "rw_pipeline_bench", ROOT / "benchmarks" / "pipeline.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process (its own, not its children's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def run(
+    k: int,
+    bench: Any,
+    bootstrap: str,
+    data: Path,
+    topology_file: Path,
+    tmp: Path,
+    total: int,
+    seconds: float,
+    interval_s: float = 0.1,
+) -> dict[str, Any]:
+    """Publish the recording to ``k`` fresh instances (in real time, or as fast as the producer
+    goes with ``interval_s`` 0); their CPU and latencies."""
+    import yaml
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    prefix = f"bench.so{k}.{'live' if interval_s else 'burst'}.{os.getpid()}"
+    topics = {
+        n: f"{prefix}.{n}"
+        for n in ("telemetry", "alerts", "actions", "dead_letter", "steps", "state")
+    }
+    admin = KafkaAdminClient(bootstrap_servers=[bootstrap])
+    admin.create_topics([NewTopic(topics["telemetry"], PARTITIONS, 1)])
+    admin.close()
+    state = tmp / f"state-{prefix}"
+    conf = tmp / f"{prefix}.yaml"
+    conf.write_text(
+        yaml.safe_dump(
+            {
+                "topology": str(topology_file),
+                "state_dir": str(state),
+                "kafka": {
+                    "bootstrap_servers": bootstrap,
+                    "group_id": f"{prefix}.group",
+                    "partitions": PARTITIONS,
+                    "commit_interval_s": 5.0,
+                    "idle_flush_s": 2.0,
+                    "session_timeout_ms": 10000,
+                    "scale_out": True,
+                    "topics": topics,
+                },
+            }
+        )
+    )
+    # one core per instance (the scaling model's unit): Polars' thread pool on a shared 2-core
+    # machine only adds CPU spent waiting for the other core
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "POLARS_MAX_THREADS": THREADS}
+    cmd = [sys.executable, "-m", "rocewatch.cli", "detect", "--config", str(conf)]
+    cmd += ["--scale-out", "--max-idle", "6"]
+    logs = [tmp / f"{prefix}-{i}.log" for i in range(k)]
+    procs = []
+    for i in range(k):
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=logs[i].open("wb"), stderr=subprocess.STDOUT)
+        )
+        time.sleep(1.0)
+    # the clock starts once every instance holds telemetry partitions and one the detect stage
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        texts = [p.read_text(errors="replace") for p in logs]
+        held = [t.rsplit("aggregating telemetry partitions", 1)[-1].split("\n")[0] for t in texts]
+        if all("[" in h and "[]" not in h for h in held) and any(
+            "detect stage active" in t for t in texts
+        ):
+            break
+        for p, lf in zip(procs, logs, strict=True):
+            if p.poll() is not None:
+                raise RuntimeError(f"instance exited early:\n{lf.read_text()[-3000:]}")
+        time.sleep(0.3)
+    else:
+        raise RuntimeError("instances did not take their partitions in time")
+    cpu0 = [proc_cpu_s(p.pid) for p in procs]
+    how = "in real time" if interval_s else "as fast as the producer goes"
+    log(f"{k} instance(s) ready; publishing {seconds:.0f} s of telemetry {how}")
+    pub = threading.Thread(
+        target=bench.produce, args=(data, bootstrap, topics["telemetry"], interval_s), daemon=True
+    )
+    t0 = time.monotonic()
+    pub.start()
+    cpu = 0.0
+    for p, c0 in zip(procs, cpu0, strict=True):
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode != 0:
+            raise RuntimeError(f"an instance failed ({p.returncode})")
+        cpu += ru.ru_utime + ru.ru_stime - c0
+    wall = time.monotonic() - t0
+    pub.join(60)
+    summaries = [json.loads(f.read_text()) for f in state.glob("scaleout-*.json")]
+    samples = sum(s["samples"] for s in summaries)
+    lat = sorted(x for s in summaries for x in s["latencies_s"])
+    if samples < total:
+        raise RuntimeError(f"the instances aggregated {samples:,} of {total:,} samples")
+    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan")
+    p50 = lat[len(lat) // 2] if lat else float("nan")
+    log(
+        f"{k} instance(s): {cpu:.1f} s CPU for {total:,} samples "
+        f"({cpu / (total / 1e6):.2f} s per million), latency p50 {p50:.3f} s p99 {p99:.3f} s, "
+        f"samples per instance {[s['samples'] for s in summaries]}"
+    )
+    return {
+        "cpu_s": cpu,
+        "per_msample": cpu / (total / 1e6),
+        "p50": p50,
+        "p99": p99,
+        "wall_s": wall,
+        "per_instance_samples": [s["samples"] for s in summaries],
+        "alerts": sum(s["alerts_sent"] for s in summaries),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--nodes", type=int, default=128, help="GPU nodes (8 NICs each)")
+    ap.add_argument("--seconds", type=float, default=20.0, help="telemetry seconds")
+    ap.add_argument("--bootstrap", help="use this broker instead of starting one")
+    args = ap.parse_args()
+
+    import kafka_broker
+    import yaml
+
+    bench = _pipeline_bench()
+    tmp = Path(tempfile.mkdtemp(prefix="rocewatch-scaleout-"))
+    broker = None
+    if args.bootstrap:
+        bootstrap = args.bootstrap
+    else:
+        log("starting a Kafka broker")
+        kafka_broker.fetch(quiet=True)
+        broker = kafka_broker.start(tmp / "kafka", port=0)
+        bootstrap = broker.bootstrap
+    try:
+        log(f"simulating {args.nodes} nodes x 8 NICs for {args.seconds:.0f} s of telemetry")
+        data = tmp / "ticks.bin"
+        total, msgs, _, topology = bench.generate(args.nodes, args.seconds, data)
+        topology_file = tmp / "topology.yaml"
+        topology_file.write_text(yaml.safe_dump(topology.to_dict()))
+        log(f"{total:,} samples in {msgs:,} messages ({total / args.seconds:,.0f} samples/s)")
+        one = run(1, bench, bootstrap, data, topology_file, tmp, total, args.seconds)
+        two = run(2, bench, bootstrap, data, topology_file, tmp, total, args.seconds)
+        # the same without pacing: both runs work through large batches, so the comparison
+        # shows what splitting costs apart from how far behind one instance falls
+        one_b = run(1, bench, bootstrap, data, topology_file, tmp, total, args.seconds, 0.0)
+        two_b = run(2, bench, bootstrap, data, topology_file, tmp, total, args.seconds, 0.0)
+        result = {
+            "one_instance_cpu_s_per_msample": round(one["per_msample"], 3),
+            "two_instances_cpu_s_per_msample": round(two["per_msample"], 3),
+            "efficiency": round(one["per_msample"] / two["per_msample"], 3),
+            "latency_p99_s": round(two["p99"], 3),
+            "latency_p50_s": round(two["p50"], 3),
+            "latency_p99_one_instance_s": round(one["p99"], 3),
+            "burst_one_instance_cpu_s_per_msample": round(one_b["per_msample"], 3),
+            "burst_two_instances_cpu_s_per_msample": round(two_b["per_msample"], 3),
+            "burst_efficiency": round(one_b["per_msample"] / two_b["per_msample"], 3),
+            "one_instance_samples_per_cpu_s": round(total / one["cpu_s"]),
+            "two_instances_samples_split": two["per_instance_samples"],
+            "samples": total,
+            "live_rate_samples_per_s": round(total / args.seconds),
+            "nodes": args.nodes,
+            "gpus": args.nodes * 8,
+            "telemetry_partitions": PARTITIONS,
+            "telemetry_s": args.seconds,
+            "sample_interval_s": 0.1,
+            "cores": os.cpu_count(),
+            "polars_threads_per_instance": int(THREADS),
+            "load_average_1m": round(os.getloadavg()[0], 2),
+            "note": "CPU counted per instance process from the first published record to its "
+            "exit (includes Kafka decode, aggregation, steps encode/decode, state checkpoints "
+            "and 6 s of idle polling); latency includes the 0.5 s allowed lateness",
+        }
+        print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+        return 0
+    finally:
+        if broker is not None:
+            broker.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,969 @@
+"""The detector service scaled out over Kafka consumer groups: two stages in every instance.
+
+Stage 1, *aggregate* (group ``<group_id>-agg`` on the telemetry topic): one window engine per
+assigned telemetry partition (rates, pending samples, steps), closed by that partition's own
+watermark (its newest sample time less the allowed lateness). A partition's steps therefore
+depend only on its own records, whichever instance runs it. Closed steps go to the steps topic
+(one partition, key = telemetry partition): a small JSON header and the aggregated rows as
+compressed Arrow IPC. After the step messages are flushed, the partition's engine and next
+offset are written to the compacted state topic (state partition = telemetry partition), and
+only then are the offsets committed. A partition (re)assigned to an instance resumes from its
+latest state; steps it emits again after a crash are the same and stage 2 drops them.
+
+Stage 2, *detect* (group ``<group_id>-detect`` on the one-partition steps topic, so exactly one
+instance is active and another takes over when it dies): assembles every step from all telemetry
+partitions (merged in partition order, so the result does not depend on who sent what when),
+evaluates a step once every live partition has closed past it, runs the detectors, alert
+lifecycle and policy, and publishes alerts and actions. Its state (the pipeline, per-partition
+progress, partial steps, the steps-topic offset, the output topics' end offsets) is checkpointed
+to the last partition of the state topic; after a takeover, events already published after that
+checkpoint are read back and not sent again, as in :class:`rocewatch.kafka_io.DetectService`.
+
+A partition is left out of the stage-2 watermark when its owner reports it idle (caught up, no
+records for ``idle_flush_s``), or when nobody has reported it for ``stall_s`` (no owner: longer
+than a failover takes, so a failover does not drop a partition's steps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import io
+import json
+import logging
+import os
+import pickle
+import signal
+import struct
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import polars as pl
+from kafka import ConsumerRebalanceListener, KafkaConsumer
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+from actions.routing import RoutingExecutor
+from detectors.windows import AGG_SCHEMA, Step, WindowEngine
+from rocewatch import wire
+from rocewatch.config import Config, KafkaConfig
+from rocewatch.errors import BadInput, ConfigError, RetryableError
+from rocewatch.kafka_io import (
+    _action_id,
+    _alert_id,
+    _event_id,
+    _frame_from_ipc,
+    _StatePickler,
+    ensure_topics,
+    make_producer,
+)
+from rocewatch.pipeline import Output, Pipeline
+from rocewatch.stats import Stats
+from rocewatch.topology import Topology
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+MAGIC = b"RWS1"
+MAX_MESSAGE_BYTES = 64 << 20  # steps and state topics; the producer's request limit matches
+ROWS_PER_STEPS_MESSAGE = 200_000
+HEARTBEAT_S = 1.0  # an owned partition reports at least this often
+MAX_SKEW_S = 2.0  # how far one owned partition may run ahead of the slowest
+STEP_SCHEMA: dict[str, pl.DataType] = {"step": pl.Int64(), **AGG_SCHEMA}
+
+
+def ensure_scaleout_topics(k: KafkaConfig) -> int:
+    """Create the telemetry, output, steps and state topics; return the telemetry partitions."""
+    ensure_topics(k)
+    try:
+        admin = KafkaAdminClient(**k.client_kwargs(), request_timeout_ms=30000)
+    except KafkaError as e:
+        raise RetryableError(f"cannot reach Kafka at {k.bootstrap_servers}: {e}") from e
+    try:
+        existing: set[str] = set()
+
+        def count(topic: str) -> int:
+            if topic not in existing:
+                return 0
+            desc = admin.describe_topics([topic])
+            return len(desc[0].get("partitions") or []) if desc else 0
+
+        deadline = time.monotonic() + 30
+        n = 0
+        while n <= 0:  # a topic just created may take a moment to show its partitions
+            existing = set(admin.list_topics())
+            n = count(k.topics.telemetry)
+            if n <= 0 and time.monotonic() > deadline:
+                raise RetryableError(f"telemetry topic {k.topics.telemetry} has no partitions")
+            if n <= 0:
+                time.sleep(0.2)
+        have_state = count(k.topics.state)
+        big = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+        want = []
+        if k.topics.steps not in existing:
+            want.append(
+                NewTopic(k.topics.steps, 1, 1, topic_configs={**big, "retention.ms": "86400000"})
+            )
+        if have_state == 0:
+            want.append(
+                NewTopic(
+                    k.topics.state,
+                    n + 1,
+                    1,
+                    topic_configs={**big, "cleanup.policy": "compact", "segment.ms": "600000"},
+                )
+            )
+        elif have_state < n + 1:
+            raise ConfigError(
+                f"kafka.topics.state {k.topics.state} has {have_state} partitions; scale-out "
+                f"needs the telemetry partitions + 1 = {n + 1}"
+            )
+        if want:
+            with contextlib.suppress(TopicAlreadyExistsError):
+                admin.create_topics(want)
+        return n
+    finally:
+        admin.close()
+
+
+# --- wire format of the steps topic -----------------------------------------------------------
+
+
+@dataclass
+class StepsMessage:
+    partition: int
+    closed_from: int | None  # the partition's closed time before these steps
+    closed_to: int | None  # every step of the partition ending at or before this is closed
+    idle: bool  # the owner has caught up and the partition is quiet
+    sent: list[int]  # CreateTime (ns) of the telemetry records these steps complete
+    rows: pl.DataFrame | None  # STEP_SCHEMA, in steps_rows' canonical order
+
+
+def encode_steps(m: StepsMessage) -> bytes:
+    head = orjson.dumps(
+        {
+            "p": m.partition,
+            "from": m.closed_from,
+            "to": m.closed_to,
+            "idle": m.idle,
+            "sent": m.sent,
+        }
+    )
+    body = b""
+    if m.rows is not None and m.rows.height:
+        buf = io.BytesIO()
+        m.rows.write_ipc(buf, compression="zstd")
+        body = buf.getvalue()
+    return MAGIC + struct.pack("<I", len(head)) + head + body
+
+
+def decode_steps(data: bytes) -> StepsMessage:
+    if len(data) < 8 or data[:4] != MAGIC:
+        raise BadInput("not a steps message")
+    (n,) = struct.unpack("<I", data[4:8])
+    try:
+        h = orjson.loads(data[8 : 8 + n])
+        rows = pl.read_ipc(io.BytesIO(data[8 + n :])) if len(data) > 8 + n else None
+        return StepsMessage(
+            int(h["p"]), h["from"], h["to"], bool(h["idle"]), [int(x) for x in h["sent"]], rows
+        )
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, OSError) as e:
+        raise BadInput(f"bad steps message: {e}") from e
+    except pl.exceptions.PolarsError as e:
+        raise BadInput(f"bad steps rows: {e}") from e
+
+
+def steps_rows(steps: list[Step], step_ns: int) -> pl.DataFrame | None:
+    """Closed steps -> one frame with a step index, in a canonical row order."""
+    parts: list[pl.DataFrame] = []
+    idx: list[int] = []
+    lens: list[int] = []
+    for s in steps:
+        for f in s.by_metric.values():
+            if f.height:
+                parts.append(f)
+                idx.append(s.start // step_ns)
+                lens.append(f.height)
+    if not parts:
+        return None
+    rows = pl.concat(parts, how="vertical", rechunk=True).select(list(AGG_SCHEMA))
+    step = pl.Series("step", np.repeat(np.array(idx, dtype=np.int64), lens))
+    # a canonical order (step, then a fixed hash of the series key; 3x cheaper than sorting the
+    # strings) makes re-emitted steps the same after a restore: the engine's series table,
+    # which sets its own order, is a cache rebuilt after a restore
+    key = pl.struct(["metric", "device", "port", "qual"]).hash(seed=0).alias("_key")
+    return (
+        rows.with_columns(step, key)
+        .sort(["step", "_key"], multithreaded=False)
+        .select(list(STEP_SCHEMA))
+    )
+
+
+# --- the state topic -----------------------------------------------------------------------------
+
+
+class _CompressedPickler(_StatePickler):
+    """Frames as zstd-compressed Arrow IPC: state records travel through Kafka."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, pl.DataFrame):
+            buf = io.BytesIO()
+            obj.write_ipc(buf, compression="zstd")
+            return (_frame_from_ipc, (buf.getvalue(),))
+        return NotImplemented
+
+
+def _dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    _CompressedPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+class StateStore:
+    """Latest state per state-topic partition (one key per partition, so the last record wins)."""
+
+    def __init__(self, k: KafkaConfig, producer: Any) -> None:
+        self.topic = k.topics.state
+        self.producer = producer
+        self.reader = KafkaConsumer(
+            **k.client_kwargs(),
+            group_id=None,
+            enable_auto_commit=False,
+            max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+            fetch_max_bytes=MAX_MESSAGE_BYTES,
+        )
+        self.written_end: dict[int, int] = {}  # end offset after our own last write
+
+    def end(self, partition: int) -> int:
+        tp = TopicPartition(self.topic, partition)
+        return int(self.reader.end_offsets([tp])[tp])
+
+    def load(self, partition: int, timeout_s: float = 60.0) -> bytes | None:
+        tp = TopicPartition(self.topic, partition)
+        end = self.end(partition)
+        if end == 0:
+            return None
+        self.reader.assign([tp])
+        self.reader.seek(tp, end - 1)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for m in self.reader.poll(timeout_ms=500).get(tp, []):
+                if m.offset == end - 1:
+                    return bytes(m.value) if m.value else None
+        raise RetryableError(f"state {self.topic}/{partition}@{end - 1} not readable")
+
+    def save(self, partition: int, key: str, value: bytes) -> Any:
+        return self.producer.send(self.topic, key=key.encode(), value=value, partition=partition)
+
+    def confirm(self, partition: int, future: Any) -> None:
+        self.written_end[partition] = int(future.get(timeout=60).offset) + 1
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+# --- stage 1: aggregate ------------------------------------------------------------------------
+
+
+@dataclass
+class AggState:
+    version: int
+    partition: int
+    engine: WindowEngine
+    offset: int  # next telemetry offset to read
+    hi: int  # newest sample time seen
+
+
+@dataclass
+class _Part:
+    engine: WindowEngine
+    offset: int | None
+    hi: int = -1
+    seen: float = field(default_factory=time.monotonic)
+    idle: bool = False  # an idle report was sent since the last record
+    reported: float = 0.0  # when the last steps message for it went out
+    dirty: bool = True
+    sent: deque[tuple[int, int]] = field(default_factory=deque)  # (newest ts, CreateTime ns)
+
+
+class Aggregator:
+    """Stage 1: per telemetry partition, samples -> closed steps on the steps topic."""
+
+    def __init__(self, cfg: Config, n_parts: int, producer: Any, store: StateStore) -> None:
+        self.cfg = cfg
+        self.k = cfg.kafka
+        self.n_parts = n_parts
+        self.producer = producer
+        self.store = store
+        self.stats = Stats()
+        self.parts: dict[int, _Part] = {}
+        self.retired: dict[int, _Part] = {}
+        self.closing = False
+        self.samples = 0
+        self.consumer = KafkaConsumer(
+            **self.k.client_kwargs(),
+            group_id=self.k.group_id + "-agg",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=5000,
+            fetch_max_bytes=64 << 20,
+            max_partition_fetch_bytes=16 << 20,
+            session_timeout_ms=self.k.session_timeout_ms,
+            heartbeat_interval_ms=max(1000, self.k.session_timeout_ms // 4),
+        )
+
+    def _new_engine(self) -> WindowEngine:
+        return WindowEngine(self.cfg.window, self.stats)
+
+    # --- assignment ------------------------------------------------------------------------------
+    def assigned(self, tps: list[TopicPartition]) -> None:
+        for tp in tps:
+            p = tp.partition
+            part = self.retired.pop(p, None)
+            if part is None or self.store.written_end.get(p) != self.store.end(p):
+                part = self._restore(p)
+            part.seen = time.monotonic()
+            part.idle = False
+            self.parts[p] = part
+            if part.offset is None:
+                self.consumer.seek_to_beginning(tp)
+            else:
+                self.consumer.seek(tp, part.offset)
+        log.info("aggregating telemetry partitions %s", sorted(self.parts))
+
+    def _restore(self, p: int) -> _Part:
+        raw = self.store.load(p)
+        if raw is not None:
+            try:
+                st = pickle.loads(raw)
+                if isinstance(st, AggState) and st.version == STATE_VERSION and st.partition == p:
+                    st.engine.stats = self.stats
+                    st.engine.rates.stats = self.stats
+                    log.info("partition %d resumes at offset %d", p, st.offset)
+                    return _Part(st.engine, st.offset, st.hi, dirty=False)
+                log.error("state of partition %d has another version; starting it afresh", p)
+            except Exception as e:  # a foreign record: start the partition clean, say so
+                log.error("state of partition %d unreadable (%s); starting it afresh", p, e)
+        return _Part(self._new_engine(), None)
+
+    def revoked(self, tps: list[TopicPartition]) -> None:
+        if self.closing:
+            return
+        gone = [tp.partition for tp in tps if tp.partition in self.parts]
+        if gone:
+            self.checkpoint(gone, commit=False)
+        for p in gone:
+            self.retired[p] = self.parts.pop(p)
+
+    # --- the loop --------------------------------------------------------------------------------
+    def poll_once(self, timeout_ms: int) -> int:
+        recs = self.consumer.poll(timeout_ms=timeout_ms)
+        now = time.monotonic()
+        n = 0
+        for tp, msgs in recs.items():
+            part = self.parts.get(tp.partition)
+            if part is None or not msgs:
+                continue
+            batches: list[wire.Decoded] = []
+            for m in msgs:
+                try:
+                    if m.value is None:
+                        raise BadInput("empty message")
+                    d = wire.parse(m.value)
+                except BadInput as e:
+                    self._dead_letter(m, e)
+                    continue
+                if d.rows:
+                    batches.append(d)
+                    hi = int(d.cols["ts"].max())
+                    part.hi = max(part.hi, hi)
+                    sent = m.timestamp * 1_000_000 if m.timestamp and m.timestamp > 0 else 0
+                    part.sent.append((hi, sent or d.produced_ns))
+            part.offset = msgs[-1].offset + 1
+            part.seen = now
+            part.idle = False
+            part.dirty = True
+            if batches:
+                df = wire.frames(batches)
+                n += df.height
+                part.engine.add(df)
+            if part.hi >= 0:
+                wm = part.hi - part.engine.lateness_ns()
+                self._publish(tp.partition, part, part.engine.close_until(wm), idle=False)
+        self.samples += n
+        self._balance()
+        for p, part in self.parts.items():
+            if now - part.reported >= HEARTBEAT_S:  # stage 2 tells a quiet owner from none
+                self._publish(p, part, [], idle=part.idle, heartbeat=True)
+            if part.idle or now - part.seen < self.k.idle_flush_s or not self._caught_up(p, part):
+                continue
+            self._publish(p, part, part.engine.finish(), idle=True)
+            part.idle = True
+            part.dirty = True
+        return n
+
+    def _balance(self) -> None:
+        """Pause partitions far ahead of the slowest one this instance owns: stage 2 waits for
+        the slowest anyway, and what runs ahead only fills its buffer."""
+        his = [part.hi for part in self.parts.values() if part.hi >= 0 and not part.idle]
+        if not his:
+            paused = self.consumer.paused()
+            if paused:
+                self.consumer.resume(*paused)
+            return
+        limit = min(his) + int(MAX_SKEW_S * 1e9)
+        pause: list[TopicPartition] = []
+        resume: list[TopicPartition] = []
+        for p, part in self.parts.items():
+            tp = TopicPartition(self.k.topics.telemetry, p)
+            (pause if part.hi > limit else resume).append(tp)
+        if pause:
+            self.consumer.pause(*pause)
+        if resume:
+            self.consumer.resume(*resume)
+
+    def _caught_up(self, p: int, part: _Part) -> bool:
+        hw = self.consumer.highwater(TopicPartition(self.k.topics.telemetry, p))
+        if hw is None or TopicPartition(self.k.topics.telemetry, p) in self.consumer.paused():
+            return False
+        return part.offset is None or part.offset >= hw
+
+    def _publish(
+        self, p: int, part: _Part, steps: list[Step], idle: bool, heartbeat: bool = False
+    ) -> None:
+        to = part.engine.closed_ns
+        if not steps and not idle and not heartbeat:
+            return
+        part.reported = time.monotonic()
+        step_ns = part.engine.step_ns
+        closed_from = steps[0].start if steps else to
+        rows = steps_rows(steps, step_ns)
+        sent: list[int] = []
+        while part.sent and to is not None and part.sent[0][0] < to:
+            sent.append(part.sent.popleft()[1])
+        # very large closes go out in several messages, each ending on a whole step
+        chunks: list[tuple[pl.DataFrame | None, int | None]] = [(rows, to)]
+        if rows is not None and rows.height > ROWS_PER_STEPS_MESSAGE:
+            chunks = []
+            for (idx,), frame in rows.partition_by(
+                "step", as_dict=True, maintain_order=True
+            ).items():
+                end = (int(idx) + 1) * step_ns  # type: ignore[call-overload]
+                if (
+                    chunks
+                    and chunks[-1][0] is not None
+                    and (chunks[-1][0].height + frame.height <= ROWS_PER_STEPS_MESSAGE)
+                ):
+                    prev = chunks[-1][0]
+                    chunks[-1] = (pl.concat([prev, frame]), end)
+                else:
+                    chunks.append((frame, end))
+            chunks[-1] = (chunks[-1][0], to)
+        for i, (chunk, chunk_to) in enumerate(chunks):
+            last = i == len(chunks) - 1
+            msg = StepsMessage(p, closed_from, chunk_to, idle and last, sent if last else [], chunk)
+            self.producer.send(
+                self.k.topics.steps, key=str(p).encode(), value=encode_steps(msg), partition=0
+            )
+            closed_from = chunk_to
+
+    def _dead_letter(self, m: Any, err: Exception) -> None:
+        self.stats.inc("dead_letter", detail=type(err).__name__)
+        headers = [
+            ("rocewatch-error", str(err)[:500].encode()),
+            ("rocewatch-source", f"{m.topic}/{m.partition}/{m.offset}".encode()),
+        ]
+        self.producer.send(
+            self.k.topics.dead_letter, key=m.key, value=m.value or b"", headers=headers
+        )
+
+    def checkpoint(self, only: list[int] | None = None, commit: bool = True) -> None:
+        """Steps flushed, then each partition's state written, then its offset committed.
+
+        Inside a rebalance callback (``commit=False``) the consumer cannot block: the state
+        record carries the offset, and the next commit catches the group's offsets up.
+        """
+        todo = [p for p in (only if only is not None else list(self.parts)) if p in self.parts]
+        todo = [p for p in todo if self.parts[p].dirty and self.parts[p].offset is not None]
+        if not todo:
+            return
+        self.producer.flush(timeout=60)
+        futures = []
+        for p in todo:
+            part = self.parts[p]
+            assert part.offset is not None
+            st = AggState(STATE_VERSION, p, part.engine, part.offset, part.hi)
+            blob = _dumps(st)
+            if len(blob) > MAX_MESSAGE_BYTES:  # the stream goes on; a restart re-reads more
+                self.stats.inc("state_too_large", detail=f"agg-{p}")
+                log.error("state of partition %d is %d bytes: not checkpointed", p, len(blob))
+                continue
+            futures.append((p, self.store.save(p, f"agg-{p}", blob)))
+        self.producer.flush(timeout=60)
+        for p, fut in futures:
+            self.store.confirm(p, fut)
+            self.parts[p].dirty = False
+        if not commit:
+            return
+        offsets = {
+            TopicPartition(self.k.topics.telemetry, p): OffsetAndMetadata(
+                self.parts[p].offset, "", -1
+            )
+            for p, _ in futures
+        }
+        try:
+            self.consumer.commit(offsets)
+        except KafkaError as e:  # the state record holds the offset; the commit is for lag
+            log.warning("offset commit failed (%s); the state topic keeps the offsets", e)
+
+
+# --- stage 2: detect ---------------------------------------------------------------------------
+
+
+@dataclass
+class DetectState:
+    version: int
+    pipeline: Pipeline
+    part_closed: dict[int, int]  # newest closed time reported per telemetry partition
+    part_idle: dict[int, bool]
+    buffer: dict[int, dict[int, pl.DataFrame]]  # step index -> telemetry partition -> rows
+    closed_ns: int | None  # every step ending at or before this has been evaluated
+    offset: int  # next steps-topic offset
+    out_ends: dict[tuple[str, int], int]  # end offsets of the output topics at checkpoint time
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the partial steps travel as one frame: many small frames cost more in headers
+        d = dict(self.__dict__)
+        parts = [
+            f.with_columns(pl.lit(p, dtype=pl.Int32).alias("part"))
+            for _, slot in sorted(self.buffer.items())
+            for p, f in sorted(slot.items())
+        ]
+        d["buffer"] = pl.concat(parts, how="vertical") if parts else None
+        return d
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        flat = d.pop("buffer")
+        buffer: dict[int, dict[int, pl.DataFrame]] = {}
+        if flat is not None and flat.height:
+            for (idx, p), f in flat.partition_by(
+                ["step", "part"], as_dict=True, maintain_order=True
+            ).items():
+                buffer.setdefault(int(idx), {})[int(p)] = f.drop("part")  # type: ignore[call-overload]
+        self.__dict__.update(d)
+        self.buffer = buffer
+
+
+class Detector:
+    """Stage 2: assemble steps from every telemetry partition and run the detectors on them."""
+
+    def __init__(
+        self, cfg: Config, topology: Topology, n_parts: int, producer: Any, store: StateStore
+    ) -> None:
+        self.cfg = cfg
+        self.k = cfg.kafka
+        self.topology = topology
+        self.n_parts = n_parts
+        self.producer = producer
+        self.store = store
+        self.stats = Stats()
+        self.active = False
+        self.closing = False
+        self.state: DetectState | None = None
+        self.seen: dict[int, float] = {}
+        self.started = time.monotonic()
+        self.stall_s = max(20.0, 3 * self.k.session_timeout_ms / 1000.0)
+        self.suppress: Counter[tuple[str, str]] = Counter()
+        self.latencies: deque[float] = deque(maxlen=100_000)
+        self.lat_pending: list[tuple[int, list[int]]] = []  # a heap on closed time
+        self.steps_evaluated = 0
+        self.alerts_sent = 0
+        self.actions_sent = 0
+        self.consumer = KafkaConsumer(
+            **self.k.client_kwargs(),
+            group_id=self.k.group_id + "-detect",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=200,
+            fetch_max_bytes=MAX_MESSAGE_BYTES,
+            max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+            session_timeout_ms=self.k.session_timeout_ms,
+            heartbeat_interval_ms=max(1000, self.k.session_timeout_ms // 4),
+        )
+
+    @property
+    def step_ns(self) -> int:
+        return round(self.cfg.window.step_s * 1e9)
+
+    # --- assignment ------------------------------------------------------------------------------
+    def assigned(self, tps: list[TopicPartition]) -> None:
+        if not tps:
+            return
+        st = self._restore()
+        executor = RoutingExecutor(self.cfg.executors)
+        if st is None:
+            pipe = Pipeline(
+                self.topology,
+                self.cfg,
+                executor=executor,
+                stats=self.stats,
+                rollup_s=10,
+                retain=False,
+            )
+            st = DetectState(STATE_VERSION, pipe, {}, {}, {}, None, 0, {})
+            self.consumer.seek_to_beginning(tps[0])
+        else:
+            st.pipeline.policy.executor = executor
+            self.stats = st.pipeline.stats
+            self.consumer.seek(tps[0], st.offset)
+            self._load_suppressions(st)
+        self.state = st
+        self.active = True
+        self.started = time.monotonic()
+        self.seen = {p: self.started for p in st.part_closed}
+        log.info("detect stage active (steps offset %d)", st.offset)
+
+    def _restore(self) -> DetectState | None:
+        raw = self.store.load(self.n_parts)
+        if raw is None:
+            return None
+        try:
+            st = pickle.loads(raw)
+        except Exception as e:  # a foreign record: start clean, say so
+            log.error("detect state unreadable (%s); starting from the first step", e)
+            return None
+        if not isinstance(st, DetectState) or st.version != STATE_VERSION:
+            log.error("detect state has another version; starting from the first step")
+            return None
+        return st
+
+    def revoked(self, tps: list[TopicPartition]) -> None:
+        if self.active and tps and not self.closing:
+            self.checkpoint(commit=False)
+            self.active = False
+            self.state = None
+            log.info("detect stage handed over")
+
+    def _output_tps(self) -> list[TopicPartition]:
+        out = []
+        for topic in (self.k.topics.alerts, self.k.topics.actions):
+            parts = self.store.reader.partitions_for_topic(topic) or {0}
+            out += [TopicPartition(topic, p) for p in sorted(parts)]
+        return out
+
+    def _load_suppressions(self, st: DetectState) -> None:
+        """Read what was published after the checkpoint: it must not be published again."""
+        self.suppress.clear()
+        tps = self._output_tps()
+        ends = self.store.reader.end_offsets(tps)
+        todo = {tp: st.out_ends.get((tp.topic, tp.partition), 0) for tp in tps}
+        todo = {tp: start for tp, start in todo.items() if start < ends.get(tp, 0)}
+        if not todo:
+            return
+        reader = KafkaConsumer(**self.k.client_kwargs(), enable_auto_commit=False, group_id=None)
+        try:
+            reader.assign(list(todo))
+            for tp, start in todo.items():
+                reader.seek(tp, start)
+            remaining = {tp: ends[tp] for tp in todo}
+            deadline = time.monotonic() + 60
+            while remaining and time.monotonic() < deadline:
+                for tp, msgs in reader.poll(timeout_ms=500).items():
+                    for m in msgs:
+                        if m.offset < remaining.get(tp, -1):
+                            self.suppress[(tp.topic, _event_id(tp.topic, m.value, self.cfg))] += 1
+                    if msgs and msgs[-1].offset + 1 >= remaining.get(tp, 0):
+                        remaining.pop(tp, None)
+            if remaining:
+                raise RetryableError("could not read back the events published after the state")
+        finally:
+            reader.close()
+        log.info(
+            "after the takeover, %d already-published events will not be sent again",
+            sum(self.suppress.values()),
+        )
+
+    # --- the loop --------------------------------------------------------------------------------
+    def poll_once(self, timeout_ms: int) -> int:
+        recs = self.consumer.poll(timeout_ms=timeout_ms)
+        st = self.state
+        if st is None or not self.active:
+            return 0
+        n = 0
+        now = time.monotonic()
+        for msgs in recs.values():
+            for m in msgs:
+                st.offset = m.offset + 1
+                try:
+                    msg = decode_steps(m.value or b"")
+                except BadInput as e:
+                    self.stats.inc("bad_steps_message", detail=str(e)[:80])
+                    continue
+                n += self._take(st, msg, now)
+        self._advance(st, now)
+        return n
+
+    def _take(self, st: DetectState, msg: StepsMessage, now: float) -> bool:
+        """Apply one steps message; True when it moved the partition on (not a heartbeat)."""
+        p = msg.partition
+        if not 0 <= p < self.n_parts:
+            self.stats.inc("bad_steps_message", detail=f"partition {p}")
+            return False
+        self.seen[p] = now
+        was_idle = st.part_idle.get(p)
+        st.part_idle[p] = msg.idle
+        prev = st.part_closed.get(p)
+        if msg.sent and msg.closed_to is not None:
+            heapq.heappush(self.lat_pending, (msg.closed_to, msg.sent))
+        if msg.closed_to is None or (prev is not None and msg.closed_to <= prev):
+            # nothing new: a heartbeat, a re-emission after a restart, an empty idle report
+            return bool(msg.idle and not was_idle)
+        st.part_closed[p] = msg.closed_to
+        rows = msg.rows
+        if rows is None or rows.height == 0:
+            return True
+        step = pl.col("step")
+        if prev is not None:
+            rows = rows.filter(step >= prev // self.step_ns)  # steps sent before a restart
+        if st.closed_ns is not None:
+            late = rows.filter(step < st.closed_ns // self.step_ns)
+            if late.height:
+                self.stats.inc("late_step_rows", late.height, detail=f"partition {p}")
+                rows = rows.filter(step >= st.closed_ns // self.step_ns)
+        for (idx,), frame in rows.partition_by("step", as_dict=True, maintain_order=True).items():
+            slot = st.buffer.setdefault(int(idx), {})  # type: ignore[call-overload]
+            old = slot.get(p)
+            slot[p] = frame if old is None else pl.concat([old, frame])
+        return True
+
+    def _target(self, st: DetectState, now: float) -> int | None:
+        """How far every live partition has closed (None: wait for a partition to report)."""
+        live: list[int] = []
+        # silence means "no owner" only once this stage has read everything sent so far:
+        # a detect stage behind on the steps topic has simply not read the reports yet
+        hw = self.consumer.highwater(TopicPartition(self.k.topics.steps, 0))
+        behind = hw is None or st.offset < hw
+        if behind:
+            self.seen = {p: now for p in self.seen}
+            self.started = now
+        for p in range(self.n_parts):
+            if st.part_idle.get(p):
+                continue
+            if now - self.seen.get(p, self.started) >= self.stall_s:
+                if p in st.part_closed or p in self.seen:
+                    self.stats.inc("stalled_partition", detail=str(p))
+                continue  # nobody has owned it for longer than a failover takes
+            if p not in st.part_closed:
+                return None
+            live.append(st.part_closed[p])
+        if live:
+            return min(live)
+        return max(st.part_closed.values()) if st.part_closed else None
+
+    def _advance(self, st: DetectState, now: float) -> None:
+        target = self._target(st, now)
+        if target is None:
+            return
+        boundary = (target // self.step_ns) * self.step_ns
+        if st.closed_ns is None:
+            if not st.buffer:
+                return
+            st.closed_ns = min(st.buffer) * self.step_ns
+        if boundary <= st.closed_ns:
+            return
+        lo, hi = st.closed_ns // self.step_ns, boundary // self.step_ns
+        if hi - lo <= self.cfg.window.max_steps_per_close:
+            indices: list[int] = list(range(lo, hi))
+        else:  # a long silence: only the steps that hold data
+            indices = sorted(i for i in st.buffer if lo <= i < hi)
+        steps = []
+        for idx in indices:
+            slot = st.buffer.pop(idx, None)
+            frame = None
+            if slot:  # merged in partition order: the same step whoever aggregated what
+                frame = pl.concat([slot[p] for p in sorted(slot)], how="vertical").drop("step")
+            steps.append(Step(idx * self.step_ns, (idx + 1) * self.step_ns, frame=frame))
+        st.closed_ns = boundary
+        self._emit(st.pipeline.evaluate(steps))
+        self.steps_evaluated += len(steps)
+        t = time.time_ns()
+        while self.lat_pending and self.lat_pending[0][0] <= boundary:
+            for sent in heapq.heappop(self.lat_pending)[1]:
+                self.latencies.append((t - sent) / 1e9)
+
+    def _emit(self, out: Output) -> None:
+        t = self.k.topics
+        for a in out.alerts:
+            if self._suppressed(t.alerts, _alert_id(a)):
+                continue
+            self.alerts_sent += 1
+            self.producer.send(
+                t.alerts,
+                key=a.fingerprint.encode(),
+                value=orjson.dumps(a.to_json()),
+                headers=[("rocewatch-schema", b"alert/v1")],
+            )
+        for act in out.actions:
+            if self._suppressed(t.actions, _action_id(act)):
+                continue
+            self.actions_sent += 1
+            self.producer.send(
+                t.actions,
+                key=act.node.encode(),
+                value=orjson.dumps(act.to_json()),
+                headers=[("rocewatch-schema", b"action/v1")],
+            )
+
+    def _suppressed(self, topic: str, eid: str) -> bool:
+        key = (topic, eid)
+        if self.suppress.get(key, 0) > 0:
+            self.suppress[key] -= 1
+            return True
+        return False
+
+    def checkpoint(self, commit: bool = True) -> None:
+        """Alerts and actions flushed, then the state written, then the steps offset committed."""
+        st = self.state
+        if st is None or not self.active:
+            return
+        self.producer.flush(timeout=60)
+        st.out_ends = {
+            (tp.topic, tp.partition): int(off)
+            for tp, off in self.store.reader.end_offsets(self._output_tps()).items()
+        }
+        blob = _dumps(st)
+        if len(blob) > MAX_MESSAGE_BYTES:  # the stream goes on; a restart re-reads more
+            self.stats.inc("state_too_large", detail="detect")
+            log.error(
+                "detect state is %d bytes, above %d: not checkpointed", len(blob), MAX_MESSAGE_BYTES
+            )
+            return
+        fut = self.store.save(self.n_parts, "detect", blob)
+        self.producer.flush(timeout=60)
+        self.store.confirm(self.n_parts, fut)
+        if not commit:
+            return
+        with contextlib.suppress(KafkaError):  # the state record holds the offset
+            self.consumer.commit(
+                {TopicPartition(self.k.topics.steps, 0): OffsetAndMetadata(st.offset, "", -1)}
+            )
+
+
+# --- the service ------------------------------------------------------------------------------
+
+
+class _AggListener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, agg: Aggregator) -> None:
+        self.agg = agg
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        self.agg.revoked(list(revoked))
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        self.agg.assigned(list(assigned))
+
+
+class _DetectListener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, det: Detector) -> None:
+        self.det = det
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        self.det.revoked(list(revoked))
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        self.det.assigned(list(assigned))
+
+
+class ScaleOutService:
+    """Both stages in one process: run as many instances as there are cores to spare."""
+
+    def __init__(self, cfg: Config, topology: Topology | None = None) -> None:
+        if topology is None:
+            if not cfg.topology:
+                raise ConfigError("detect needs 'topology' (a topology file) in its config")
+            topology = Topology.load(cfg.topology)
+        self.cfg = cfg
+        k = cfg.kafka
+        self.n_parts = ensure_scaleout_topics(k)
+        self.producer = make_producer(k, max_request_size=MAX_MESSAGE_BYTES)
+        self.store = StateStore(k, self.producer)
+        self.agg = Aggregator(cfg, self.n_parts, self.producer, self.store)
+        self.det = Detector(cfg, topology, self.n_parts, self.producer, self.store)
+        self.stop_event = threading.Event()
+        self.summary_path = Path(cfg.state_dir) / f"scaleout-{os.getpid()}.json"
+
+    def run(self, max_idle_s: float = 0.0) -> None:
+        k = self.cfg.kafka
+        self.subscribe()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
+        log.info("scale-out detect on %s as groups %s-agg/-detect", k.topics.telemetry, k.group_id)
+        last_input = time.monotonic()
+        last_commit = time.monotonic()
+        try:
+            while not self.stop_event.is_set():
+                n = self.agg.poll_once(100)
+                n += self.det.poll_once(20 if n else 100)
+                now = time.monotonic()
+                if n:
+                    last_input = now
+                if now - last_commit >= k.commit_interval_s:
+                    self.checkpoint()
+                    last_commit = now
+                if max_idle_s and now - last_input >= max_idle_s:
+                    break
+            self.checkpoint()
+        finally:
+            self.close()
+
+    def subscribe(self) -> None:
+        """Join both groups once the topics' partitions are known (else the first assignment
+        would be empty until the next metadata refresh)."""
+        k = self.cfg.kafka
+        for consumer, topic in (
+            (self.agg.consumer, k.topics.telemetry),
+            (self.det.consumer, k.topics.steps),
+        ):
+            deadline = time.monotonic() + 30
+            while not consumer.partitions_for_topic(topic) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        self.agg.consumer.subscribe([k.topics.telemetry], listener=_AggListener(self.agg))
+        self.det.consumer.subscribe([k.topics.steps], listener=_DetectListener(self.det))
+
+    def checkpoint(self) -> None:
+        self.agg.checkpoint()
+        self.det.checkpoint()
+
+    def summary(self) -> dict[str, Any]:
+        lat = sorted(self.det.latencies)
+        return {
+            "pid": os.getpid(),
+            "samples": self.agg.samples,
+            "steps_evaluated": self.det.steps_evaluated,
+            "alerts_sent": self.det.alerts_sent,
+            "actions_sent": self.det.actions_sent,
+            "latencies_s": lat,
+            "stats": {**self.agg.stats.as_dict(), **self.det.stats.as_dict()},
+        }
+
+    def close(self) -> None:
+        # the final checkpoint is done: leaving the groups must not write state again
+        self.agg.closing = self.det.closing = True
+        try:
+            self.summary_path.parent.mkdir(parents=True, exist_ok=True)
+            self.summary_path.write_text(json.dumps(self.summary()))
+        finally:
+            try:
+                self.agg.consumer.close(autocommit=False)
+                self.det.consumer.close(autocommit=False)
+            finally:
+                self.producer.flush(timeout=30)
+                self.producer.close(timeout=10)
+                self.store.close()

@@ -1,0 +1,257 @@
+"""Scale-out detect over a real Kafka broker: two instances give what one gives, and a kill -9
+of one of them loses and doubles nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from rocewatch.config import Config, KafkaConfig, TopicsConfig
+from rocewatch.kafka_io import publish_scenario
+from rocewatch.replay import replay
+from rocewatch.scaleout import ScaleOutService, StepsMessage, decode_steps, encode_steps
+from rocewatch.sim import write_scenario
+from rocewatch.sim.scenarios import default_scenario
+from tests.test_kafka_pipeline import comparable, read_topic, sorted_actions
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 4
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("scenario")
+    write_scenario(default_scenario(nodes=8, duration_s=30.0, seed=3), d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def replay_result(scenario: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    res = replay(scenario, tmp_path_factory.mktemp("replay"))
+    assert res.alerts and res.actions
+    return res
+
+
+def so_cfg(bootstrap: str, kafka_topics: Any, run: str, tmp: Path, scenario: Path) -> Config:
+    names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state")
+    topics = TopicsConfig(**{n: kafka_topics(f"{run}.{n}") for n in names})
+    k = KafkaConfig(
+        bootstrap_servers=bootstrap,
+        topics=topics,
+        group_id=kafka_topics(f"{run}.group"),
+        partitions=PARTITIONS,
+        commit_interval_s=0.5,
+        idle_flush_s=2.0,
+        session_timeout_ms=6000,
+        scale_out=True,
+    )
+    return Config(
+        topology=str(scenario / "topology.yaml"), kafka=k, state_dir=str(tmp / run / "state")
+    )
+
+
+def write_conf(cfg: Config, path: Path) -> Path:
+    k = cfg.kafka
+    doc = {
+        "topology": cfg.topology,
+        "state_dir": cfg.state_dir,
+        "kafka": {
+            "bootstrap_servers": k.bootstrap_servers,
+            "group_id": k.group_id,
+            "partitions": k.partitions,
+            "commit_interval_s": k.commit_interval_s,
+            "idle_flush_s": k.idle_flush_s,
+            "session_timeout_ms": k.session_timeout_ms,
+            "scale_out": True,
+            "topics": dataclasses.asdict(k.topics),
+        },
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def outputs(bootstrap: str, cfg: Config) -> tuple[list[dict], list[dict]]:
+    t = cfg.kafka.topics
+    alerts = [orjson.loads(m.value) for m in read_topic(bootstrap, t.alerts)]
+    actions = [orjson.loads(m.value) for m in read_topic(bootstrap, t.actions)]
+    return alerts, actions
+
+
+def event_keys(alerts: list[dict]) -> Counter[tuple[str, str, str, str]]:
+    return Counter((a["fingerprint"], a["startsAt"], a["status"], a["endsAt"]) for a in alerts)
+
+
+class Instance:
+    """``rocewatch detect --scale-out`` in its own process, its log in a file."""
+
+    def __init__(self, conf: Path, log: Path, max_idle: float) -> None:
+        self.log = log
+        cmd = [sys.executable, "-m", "rocewatch.cli", "detect", "--config", str(conf)]
+        cmd += ["--scale-out", "--max-idle", str(max_idle)]
+        self.fh = log.open("wb")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.fh, stderr=subprocess.STDOUT)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def partitions(self) -> list[int] | None:
+        found = re.findall(r"aggregating telemetry partitions \[([0-9, ]*)\]", self.text())
+        if not found:
+            return None
+        return [int(x) for x in found[-1].split(",") if x.strip()]
+
+    def detecting(self) -> bool:
+        t = self.text()
+        return t.rfind("detect stage active") > t.rfind("detect stage handed over")
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.fh.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.fh.close()
+
+
+def wait_for_split(a: Instance, b: Instance, timeout: float = 90.0) -> None:
+    """Both instances hold telemetry partitions, together all of them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pa, pb = a.partitions(), b.partitions()
+        if pa and pb and sorted(pa + pb) == list(range(PARTITIONS)):
+            return
+        assert a.proc.poll() is None, a.text()[-3000:]
+        assert b.proc.poll() is None, b.text()[-3000:]
+        time.sleep(0.3)
+    raise AssertionError(f"no split: {a.text()[-1500:]}\n---\n{b.text()[-1500:]}")
+
+
+def test_steps_message_round_trip() -> None:
+    import polars as pl
+
+    from detectors.windows import AGG_SCHEMA
+
+    rows = pl.DataFrame(
+        {"step": [7], "device": ["sw1"], "port": ["p1"], "qual": [""], "metric": ["m"]}
+    ).with_columns(
+        *[
+            pl.lit(None, dtype=t).alias(c)
+            for c, t in AGG_SCHEMA.items()
+            if c not in ("device", "port", "qual", "metric")
+        ]
+    )
+    msg = StepsMessage(3, 100, 800, False, [5, 6], rows)
+    back = decode_steps(encode_steps(msg))
+    assert (back.partition, back.closed_from, back.closed_to, back.idle) == (3, 100, 800, False)
+    assert back.sent == [5, 6]
+    assert back.rows is not None and back.rows.equals(rows)
+    from rocewatch.errors import BadInput
+
+    with pytest.raises(BadInput):
+        decode_steps(b"RWS1\xff\xff\xff\x00{")
+
+
+def test_two_instances_produce_what_one_produces(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
+):
+    # one instance, in this process
+    one = so_cfg(kafka_bootstrap, kafka_topics, "one", tmp_path, scenario)
+    kafka_topics.create("one.telemetry", partitions=PARTITIONS)
+    n = publish_scenario(scenario, one)
+    svc = ScaleOutService(one)
+    svc.run(max_idle_s=4.0)
+    assert svc.agg.samples == n
+    alerts1, actions1 = outputs(kafka_bootstrap, one)
+    # the scale-out path finds what replay finds, and decides the same drains
+    assert comparable(alerts1) == comparable(replay_result.alerts)
+    assert sorted_actions(actions1) == sorted_actions(replay_result.actions)
+    assert max(event_keys(alerts1).values()) == 1
+
+    # two instances, as processes, sharing the work
+    two = so_cfg(kafka_bootstrap, kafka_topics, "two", tmp_path, scenario)
+    kafka_topics.create("two.telemetry", partitions=PARTITIONS)
+    conf = write_conf(two, tmp_path / "two.yaml")
+    a = Instance(conf, tmp_path / "a.log", max_idle=8)
+    time.sleep(1.0)  # a joins first and takes the detect stage
+    b = Instance(conf, tmp_path / "b.log", max_idle=8)
+    try:
+        wait_for_split(a, b)
+        assert publish_scenario(scenario, two) == n
+        assert a.wait(240) == 0, a.text()[-3000:]
+        assert b.wait(240) == 0, b.text()[-3000:]
+    finally:
+        a.stop()
+        b.stop()
+    alerts2, actions2 = outputs(kafka_bootstrap, two)
+    assert event_keys(alerts2) == event_keys(alerts1)
+    assert sorted_actions(actions2) == sorted_actions(actions1)
+    # both did part of the aggregation
+    summaries = [json.loads(p.read_text()) for p in Path(two.state_dir).glob("scaleout-*.json")]
+    assert len(summaries) == 2
+    assert all(s["samples"] > 0 for s in summaries), [s["samples"] for s in summaries]
+    assert sum(s["samples"] for s in summaries) >= n
+
+
+def test_kill_one_of_two_instances_loses_and_doubles_nothing(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
+):
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, "kill", tmp_path, scenario)
+    kafka_topics.create("kill.telemetry", partitions=PARTITIONS)
+    conf = write_conf(cfg, tmp_path / "kill.yaml")
+    a = Instance(conf, tmp_path / "a.log", max_idle=10)
+    time.sleep(1.0)
+    b = Instance(conf, tmp_path / "b.log", max_idle=10)
+    try:
+        wait_for_split(a, b)
+        deadline = time.monotonic() + 30
+        while not (a.detecting() or b.detecting()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        victim, survivor = (a, b) if a.detecting() else (b, a)
+        assert victim.detecting(), "no instance runs the detect stage"
+        # publish at 3x telemetry speed in the background, so the kill lands mid-stream
+        pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 3.0), daemon=True)
+        pub.start()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if len(read_topic(kafka_bootstrap, cfg.kafka.topics.alerts, 1.0)) >= 2:
+                break
+        assert pub.is_alive(), "the stream ended before the kill"
+        assert victim.proc.poll() is None, victim.text()[-3000:]
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        pub.join(120)
+        assert survivor.wait(240) == 0, survivor.text()[-3000:]
+    finally:
+        a.stop()
+        b.stop()
+    log = survivor.text()
+    assert survivor.partitions() == list(range(PARTITIONS)), log[-2000:]
+    assert survivor.detecting(), log[-2000:]
+    assert "resumes at offset" in log, "the survivor did not resume the victim's partitions"
+    alerts, actions = outputs(kafka_bootstrap, cfg)
+    doubled = [k for k, c in event_keys(alerts).items() if c > 1]
+    assert not doubled, f"published twice: {doubled}"
+    assert comparable(alerts) == comparable(replay_result.alerts)
+    drains = Counter(x["node"] for x in actions if x["action"] == "drain")
+    assert drains and all(c == 1 for c in drains.values()), drains
+    assert sorted_actions(actions) == sorted_actions(replay_result.actions)
