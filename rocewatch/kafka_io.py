@@ -41,7 +41,7 @@ from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
 from rocewatch.errors import BadInput, ConfigError, RetryableError
 from rocewatch.kafka_check import preflight
-from rocewatch.model import Action, Alert
+from rocewatch.model import Action, Alert, rfc3339
 from rocewatch.pipeline import Output, Pipeline
 from rocewatch.sources import merged, scenario_sources
 from rocewatch.stats import Stats
@@ -687,13 +687,15 @@ def _kube_api(cfg: Config) -> Any:
     return make
 
 
+# Event ids compare an event made in memory with the same event read back from its topic, so
+# they use what the JSON keeps: times to the millisecond (RFC 3339 as Alertmanager writes it).
 def _alert_id(a: Alert) -> str:
     fp, start, status = a.event_key()
-    return f"{fp}|{start}|{status}"
+    return f"{fp}|{rfc3339(start)}|{status}"
 
 
 def _action_id(a: Action) -> str:
-    return f"{a.time}|{a.action}|{a.node}|{a.alert_fingerprint}|{a.outcome}"
+    return f"{rfc3339(a.time)}|{a.action}|{a.node}|{a.alert_fingerprint}|{a.outcome}"
 
 
 def _event_id(topic: str, value: bytes | None, cfg: Config) -> str:

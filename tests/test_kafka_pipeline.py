@@ -219,3 +219,39 @@ def test_publisher_keys_by_device(kafka_bootstrap, kafka_topics, tmp_path, scena
     assert all(len(p) == 1 for p in by_part.values())
     for s in src:
         s.close()
+
+
+def test_event_read_back_matches_the_event_made_in_memory():
+    """After a restart, events read back from the topics suppress the same events made again.
+
+    Telemetry times carry nanoseconds; the JSON keeps milliseconds. The ids must agree anyway,
+    or a restarted detector publishes every event since its checkpoint a second time.
+    """
+    from rocewatch.kafka_io import _action_id, _alert_id, _event_id
+    from rocewatch.model import Action, Alert
+
+    cfg = Config()
+    t = 1_795_000_000_123_456_789  # sub-millisecond part, as sample times have
+    alert = Alert(
+        labels={"alertname": "PFCStorm", "severity": "critical", "node": "gpu-017"},
+        annotations={"summary": "storm"},
+        starts_at=t,
+        ends_at=t + 2_000_000_000,
+    )
+    wire_alert = orjson.dumps(alert.to_json())
+    assert _event_id(cfg.kafka.topics.alerts, wire_alert, cfg) == _alert_id(alert)
+    act = Action(
+        time=t,
+        action="drain",
+        node="gpu-017",
+        scheduler="slurm",
+        reason="rocewatch: PFCStorm origin mlx5_3",
+        alert_fingerprint=alert.fingerprint,
+        executed=False,
+        outcome="dry-run",
+    )
+    wire_act = orjson.dumps(act.to_json())
+    assert _event_id(cfg.kafka.topics.actions, wire_act, cfg) == _action_id(act)
+    # different events stay apart
+    later = Alert(labels=alert.labels, annotations={}, starts_at=t + 1_000_000)
+    assert _alert_id(later) != _alert_id(alert)
