@@ -601,7 +601,9 @@ class DetectService:
                 if now >= self._next_commands:
                     self._next_commands = now + 0.5
                     self.apply_operator_commands()
-                if n:
+                if not n and not self.consumer.assignment():
+                    last_input = now  # idle time counts from the group join, not before it
+                elif n:
                     last_input = now
                     flushed = False
                 elif not flushed and now - last_input >= self.cfg.kafka.idle_flush_s:

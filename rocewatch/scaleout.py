@@ -912,8 +912,8 @@ class ScaleOutService:
                 n = self.agg.poll_once(100)
                 n += self.det.poll_once(20 if n else 100)
                 now = time.monotonic()
-                if n:
-                    last_input = now
+                if n or not self.agg.consumer.assignment():
+                    last_input = now  # idle time counts from the group join, not before it
                 if now - last_commit >= k.commit_interval_s:
                     self.checkpoint()
                     last_commit = now
