@@ -54,6 +54,26 @@ STATE_VERSION = 1
 RETENTION_EVERY_S = 3600.0  # how often the service prunes storage by age
 
 
+# A group member learns of new partitions (and of a topic created after it joined) at the next
+# metadata refresh; kafka-python's default of 5 minutes would leave them unread that long.
+GROUP_METADATA_MAX_AGE_MS = 30_000
+
+
+def wait_for_partitions(consumer: Any, topic: str, timeout_s: float = 30.0) -> bool:
+    """Wait until the broker reports ``topic``'s partitions to ``consumer``.
+
+    A member that joins its group before then is assigned nothing (the range assignor has no
+    partition metadata) until the next metadata refresh. Returns False, with a warning, when the
+    partitions do not show up in time; joining then still works, only later."""
+    deadline = time.monotonic() + timeout_s
+    while not consumer.partitions_for_topic(topic):
+        if time.monotonic() >= deadline:
+            log.warning("no partition metadata for %s after %.0f s; joining anyway", topic, timeout_s)
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def ensure_topics(k: KafkaConfig) -> None:
     """Create rocewatch's topics if the broker lacks them (telemetry with k.partitions).
 
@@ -309,6 +329,7 @@ class DetectService:
             max_partition_fetch_bytes=16 << 20,
             session_timeout_ms=k.session_timeout_ms,
             heartbeat_interval_ms=max(1000, k.session_timeout_ms // 4),
+            metadata_max_age_ms=GROUP_METADATA_MAX_AGE_MS,
         )
         if restored is not None:
             self._load_suppressions(restored)
@@ -580,6 +601,7 @@ class DetectService:
         self._account_latency()
 
     def run(self, max_idle_s: float = 0.0) -> None:
+        wait_for_partitions(self.consumer, self.cfg.kafka.topics.telemetry)
         self.consumer.subscribe([self.cfg.kafka.topics.telemetry], listener=_Listener(self))
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())

@@ -61,8 +61,10 @@ from rocewatch.kafka_io import (
     _event_id,
     _frame_from_ipc,
     _StatePickler,
+    GROUP_METADATA_MAX_AGE_MS,
     ensure_topics,
     make_producer,
+    wait_for_partitions,
 )
 from rocewatch.pipeline import Output, Pipeline
 from rocewatch.stats import Stats
@@ -306,6 +308,7 @@ class Aggregator:
         self.parts: dict[int, _Part] = {}
         self.retired: dict[int, _Part] = {}
         self.closing = False
+        self.group_changed = time.monotonic()  # the last (re)assignment, for --max-idle
         self.samples = 0
         self.consumer = KafkaConsumer(
             **self.k.client_kwargs(),
@@ -317,6 +320,7 @@ class Aggregator:
             max_partition_fetch_bytes=16 << 20,
             session_timeout_ms=self.k.session_timeout_ms,
             heartbeat_interval_ms=max(1000, self.k.session_timeout_ms // 4),
+            metadata_max_age_ms=GROUP_METADATA_MAX_AGE_MS,
         )
 
     def _new_engine(self) -> WindowEngine:
@@ -324,6 +328,7 @@ class Aggregator:
 
     # --- assignment ------------------------------------------------------------------------------
     def assigned(self, tps: list[TopicPartition]) -> None:
+        self.group_changed = time.monotonic()
         for tp in tps:
             p = tp.partition
             part = self.retired.pop(p, None)
@@ -576,6 +581,7 @@ class Detector:
         self.stats = Stats()
         self.active = False
         self.closing = False
+        self.group_changed = time.monotonic()  # the last (re)assignment, for --max-idle
         self.state: DetectState | None = None
         self.seen: dict[int, float] = {}
         self.started = time.monotonic()
@@ -596,6 +602,7 @@ class Detector:
             max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
             session_timeout_ms=self.k.session_timeout_ms,
             heartbeat_interval_ms=max(1000, self.k.session_timeout_ms // 4),
+            metadata_max_age_ms=GROUP_METADATA_MAX_AGE_MS,
         )
 
     @property
@@ -604,6 +611,7 @@ class Detector:
 
     # --- assignment ------------------------------------------------------------------------------
     def assigned(self, tps: list[TopicPartition]) -> None:
+        self.group_changed = time.monotonic()
         if not tps:
             return
         st = self._restore()
@@ -914,6 +922,8 @@ class ScaleOutService:
                 now = time.monotonic()
                 if n or not self.agg.consumer.assignment():
                     last_input = now  # idle time counts from the group join, not before it
+                # a rebalance is activity: a member joining or leaving restarts the idle clock
+                last_input = max(last_input, self.agg.group_changed, self.det.group_changed)
                 if now - last_commit >= k.commit_interval_s:
                     self.checkpoint()
                     last_commit = now
@@ -927,13 +937,8 @@ class ScaleOutService:
         """Join both groups once the topics' partitions are known (else the first assignment
         would be empty until the next metadata refresh)."""
         k = self.cfg.kafka
-        for consumer, topic in (
-            (self.agg.consumer, k.topics.telemetry),
-            (self.det.consumer, k.topics.steps),
-        ):
-            deadline = time.monotonic() + 30
-            while not consumer.partitions_for_topic(topic) and time.monotonic() < deadline:
-                time.sleep(0.2)
+        wait_for_partitions(self.agg.consumer, k.topics.telemetry)
+        wait_for_partitions(self.det.consumer, k.topics.steps)
         self.agg.consumer.subscribe([k.topics.telemetry], listener=_AggListener(self.agg))
         self.det.consumer.subscribe([k.topics.steps], listener=_DetectListener(self.det))
 
