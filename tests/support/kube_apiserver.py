@@ -29,12 +29,14 @@ import json
 import re
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import yaml
+
+from tests.support.http_standin import HttpStandIn, read_body, reply_json
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
@@ -103,7 +105,7 @@ def load_rules(rbac_manifest: Path) -> list[dict[str, Any]]:
     return rules
 
 
-class KubeApiStandIn:
+class KubeApiStandIn(HttpStandIn):
     """Start with ``with KubeApiStandIn(rules, token) as api:``; ``api.url`` is the base URL."""
 
     def __init__(self, rules: list[dict[str, Any]], token: str) -> None:
@@ -116,39 +118,7 @@ class KubeApiStandIn:
         self.before_write: Callable[[str, KubeApiStandIn], None] | None = None
         self._rv = 100
         self.lock = threading.RLock()
-        stand_in = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                stand_in._serve(self, "GET")
-
-            def do_PATCH(self) -> None:
-                stand_in._serve(self, "PATCH")
-
-            def do_POST(self) -> None:
-                stand_in._serve(self, "POST")
-
-            def do_PUT(self) -> None:
-                stand_in._serve(self, "PUT")
-
-            def do_DELETE(self) -> None:
-                stand_in._serve(self, "DELETE")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> KubeApiStandIn:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(5)
+        super().__init__()
 
     # --- fixtures --------------------------------------------------------------------------------
     def add_node(self, name: str, **spec: Any) -> dict[str, Any]:
@@ -191,11 +161,10 @@ class KubeApiStandIn:
         obj["metadata"]["resourceVersion"] = str(self._rv)
 
     # --- HTTP ------------------------------------------------------------------------------------
-    def _serve(self, h: BaseHTTPRequestHandler, method: str) -> None:
+    def serve(self, h: BaseHTTPRequestHandler, method: str) -> None:
         url = urlparse(h.path)
         ctype = (h.headers.get("Content-Type") or "").split(";")[0].strip()
-        length = int(h.headers.get("Content-Length") or 0)
-        raw = h.rfile.read(length) if length else b""
+        raw = read_body(h)
         self.requests.append((method, url.path, ctype))
         try:
             if h.headers.get("Authorization") != f"Bearer {self.token}":
@@ -203,12 +172,7 @@ class KubeApiStandIn:
             code, body = self._route(method, url.path, parse_qs(url.query), ctype, raw)
         except ApiError as e:
             code, body = e.code, self._status(e)
-        data = json.dumps(body).encode()
-        h.send_response(code)
-        h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Length", str(len(data)))
-        h.end_headers()
-        h.wfile.write(data)
+        reply_json(h, code, body)
 
     @staticmethod
     def _status(e: ApiError) -> dict[str, Any]:

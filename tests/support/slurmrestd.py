@@ -20,8 +20,10 @@ from __future__ import annotations
 import json
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.support.http_standin import HttpStandIn, read_body, reply_json
 
 UPDATE_NODE_FIELDS = {
     "comment",
@@ -48,37 +50,14 @@ STATE_ENUM = {
 }  # fmt: skip
 
 
-class SlurmRestStandIn:
+class SlurmRestStandIn(HttpStandIn):
     def __init__(self, versions: tuple[str, ...], user: str, token: str) -> None:
         self.versions = versions
         self.user, self.token = user, token
         self.nodes: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str, Any]] = []
         self.lock = threading.Lock()
-        stand_in = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                stand_in._serve(self, "GET")
-
-            def do_POST(self) -> None:
-                stand_in._serve(self, "POST")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> SlurmRestStandIn:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(5)
+        super().__init__()
 
     def add_node(self, name: str, state: list[str], reason: str = "", by: str = "") -> None:
         self.nodes[name] = {
@@ -88,9 +67,11 @@ class SlurmRestStandIn:
             "reason_set_by_user": by,
         }
 
-    def _serve(self, h: BaseHTTPRequestHandler, method: str) -> None:
-        n = int(h.headers.get("Content-Length") or 0)
-        raw = h.rfile.read(n) if n else b""
+    def serve(self, h: BaseHTTPRequestHandler, method: str) -> None:
+        if method not in ("GET", "POST"):
+            reply_json(h, 405, {"errors": [{"description": f"{method} not allowed"}]})
+            return
+        raw = read_body(h)
         body = json.loads(raw) if raw else None
         self.requests.append((method, h.path, body))
         code, errors, extra = self._route(h, method, body)
@@ -103,12 +84,7 @@ class SlurmRestStandIn:
                 for d in errors
             ],
         }
-        data = json.dumps(doc).encode()
-        h.send_response(code)
-        h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Length", str(len(data)))
-        h.end_headers()
-        h.wfile.write(data)
+        reply_json(h, code, doc)
 
     def _route(
         self, h: BaseHTTPRequestHandler, method: str, body: Any
