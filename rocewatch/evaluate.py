@@ -300,19 +300,14 @@ def overlap_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> 
     5-13 s, a flaky cable 7-19 s, transport errors 10-18 s, an incast 12-20 s and a PCIe
     downgrade from 15 s; the simulator draws the entities apart (other job, other rails)."""
     from rocewatch.sim.faults import EcnIncast, FlakyLink, PcieDowngrade, PfcStorm, TransportErrors
-    from rocewatch.sim.simulator import SimConfig
+    from rocewatch.sim.scenarios import laid_out
 
-    s = duration_s / 30.0
-
-    def at(t: float) -> float:
-        return round(t * s, 1)
-
-    return SimConfig(
-        nodes=nodes,
-        duration_s=float(duration_s),
-        seed=seed,
-        name="overlap",
-        faults=(
+    return laid_out(
+        "overlap",
+        nodes,
+        duration_s,
+        seed,
+        lambda at: (
             PfcStorm(onset_s=at(5.0), duration_s=at(8.0)),
             FlakyLink(onset_s=at(7.0), duration_s=at(12.0)),
             TransportErrors(onset_s=at(10.0), duration_s=at(8.0)),
@@ -327,23 +322,22 @@ def mixed_tenants_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 
     a storm in team-a's job (laid out for 30 s: 6-10 s) and a flaky cable in team-b's (14-24 s)."""
     from rocewatch.sim.fabric import JobSpec, node_name
     from rocewatch.sim.faults import FlakyLink, PfcStorm
-    from rocewatch.sim.simulator import SimConfig
+    from rocewatch.sim.scenarios import laid_out
 
     names = [node_name(i) for i in range(nodes)]
     half = nodes // 2
-    s = duration_s / 30.0
-    return SimConfig(
-        nodes=nodes,
-        duration_s=float(duration_s),
-        seed=seed,
-        name="mixed_tenants",
+    return laid_out(
+        "mixed_tenants",
+        nodes,
+        duration_s,
+        seed,
+        lambda at: (
+            PfcStorm(onset_s=at(6), duration_s=at(4), node=names[1]),
+            FlakyLink(onset_s=at(14), duration_s=at(10), node=names[-2]),
+        ),
         jobs=(
             JobSpec("llm-train-a", "team-a", tuple(names[:half]), traffic="allreduce"),
             JobSpec("moe-train-b", "team-b", tuple(names[half:]), traffic="moe"),
-        ),
-        faults=(
-            PfcStorm(onset_s=round(6 * s, 1), duration_s=round(4 * s, 1), node=names[1]),
-            FlakyLink(onset_s=round(14 * s, 1), duration_s=round(10 * s, 1), node=names[-2]),
         ),
     )
 
@@ -353,19 +347,14 @@ def subtle_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> S
     1e-5 peak BER that never flaps (8-18 s), a Gen4 -> Gen3 PCIe downgrade from 12 s (8 GT/s),
     incast from 3 senders (19-24 s), transport errors at a fifth of the default rate (24-29 s)."""
     from rocewatch.sim.faults import EcnIncast, FlakyLink, PcieDowngrade, PfcStorm, TransportErrors
-    from rocewatch.sim.simulator import SimConfig
+    from rocewatch.sim.scenarios import laid_out
 
-    s = duration_s / 30.0
-
-    def at(t: float) -> float:
-        return round(t * s, 1)
-
-    return SimConfig(
-        nodes=nodes,
-        duration_s=float(duration_s),
-        seed=seed,
-        name="subtle",
-        faults=(
+    return laid_out(
+        "subtle",
+        nodes,
+        duration_s,
+        seed,
+        lambda at: (
             PfcStorm(onset_s=at(4.0), duration_s=0.6),
             FlakyLink(onset_s=at(8.0), duration_s=at(10.0), peak_ber=1e-5, flaps=0),
             PcieDowngrade(onset_s=at(12.0), speed_gts=8.0),
@@ -379,17 +368,16 @@ def two_storms_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) 
     """Two PFC storms at once, one in each tenant's job (laid out for 30 s: 5-11 s and 7-13 s):
     two origins, each paused fabric's victims kept apart."""
     from rocewatch.sim.faults import PfcStorm
-    from rocewatch.sim.simulator import SimConfig
+    from rocewatch.sim.scenarios import laid_out
 
-    s = duration_s / 30.0
-    return SimConfig(
-        nodes=nodes,
-        duration_s=float(duration_s),
-        seed=seed,
-        name="two_storms",
-        faults=(
-            PfcStorm(onset_s=round(5 * s, 1), duration_s=round(6 * s, 1)),
-            PfcStorm(onset_s=round(7 * s, 1), duration_s=round(6 * s, 1)),
+    return laid_out(
+        "two_storms",
+        nodes,
+        duration_s,
+        seed,
+        lambda at: (
+            PfcStorm(onset_s=at(5), duration_s=at(6)),
+            PfcStorm(onset_s=at(7), duration_s=at(6)),
         ),
     )
 

@@ -68,7 +68,9 @@ def wait_for_partitions(consumer: Any, topic: str, timeout_s: float = 30.0) -> b
     deadline = time.monotonic() + timeout_s
     while not consumer.partitions_for_topic(topic):
         if time.monotonic() >= deadline:
-            log.warning("no partition metadata for %s after %.0f s; joining anyway", topic, timeout_s)
+            log.warning(
+                "no partition metadata for %s after %.0f s; joining anyway", topic, timeout_s
+            )
             return False
         time.sleep(0.2)
     return True

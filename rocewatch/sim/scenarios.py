@@ -12,18 +12,47 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from rocewatch.sim.fabric import node_name
 from rocewatch.sim.faults import (
     AgentGap,
     CounterClear,
     EcnIncast,
+    Fault,
     FlakyLink,
     PcieDowngrade,
     PfcStorm,
     TransportErrors,
 )
 from rocewatch.sim.simulator import SimConfig
+
+Scale = Callable[[float], float]
+
+
+def laid_out(
+    name: str,
+    nodes: int,
+    duration_s: float,
+    seed: int,
+    faults: Callable[[Scale], tuple[Fault, ...]],
+    **kw: Any,
+) -> SimConfig:
+    """A scenario whose fault times are laid out for 30 s: ``faults(at)`` builds the faults,
+    ``at(t)`` scaling a 30 s time to this run's length, kept on round times."""
+    s = duration_s / 30.0
+
+    def at(t: float) -> float:
+        return round(t * s, 1)
+
+    return SimConfig(
+        nodes=nodes,
+        duration_s=float(duration_s),
+        seed=seed,
+        name=name,
+        faults=faults(at),
+        **kw,
+    )
 
 
 def default_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> SimConfig:
@@ -34,17 +63,12 @@ def default_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> 
     ECN incast 19-24 s, transport errors 24-29 s; a switch's counters clear at 15.05 s, a
     NIC's at 21 s; one node's agent is silent 7-9 s. The first 5 s are a healthy baseline.
     """
-    s = duration_s / 30.0
-
-    def at(t: float) -> float:  # laid out for 30 s, kept on round times when scaled
-        return round(t * s, 1)
-
-    return SimConfig(
-        nodes=nodes,
-        duration_s=float(duration_s),
-        seed=seed,
-        name="default",
-        faults=(
+    return laid_out(
+        "default",
+        nodes,
+        duration_s,
+        seed,
+        lambda at: (
             PfcStorm(onset_s=at(5.0), duration_s=at(3.0)),
             FlakyLink(onset_s=at(9.0), duration_s=at(9.0)),
             PcieDowngrade(onset_s=at(12.0)),
