@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -167,81 +168,73 @@ def main() -> int:
     import kafka_broker
 
     tmp = Path(tempfile.mkdtemp(prefix="rocewatch-bench-"))
-    broker = None
-    if args.bootstrap:
-        bootstrap = args.bootstrap
-    else:
-        log("starting a Kafka broker")
-        kafka_broker.fetch(quiet=True)
-        broker = kafka_broker.start(tmp / "kafka", port=0)
-        bootstrap = broker.bootstrap
     try:
-        log(f"simulating {args.nodes} nodes x 8 NICs for {args.seconds:.0f} s of telemetry")
-        data = tmp / "ticks.bin"
-        total, msgs, enc_cpu, topology = generate(args.nodes, args.seconds, data)
-        rate_live = total / args.seconds
-        log(
-            f"{total:,} samples in {msgs:,} messages ({rate_live:,.0f} samples/s live); "
-            f"encode {total / enc_cpu:,.0f} samples/s of CPU"
-        )
-        from kafka.admin import KafkaAdminClient, NewTopic
+        with kafka_broker.serving(tmp / "kafka", args.bootstrap) as bootstrap:
+            log(f"simulating {args.nodes} nodes x 8 NICs for {args.seconds:.0f} s of telemetry")
+            data = tmp / "ticks.bin"
+            total, msgs, enc_cpu, topology = generate(args.nodes, args.seconds, data)
+            rate_live = total / args.seconds
+            log(
+                f"{total:,} samples in {msgs:,} messages ({rate_live:,.0f} samples/s live); "
+                f"encode {total / enc_cpu:,.0f} samples/s of CPU"
+            )
+            from kafka.admin import KafkaAdminClient, NewTopic
 
-        admin = KafkaAdminClient(bootstrap_servers=[bootstrap])
-        admin.create_topics([NewTopic("bench.fill", 4, 1), NewTopic("bench.live", 4, 1)])
-        admin.close()
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        me = [sys.executable, __file__, "--produce"]
+            admin = KafkaAdminClient(bootstrap_servers=[bootstrap])
+            admin.create_topics([NewTopic("bench.fill", 4, 1), NewTopic("bench.live", 4, 1)])
+            admin.close()
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            me = [sys.executable, __file__, "--produce"]
 
-        log("throughput: filling the topic, then draining it with the detector")
-        subprocess.run([*me, str(data), bootstrap, "bench.fill", "0"], check=True, env=env)
-        thr = detect(bootstrap, "bench.fill", topology, tmp / "state-fill", total, 600)
-        log(
-            f"drained {thr['samples']:,} samples in {thr['wall_s']:.1f} s "
-            f"({thr['samples'] / thr['wall_s']:,.0f}/s, {thr['cpu_s']:.1f} s CPU)"
-        )
-
-        log("latency: publishing in real time while the detector runs")
-        procs: list[subprocess.Popen[bytes]] = []
-
-        def start_fabric() -> None:
-            procs.append(
-                subprocess.Popen([*me, str(data), bootstrap, "bench.live", "0.1"], env=env)
+            log("throughput: filling the topic, then draining it with the detector")
+            subprocess.run([*me, str(data), bootstrap, "bench.fill", "0"], check=True, env=env)
+            thr = detect(bootstrap, "bench.fill", topology, tmp / "state-fill", total, 600)
+            log(
+                f"drained {thr['samples']:,} samples in {thr['wall_s']:.1f} s "
+                f"({thr['samples'] / thr['wall_s']:,.0f}/s, {thr['cpu_s']:.1f} s CPU)"
             )
 
-        live = detect(
-            bootstrap,
-            "bench.live",
-            topology,
-            tmp / "state-live",
-            total,
-            args.seconds * 3 + 60,
-            on_ready=start_fabric,
-        )
-        for p in procs:
-            p.wait(120)
-        log(f"live: p50 {live['p50']:.3f} s, p99 {live['p99']:.3f} s")
-        result = {
-            "samples_per_s": round(thr["samples"] / thr["wall_s"]),
-            "latency_p50_s": round(live["p50"], 4),
-            "latency_p99_s": round(live["p99"], 4),
-            "detector_cpu_s_per_msample": round(thr["cpu_s"] / (thr["samples"] / 1e6), 3),
-            "live_rate_samples_per_s": round(rate_live),
-            "live_samples_processed": live["samples"],
-            "nodes": args.nodes,
-            "nics": args.nodes * 8,
-            "telemetry_s": args.seconds,
-            "sample_interval_s": 0.1,
-            "allowed_lateness_s": 0.5,
-            "window_step_s": 0.1,
-            "cores": os.cpu_count(),
-            "note": "latency includes the 0.5 s allowed lateness and the 0.1 s step: a sample "
-            "is evaluated once the watermark passes its step",
-        }
-        print(json.dumps(result) if args.json else json.dumps(result, indent=2))
-        return 0
+            log("latency: publishing in real time while the detector runs")
+            procs: list[subprocess.Popen[bytes]] = []
+
+            def start_fabric() -> None:
+                procs.append(
+                    subprocess.Popen([*me, str(data), bootstrap, "bench.live", "0.1"], env=env)
+                )
+
+            live = detect(
+                bootstrap,
+                "bench.live",
+                topology,
+                tmp / "state-live",
+                total,
+                args.seconds * 3 + 60,
+                on_ready=start_fabric,
+            )
+            for p in procs:
+                p.wait(120)
+            log(f"live: p50 {live['p50']:.3f} s, p99 {live['p99']:.3f} s")
+            result = {
+                "samples_per_s": round(thr["samples"] / thr["wall_s"]),
+                "latency_p50_s": round(live["p50"], 4),
+                "latency_p99_s": round(live["p99"], 4),
+                "detector_cpu_s_per_msample": round(thr["cpu_s"] / (thr["samples"] / 1e6), 3),
+                "live_rate_samples_per_s": round(rate_live),
+                "live_samples_processed": live["samples"],
+                "nodes": args.nodes,
+                "nics": args.nodes * 8,
+                "telemetry_s": args.seconds,
+                "sample_interval_s": 0.1,
+                "allowed_lateness_s": 0.5,
+                "window_step_s": 0.1,
+                "cores": os.cpu_count(),
+                "note": "latency includes the 0.5 s allowed lateness and the 0.1 s step: a sample "
+                "is evaluated once the watermark passes its step",
+            }
+            print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+            return 0
     finally:
-        if broker is not None:
-            broker.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -188,58 +188,49 @@ def main() -> int:
 
     bench = _pipeline_bench()
     tmp = Path(tempfile.mkdtemp(prefix="rocewatch-scaleout-"))
-    broker = None
-    if args.bootstrap:
-        bootstrap = args.bootstrap
-    else:
-        log("starting a Kafka broker")
-        kafka_broker.fetch(quiet=True)
-        broker = kafka_broker.start(tmp / "kafka", port=0)
-        bootstrap = broker.bootstrap
     try:
-        log(f"simulating {args.nodes} nodes x 8 NICs for {args.seconds:.0f} s of telemetry")
-        data = tmp / "ticks.bin"
-        total, msgs, _, topology = bench.generate(args.nodes, args.seconds, data)
-        topology_file = tmp / "topology.yaml"
-        topology_file.write_text(yaml.safe_dump(topology.to_dict()))
-        log(f"{total:,} samples in {msgs:,} messages ({total / args.seconds:,.0f} samples/s)")
-        one = run(1, bench, bootstrap, data, topology_file, tmp, total, args.seconds)
-        two = run(2, bench, bootstrap, data, topology_file, tmp, total, args.seconds)
-        # the same without pacing: both runs work through large batches, so the comparison
-        # shows what splitting costs apart from how far behind one instance falls
-        one_b = run(1, bench, bootstrap, data, topology_file, tmp, total, args.seconds, 0.0)
-        two_b = run(2, bench, bootstrap, data, topology_file, tmp, total, args.seconds, 0.0)
-        result = {
-            "one_instance_cpu_s_per_msample": round(one["per_msample"], 3),
-            "two_instances_cpu_s_per_msample": round(two["per_msample"], 3),
-            "efficiency": round(one["per_msample"] / two["per_msample"], 3),
-            "latency_p99_s": round(two["p99"], 3),
-            "latency_p50_s": round(two["p50"], 3),
-            "latency_p99_one_instance_s": round(one["p99"], 3),
-            "burst_one_instance_cpu_s_per_msample": round(one_b["per_msample"], 3),
-            "burst_two_instances_cpu_s_per_msample": round(two_b["per_msample"], 3),
-            "burst_efficiency": round(one_b["per_msample"] / two_b["per_msample"], 3),
-            "one_instance_samples_per_cpu_s": round(total / one["cpu_s"]),
-            "two_instances_samples_split": two["per_instance_samples"],
-            "samples": total,
-            "live_rate_samples_per_s": round(total / args.seconds),
-            "nodes": args.nodes,
-            "gpus": args.nodes * 8,
-            "telemetry_partitions": PARTITIONS,
-            "telemetry_s": args.seconds,
-            "sample_interval_s": 0.1,
-            "cores": os.cpu_count(),
-            "polars_threads_per_instance": int(THREADS),
-            "load_average_1m": round(os.getloadavg()[0], 2),
-            "note": "CPU counted per instance process from the first published record to its "
-            "exit (includes Kafka decode, aggregation, steps encode/decode, state checkpoints "
-            "and 6 s of idle polling); latency includes the 0.5 s allowed lateness",
-        }
-        print(json.dumps(result) if args.json else json.dumps(result, indent=2))
-        return 0
+        with kafka_broker.serving(tmp / "kafka", args.bootstrap) as bootstrap:
+            log(f"simulating {args.nodes} nodes x 8 NICs for {args.seconds:.0f} s of telemetry")
+            data = tmp / "ticks.bin"
+            total, msgs, _, topology = bench.generate(args.nodes, args.seconds, data)
+            topology_file = tmp / "topology.yaml"
+            topology_file.write_text(yaml.safe_dump(topology.to_dict()))
+            log(f"{total:,} samples in {msgs:,} messages ({total / args.seconds:,.0f} samples/s)")
+            one = run(1, bench, bootstrap, data, topology_file, tmp, total, args.seconds)
+            two = run(2, bench, bootstrap, data, topology_file, tmp, total, args.seconds)
+            # the same without pacing: both runs work through large batches, so the comparison
+            # shows what splitting costs apart from how far behind one instance falls
+            one_b = run(1, bench, bootstrap, data, topology_file, tmp, total, args.seconds, 0.0)
+            two_b = run(2, bench, bootstrap, data, topology_file, tmp, total, args.seconds, 0.0)
+            result = {
+                "one_instance_cpu_s_per_msample": round(one["per_msample"], 3),
+                "two_instances_cpu_s_per_msample": round(two["per_msample"], 3),
+                "efficiency": round(one["per_msample"] / two["per_msample"], 3),
+                "latency_p99_s": round(two["p99"], 3),
+                "latency_p50_s": round(two["p50"], 3),
+                "latency_p99_one_instance_s": round(one["p99"], 3),
+                "burst_one_instance_cpu_s_per_msample": round(one_b["per_msample"], 3),
+                "burst_two_instances_cpu_s_per_msample": round(two_b["per_msample"], 3),
+                "burst_efficiency": round(one_b["per_msample"] / two_b["per_msample"], 3),
+                "one_instance_samples_per_cpu_s": round(total / one["cpu_s"]),
+                "two_instances_samples_split": two["per_instance_samples"],
+                "samples": total,
+                "live_rate_samples_per_s": round(total / args.seconds),
+                "nodes": args.nodes,
+                "gpus": args.nodes * 8,
+                "telemetry_partitions": PARTITIONS,
+                "telemetry_s": args.seconds,
+                "sample_interval_s": 0.1,
+                "cores": os.cpu_count(),
+                "polars_threads_per_instance": int(THREADS),
+                "load_average_1m": round(os.getloadavg()[0], 2),
+                "note": "CPU counted per instance process from the first published record to its "
+                "exit (includes Kafka decode, aggregation, steps encode/decode, state checkpoints "
+                "and 6 s of idle polling); latency includes the 0.5 s allowed lateness",
+            }
+            print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+            return 0
     finally:
-        if broker is not None:
-            broker.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

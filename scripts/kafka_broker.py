@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -808,6 +808,22 @@ def start(
         format_args=format_args,
     )
     return broker.start(timeout)
+
+
+@contextlib.contextmanager
+def serving(dir: str | os.PathLike[str], bootstrap: str | None = None) -> Iterator[str]:
+    """For benchmarks: ``bootstrap`` when given, else a fresh broker on a free port in ``dir``
+    (fetched first if needed) that is stopped on exit. Yields the bootstrap address."""
+    if bootstrap:
+        yield bootstrap
+        return
+    _say("starting a Kafka broker")
+    fetch(quiet=True)
+    broker = start(dir, port=0)
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
 
 
 def stop(dir: str | os.PathLike[str], timeout: float = DEFAULT_STOP_TIMEOUT) -> bool:
