@@ -8,16 +8,11 @@ written into the metadata log when the storage is formatted (``kafka-storage for
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from tests.pki import issue, new_key, pem, pem_key
 
 SCRAM_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 
@@ -28,82 +23,17 @@ class Pki:
     keystore_file: Path  # broker key (PKCS#8) + certificate chain, one PEM file
 
 
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _name(cn: str) -> x509.Name:
-    return x509.Name(
-        [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "rocewatch tests"),
-         x509.NameAttribute(NameOID.COMMON_NAME, cn)]
-    )  # fmt: skip
-
-
 def make_pki(directory: Path, label: str = "rocewatch-test") -> Pki:
     """A fresh CA and a broker certificate (SAN 127.0.0.1, localhost) under ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.UTC)
-    ca_key = _key()
-    ca_cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(f"{label} CA"))
-        .issuer_name(_name(f"{label} CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = _key()
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("kafka broker"))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
+    ca_key = new_key()
+    ca_cert = issue(f"{label} CA", ca_key, ca=True, days=2)
+    key = new_key()
+    cert = issue("kafka broker", key, (ca_cert, ca_key), server=True)
     ca_file = directory / "ca.pem"
-    ca_file.write_bytes(ca_cert.public_bytes(pem))
+    ca_file.write_bytes(pem(ca_cert))
     keystore = directory / "broker-keystore.pem"
-    keystore.write_bytes(
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-        + cert.public_bytes(pem)
-        + ca_cert.public_bytes(pem)
-    )
+    keystore.write_bytes(pem_key(key) + pem(cert) + pem(ca_cert))
     keystore.chmod(0o600)
     return Pki(ca_file, keystore)
 

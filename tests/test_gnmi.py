@@ -3,8 +3,6 @@ openconfig's fake_server and gnmi_cli (Go, built by scripts/go_tools.sh)."""
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import os
 import shutil
 import socket
@@ -18,10 +16,6 @@ import orjson
 import polars as pl
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from collector.decode import GnmicEventDecoder
 from collector.gnmi import (
@@ -38,6 +32,7 @@ from rocewatch.sim import write_scenario
 from rocewatch.sim.gnmi_target import FabricFeed, GnmiTarget
 from rocewatch.sim.simulator import SimConfig, Simulator
 from rocewatch.topology import Topology
+from tests.pki import issue, new_key, pem, pem_key
 
 GO_BIN = Path(os.environ.get("ROCEWATCH_GO_DIR", Path.home() / ".cache/rocewatch/go")) / "bin"
 
@@ -52,69 +47,23 @@ def go_tool(name: str) -> str:
 # --- certificates ------------------------------------------------------------------------------
 
 
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _pem_key(k: ec.EllipticCurvePrivateKey) -> bytes:
-    return k.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _cert(
-    subject: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
-    ca: bool = False,
-    server: bool = False,
-) -> x509.Certificate:
-    now = dt.datetime.now(dt.UTC)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    b = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(issuer[0].subject if issuer else name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if server:
-        b = b.add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-    return b.sign(issuer[1] if issuer else key, hashes.SHA256())
-
-
-def _pem(c: x509.Certificate) -> bytes:
-    return c.public_bytes(serialization.Encoding.PEM)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A CA, a server certificate for 127.0.0.1 and a client certificate; plus a second CA."""
     d = tmp_path_factory.mktemp("pki")
-    ca_k = _key()
-    ca = _cert("rocewatch test CA", ca_k, None, ca=True)
-    srv_k, cli_k = _key(), _key()
-    srv = _cert("127.0.0.1", srv_k, (ca, ca_k), server=True)
-    cli = _cert("rocewatch-collector", cli_k, (ca, ca_k))
-    other_k = _key()
-    other = _cert("some other CA", other_k, None, ca=True)
+    ca_k = new_key()
+    ca = issue("rocewatch test CA", ca_k, ca=True)
+    srv_k, cli_k = new_key(), new_key()
+    srv = issue("127.0.0.1", srv_k, (ca, ca_k), server=True)
+    cli = issue("rocewatch-collector", cli_k, (ca, ca_k), client=True)
+    other = issue("some other CA", new_key(), ca=True)
     files = {
-        "ca": _pem(ca),
-        "server_crt": _pem(srv),
-        "server_key": _pem_key(srv_k),
-        "client_crt": _pem(cli),
-        "client_key": _pem_key(cli_k),
-        "other_ca": _pem(other),
+        "ca": pem(ca),
+        "server_crt": pem(srv),
+        "server_key": pem_key(srv_k),
+        "client_crt": pem(cli),
+        "client_key": pem_key(cli_k),
+        "other_ca": pem(other),
     }
     out = {}
     for k, v in files.items():
@@ -689,24 +638,10 @@ def test_gnmic_kafka_event_topic_is_bridged_to_telemetry(
 
 
 def test_skip_verify_trusts_a_self_signed_target() -> None:
-    key = _key()
-    now = dt.datetime.now(dt.UTC)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "leaf-self-signed")])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("leaf-self-signed.example")]), critical=False
-        )
-        .sign(key, hashes.SHA256())
-    )
+    key = new_key()
+    cert = issue("leaf-self-signed", key, dns=("leaf-self-signed.example",))
     feed = FabricFeed(Simulator(SimConfig(nodes=2, nics_per_node=1, spines=1, duration_s=0.5)))
-    with GnmiTarget(feed, tls_cert=_pem(cert), tls_key=_pem_key(key)) as target:
+    with GnmiTarget(feed, tls_cert=pem(cert), tls_key=pem_key(key)) as target:
         once = SubscriptionConfig(mode="once", paths=("/interfaces",))
         addr = f"127.0.0.1:{target.port}"
         frames: list[pl.DataFrame] = []
