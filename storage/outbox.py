@@ -36,6 +36,21 @@ from storage.store import Store
 OUTBOX: Table = OutboxRow.__table__  # type: ignore[assignment]
 
 
+def _resolution_queued() -> Any:
+    """True for an outbox row whose alert's resolved event is queued for the same sink."""
+    sib = aliased(OUTBOX)
+    return (
+        select(sib.c.id)
+        .where(
+            sib.c.sink == OUTBOX.c.sink,
+            sib.c.fingerprint == OUTBOX.c.fingerprint,
+            sib.c.starts_at == OUTBOX.c.starts_at,
+            sib.c.status == "resolved",
+        )
+        .exists()
+    )
+
+
 @dataclass(frozen=True)
 class OutboxItem:
     id: int
@@ -108,17 +123,7 @@ class Outbox:
         """
         now = _utc(self.clock())
         lease = _utc(self.clock() + lease_s)
-        sib = aliased(OUTBOX)
-        resolved_queued = (
-            select(sib.c.id)
-            .where(
-                sib.c.sink == OUTBOX.c.sink,
-                sib.c.fingerprint == OUTBOX.c.fingerprint,
-                sib.c.starts_at == OUTBOX.c.starts_at,
-                sib.c.status == "resolved",
-            )
-            .exists()
-        )
+        resolved_queued = _resolution_queued()
         pending = and_(
             OUTBOX.c.delivered_at.is_(None),
             OUTBOX.c.dead_at.is_(None),
@@ -174,20 +179,9 @@ class Outbox:
             )
             firing = [i.id for i in items if i.alert.get("status") == "firing"]
             if nxt is not None and firing:
-                sib = aliased(OUTBOX)
-                resolved_queued = (
-                    select(sib.c.id)
-                    .where(
-                        sib.c.sink == OUTBOX.c.sink,
-                        sib.c.fingerprint == OUTBOX.c.fingerprint,
-                        sib.c.starts_at == OUTBOX.c.starts_at,
-                        sib.c.status == "resolved",
-                    )
-                    .exists()
-                )
                 conn.execute(
                     update(OUTBOX)
-                    .where(OUTBOX.c.id.in_(firing), ~resolved_queued)
+                    .where(OUTBOX.c.id.in_(firing), ~_resolution_queued())
                     .values(refresh_at=nxt)
                 )
 
