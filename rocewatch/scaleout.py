@@ -622,7 +622,7 @@ class Detector:
                 self.cfg,
                 executor=executor,
                 stats=self.stats,
-                rollup_s=10,
+                rollup_s=None,  # the scale-out path stores no metrics: no rollups to compute
                 retain=False,
             )
             st = DetectState(STATE_VERSION, pipe, {}, {}, {}, None, 0, {})
