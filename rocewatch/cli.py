@@ -6,8 +6,14 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rocewatch.errors import ConfigError, RocewatchError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from rocewatch.metrics import Reading
 
 log = logging.getLogger("rocewatch")
 
@@ -135,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     il.add_argument("--out", type=Path, help="write samples as JSON lines here instead of Kafka")
     il.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: forever)")
     il.add_argument("--interval-ms", type=float, default=100.0, help="aggregation interval")
+    il.add_argument("--metrics-port", type=int, help="serve /metrics here (else the config's)")
 
     isd = sub.add_parser(
         "int-send", help="send a scenario's int.pcap (or a pcap file) as UDP datagrams"
@@ -157,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     ag.add_argument("--out", type=Path, help="append snapshots to this file instead of Kafka")
     ag.add_argument("--once", action="store_true", help="print one sample as JSON lines, exit")
     ag.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: forever)")
+    ag.add_argument("--metrics-port", type=int, help="serve /metrics here (else the config's)")
 
     col = sub.add_parser(
         "collect",
@@ -355,10 +363,20 @@ def _dispatch(args: argparse.Namespace) -> int:
     raise ConfigError(f"unknown command {args.command}")
 
 
+def _readings_endpoint(port: int | None, read: Callable[[], Iterable[Reading]]) -> Any:
+    """A /metrics endpoint on ``port`` serving ``read()``; None without a port."""
+    if not port:
+        return None
+    from rocewatch.metrics import ReadingsEndpoint
+
+    ep = ReadingsEndpoint(port, read)
+    log.info("serving /metrics on port %d", ep.port)
+    return ep
+
+
 def _int_listen(args: argparse.Namespace) -> int:
     import signal
     import threading
-    from collections.abc import Callable
 
     import polars as pl
 
@@ -389,6 +407,9 @@ def _int_listen(args: argparse.Namespace) -> int:
         close.append(pub)
         sink = pub.publish  # slices by time with its default slice
     coll = IntCollector(topology, listener, sink, interval_ns=int(args.interval_ms * 1e6))
+    metrics = _readings_endpoint(args.metrics_port or cfg.metrics_port, coll.readings)
+    if metrics is not None:
+        close.append(metrics)
     log.info("listening for INT reports on %s:%d", args.host, listener.port)
     try:
         coll.run(args.duration, stop)
@@ -440,10 +461,13 @@ def _agent(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         log.info("agent %s: %d NICs every %.3g s", agent.node, len(agent.nics), acfg.interval_s)
+        metrics = _readings_endpoint(args.metrics_port or cfg.metrics_port, agent.readings)
         try:
             agent.run(sink, stop, duration_s=args.duration)  # type: ignore[arg-type]
         finally:
             sink.close()  # type: ignore[attr-defined]
+            if metrics is not None:
+                metrics.close()
         counts = dict(agent.stats.counts)
         counts["samples"] = agent.samples
         print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))

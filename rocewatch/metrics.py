@@ -11,14 +11,23 @@ serve them on ``metrics_port``. What they export:
 * delivery: ``rocewatch_notify_sent_total{sink}``, ``rocewatch_notify_failures_total{sink}``
   (failed requests, e.g. webhook failures), ``rocewatch_notify_dead_total{sink}`` (events a
   receiver refused for good), ``rocewatch_notify_outbox_depth{sink}`` (events waiting).
+
+The collectors that are not Kafka consumers serve theirs through :class:`ReadingsEndpoint`,
+read at scrape time: ``rocewatch agent`` (``rocewatch_agent_*``: snapshots taken and sent, spool
+depth in snapshots and bytes, snapshots dropped from a full spool, send failures) and
+``rocewatch int-listen`` (``rocewatch_int_*``: datagrams, reports, samples emitted), both with
+``rocewatch_input_skipped{reason}``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from rocewatch.stats import Stats
 
 BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -132,6 +141,60 @@ class ServiceMetrics:
             self._depth_at = now
             for sink in d.sink_names:
                 self.depth.labels(sink=sink).set(depth.get(sink, 0))
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# A metric read at scrape time: (name, "counter" | "gauge", help, labels, value). Counter names
+# end in ``_total``.
+Reading = tuple[str, str, str, dict[str, str], float]
+
+
+class _ReadOnScrape:
+    """A prometheus collector that asks ``read`` for the current numbers on every scrape, so a
+    process keeps plain counters and pays nothing between scrapes."""
+
+    def __init__(self, read: Callable[[], Iterable[Reading]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        families: dict[str, Any] = {}
+        for name, kind, doc, labels, value in self.read():
+            fam = families.get(name)
+            if fam is None:
+                if kind == "counter":
+                    fam = CounterMetricFamily(name.removesuffix("_total"), doc, labels=list(labels))
+                else:
+                    fam = GaugeMetricFamily(name, doc, labels=list(labels))
+                families[name] = fam
+            fam.add_metric(list(labels.values()), value)
+        yield from families.values()
+
+
+def skipped_readings(stats: Stats) -> list[Reading]:
+    """A Stats object's skip counters, as ``rocewatch_input_skipped{reason}`` (the name the
+    detector service uses)."""
+    doc = "inputs counted and skipped, by reason"
+    return [
+        ("rocewatch_input_skipped", "gauge", doc, {"reason": k}, float(v))
+        for k, v in sorted(stats.counts.items())
+    ]
+
+
+class ReadingsEndpoint:
+    """/metrics for a collector process (agent, int-listen): ``read`` is called per scrape."""
+
+    def __init__(
+        self, port: int, read: Callable[[], Iterable[Reading]], addr: str = "0.0.0.0"
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_ReadOnScrape(read))  # type: ignore[arg-type]
+        self.server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        self.port = int(self.server.server_port)
 
     def close(self) -> None:
         self.server.shutdown()

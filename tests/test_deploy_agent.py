@@ -65,6 +65,8 @@ def test_daemonset(docs: dict[str, dict[str, Any]]) -> None:
     (c,) = pod["containers"]
     args = build_parser().parse_args(c["args"])
     assert args.command == "agent" and args.node == "$(NODE_NAME)"
+    # /metrics on the port the container declares
+    assert args.metrics_port in [p["containerPort"] for p in c["ports"] if p["name"] == "metrics"]
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["ROCEWATCH_KAFKA_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"]

@@ -22,6 +22,8 @@ from rocewatch.sim.inband import UdpSender
 from rocewatch.sources import PcapSource
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
+from tests.notify_receiver import free_port
+from tests.support.prom import scrape
 from tests.test_int_replay import T0, int_payloads, topology
 
 KEYS = ["ts", "device", "port", "qual", "metric"]
@@ -130,6 +132,7 @@ def test_cli_int_listen_and_send(tmp_path: Path) -> None:
         port = probe.getsockname()[1]
     out = tmp_path / "samples.jsonl"
     cli = [sys.executable, "-m", "rocewatch.cli"]
+    metrics_port = free_port()
     listen = subprocess.Popen(
         [
             *cli,
@@ -143,7 +146,9 @@ def test_cli_int_listen_and_send(tmp_path: Path) -> None:
             "--out",
             str(out),
             "--duration",
-            "6",
+            "10",
+            "--metrics-port",
+            str(metrics_port),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -159,6 +164,16 @@ def test_cli_int_listen_and_send(tmp_path: Path) -> None:
             check=True,
         )
         assert f"sent {len(int_payloads())} datagrams" in sent.stdout
+        # while it runs, its /metrics count what arrived and what was skipped
+        n = len(int_payloads())
+        deadline = time.monotonic() + 6
+        m = scrape(metrics_port)
+        while m.get(("rocewatch_int_datagrams_total", ())) != n and time.monotonic() < deadline:
+            time.sleep(0.2)
+            m = scrape(metrics_port)
+        assert m[("rocewatch_int_datagrams_total", ())] == n
+        assert m[("rocewatch_int_reports_total", ())] > 0
+        assert m[("rocewatch_input_skipped", (("reason", "int_report_loss"),))] == 5
         stdout, stderr = listen.communicate(timeout=60)
     finally:
         if listen.poll() is None:

@@ -8,12 +8,10 @@ import subprocess
 import sys
 import time
 import types
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from rocewatch.config import Config
 from rocewatch.metrics import ServiceMetrics
@@ -25,18 +23,9 @@ from rocewatch.topology import Topology
 from storage.outbox import Outbox
 from storage.store import Store
 from tests.notify_receiver import Receiver, free_port
+from tests.support.prom import scrape
 
 T0 = 1_795_946_400_000_000_000
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        body = r.read().decode()
-    out = {}
-    for fam in text_string_to_metric_families(body):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -140,3 +129,58 @@ notify:
         proc.wait(timeout=30)
         rx.stop()
     assert proc.returncode == 0
+
+
+def test_agent_metrics_show_the_spool_backlog(tmp_path: Path) -> None:
+    """The node agent's /metrics: snapshots taken and sent, and while the sink is down the send
+    failures and the spooled backlog, which drains to zero once it is back."""
+    import threading
+
+    from collector.nic.agent import AgentConfig, NicAgent
+    from rocewatch.errors import RetryableError
+    from rocewatch.metrics import ReadingsEndpoint
+
+    agent = NicAgent(
+        AgentConfig(
+            node="gpu-007",
+            interval_s=0.1,
+            sysfs_root=str(Path(__file__).parent / "fixtures" / "mlx5" / "sys"),
+            ethtool="off",
+            mlxlink="off",
+            spool_dir=str(tmp_path / "spool"),
+        )
+    )
+    up = threading.Event()
+    delivered: list[bytes] = []
+
+    def sink(lines: list[bytes]) -> None:
+        if not up.is_set():
+            raise RetryableError("receiver down")
+        delivered.extend(lines)
+
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(sink, stop), kwargs={"drain_timeout_s": 30})
+    ep = ReadingsEndpoint(free_port(), agent.readings, addr="127.0.0.1")
+    node = (("node", "gpu-007"),)
+    runner.start()
+    try:
+        wait_for(lambda: scrape(ep.port).get(("rocewatch_agent_spool_snapshots", node), 0) >= 10)
+        m = scrape(ep.port)
+        assert m[("rocewatch_agent_send_failures_total", node)] >= 1
+        assert m[("rocewatch_agent_snapshots_sent_total", node)] == 0
+        assert m[("rocewatch_agent_spool_bytes", node)] > 0
+        assert m[("rocewatch_agent_nics", node)] == 2
+        assert m[("rocewatch_input_skipped", (("reason", "agent_send_failures"),))] >= 1
+        up.set()
+        wait_for(lambda: scrape(ep.port)[("rocewatch_agent_spool_snapshots", node)] == 0)
+        stop.set()
+        runner.join(60)
+        m = scrape(ep.port)
+        sent = m[("rocewatch_agent_snapshots_sent_total", node)]
+        assert sent == len(delivered) == m[("rocewatch_agent_samples_total", node)] * 2
+        assert m[("rocewatch_agent_spool_dropped_total", node)] == 0
+    finally:
+        stop.set()
+        runner.join(60)
+        ep.close()
+        agent.close()

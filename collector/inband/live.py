@@ -20,6 +20,7 @@ import polars as pl
 from collector.inband.aggregate import IntAggregator
 from collector.inband.report import empty_reports
 from collector.inband.udp import UdpListener
+from rocewatch.metrics import Reading, skipped_readings
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
 
@@ -98,6 +99,28 @@ class IntCollector:
                 if value > self._counted.get(key, 0):
                     self.stats.inc(key, value - self._counted.get(key, 0))
                     self._counted[key] = value
+
+    def readings(self) -> list[Reading]:
+        """int-listen's /metrics, read at scrape time."""
+        no: dict[str, str] = {}
+        return [
+            (
+                "rocewatch_int_datagrams_total",
+                "counter",
+                "UDP datagrams received",
+                no,
+                self.listener.stats.received,
+            ),
+            ("rocewatch_int_reports_total", "counter", "INT reports parsed", no, self.reports),
+            (
+                "rocewatch_samples_ingested_total",
+                "counter",
+                "per-queue aggregate samples emitted",
+                no,
+                self.samples,
+            ),
+            *skipped_readings(self.stats),
+        ]
 
     def counts(self) -> dict[str, int]:
         """Datagrams received and reports parsed, with every skip counter."""

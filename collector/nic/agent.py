@@ -28,6 +28,7 @@ from collector.nic.mlxlink import mlxlink_path, read_mlxlink
 from collector.nic.spool import Spool
 from collector.nic.sysfs import AttrFiles, RdmaDevice, netdev_speed, rdma_devices
 from rocewatch.errors import ConfigError, RetryableError
+from rocewatch.metrics import Reading, skipped_readings
 from rocewatch.stats import Stats
 
 log = logging.getLogger(__name__)
@@ -253,6 +254,44 @@ class NicAgent:
             spool.ack(seg)
             self.stats.inc("agent_snapshots_sent", len(lines))
             backoff = 0.2
+
+    def readings(self) -> list[Reading]:
+        """The agent's /metrics, read at scrape time."""
+        sent = self.stats.get("agent_snapshots_sent")
+        spool = getattr(self, "spool", None)
+        pending, size = spool.pending() if spool is not None else (0, 0)
+        dropped = (spool.dropped if spool is not None else 0) + self.stats.get(
+            "agent_spool_dropped"
+        )
+        node = {"node": self.node}
+        return [
+            (
+                "rocewatch_agent_samples_total",
+                "counter",
+                "sampling rounds (a snapshot of every NIC each)",
+                node,
+                self.samples,
+            ),
+            ("rocewatch_agent_snapshots_sent_total", "counter", "snapshots delivered", node, sent),
+            (
+                "rocewatch_agent_send_failures_total",
+                "counter",
+                "failed sends (the snapshots stay spooled)",
+                node,
+                self.stats.get("agent_send_failures"),
+            ),
+            ("rocewatch_agent_spool_snapshots", "gauge", "snapshots waiting", node, pending),
+            ("rocewatch_agent_spool_bytes", "gauge", "bytes waiting in the spool", node, size),
+            (
+                "rocewatch_agent_spool_dropped_total",
+                "counter",
+                "snapshots deleted unsent because the spool was full",
+                node,
+                dropped,
+            ),
+            ("rocewatch_agent_nics", "gauge", "NICs sampled", node, len(self.nics)),
+            *skipped_readings(self.stats),
+        ]
 
     def close(self) -> None:
         for n in self.nics:
