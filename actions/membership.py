@@ -20,6 +20,7 @@ import json
 import logging
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -179,7 +180,12 @@ def pods_to_jobs(pods: list[dict[str, Any]], cfg: MembershipConfig) -> list[Job]
 
 
 class LiveJobs:
-    """Refreshes the topology's jobs from live sources; the static jobs are the fallback."""
+    """Refreshes the topology's jobs from live sources; the static jobs are the fallback.
+
+    With ``background`` the sources are asked in a thread of their own, so a slow scheduler
+    (``squeue`` may take its whole timeout) never stalls the caller; the answers are applied
+    to the topology by a later ``maybe_refresh`` in the caller's thread, which owns the topology.
+    """
 
     def __init__(
         self,
@@ -188,6 +194,7 @@ class LiveJobs:
         interval_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         static: list[Job] | None = None,
+        background: bool = False,
     ) -> None:
         """``static``: the topology file's jobs (default: the topology's jobs now)."""
         self.topology = topology
@@ -195,29 +202,49 @@ class LiveJobs:
         self.interval_s = interval_s
         self.clock = clock
         self.static = list(topology.jobs.values()) if static is None else list(static)
+        self.background = background
         self._last: dict[str, list[Job]] = {}  # scheduler -> last good answer
         self._next = 0.0
+        self._fetcher: threading.Thread | None = None
+        self._answers: dict[str, list[Job]] = {}
         self.failures = 0
 
     def maybe_refresh(self) -> bool:
         """Refresh when the interval has passed; True when membership was applied."""
+        applied = False
+        if self._fetcher is not None and not self._fetcher.is_alive():
+            self._fetcher = None
+            self._last.update(self._answers)
+            self.apply()
+            applied = True
         now = self.clock()
-        if now < self._next:
-            return False
+        if now < self._next or self._fetcher is not None:
+            return applied
         self._next = now + self.interval_s
-        self.refresh()
-        return True
+        if not self.background:
+            self.refresh()
+            return True
+        self._answers = {}
+        self._fetcher = threading.Thread(
+            target=self._fetch, args=(self._answers,), name="job-membership", daemon=True
+        )
+        self._fetcher.start()
+        return applied
 
     def refresh(self) -> None:
+        """Ask every source now, in this thread, and apply."""
+        self._fetch(self._last)
+        self.apply()
+
+    def _fetch(self, into: dict[str, list[Job]]) -> None:
         for src in self.sources:
             try:
-                self._last[src.scheduler] = src.fetch()
+                into[src.scheduler] = src.fetch()
             except Exception as e:  # a scheduler outage must not stop detection
                 self.failures += 1
                 log.warning(
                     "job membership from %s failed (%s): keeping the last", src.scheduler, e
                 )
-        self.apply()
 
     def apply(self) -> None:
         live_scheds = set(self._last)
@@ -250,4 +277,4 @@ def build_live_jobs(
         if kube_api is None:
             raise ConfigError("membership.kubernetes needs executors.kubernetes (the client)")
         sources.append(KubernetesPods(kube_api(), cfg))
-    return LiveJobs(topology, sources, cfg.interval_s, static=static)
+    return LiveJobs(topology, sources, cfg.interval_s, static=static, background=True)

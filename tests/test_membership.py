@@ -199,3 +199,35 @@ def test_straggler_peer_groups_follow_live_membership() -> None:
         "job:b-9",
         "job:b-9",
     ]
+
+
+def test_a_slow_scheduler_does_not_stall_the_caller() -> None:
+    """In the detect loop membership is fetched in the background: while squeue hangs, each
+    maybe_refresh returns at once and the static jobs stay; the answer is applied by the first
+    call after it arrives."""
+    import threading
+    import time
+
+    t = topo(["gpu-01", "gpu-02"], jobs=[{"name": "static-a", "nodes": ["gpu-01"]}])
+    release = threading.Event()
+
+    class Hanging:
+        scheduler = "slurm"
+
+        def fetch(self) -> list[Job]:
+            release.wait(30)
+            return [Job("live-7", "t1", None, ("gpu-01", "gpu-02"))]
+
+    live = LiveJobs(t, [Hanging()], interval_s=30, background=True)
+    t0 = time.monotonic()
+    for _ in range(20):
+        assert not live.maybe_refresh()
+    assert time.monotonic() - t0 < 1.0  # never waited for the scheduler
+    assert t.node_jobs == {"gpu-01": ["static-a"]}  # the fallback meanwhile
+    release.set()
+    deadline = time.monotonic() + 10
+    while not live.maybe_refresh():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert t.node_jobs == {"gpu-01": ["live-7"], "gpu-02": ["live-7"]}
+    assert not live.maybe_refresh()  # applied once; the next fetch is due in 30 s
