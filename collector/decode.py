@@ -184,7 +184,7 @@ class GnmicEventDecoder:
 class NicSnapshotDecoder:
     """Node-agent JSON lines (CONTRACTS.md section 3) -> sample batches."""
 
-    SECTIONS = ("ethtool", "hw_counters")
+    SECTIONS = ("ethtool", "hw_counters", "port_counters")
 
     def __init__(
         self,
@@ -272,6 +272,20 @@ class NicSnapshotDecoder:
                     st.inc("non_numeric_values", detail=f"{section}.{name}")
                     continue
                 put(metric, qual, num)
+        mlx = doc.get("mlxlink")
+        if isinstance(mlx, dict):
+            for name, v in mlx.items():
+                t = self.mapper.lookup("mlxlink", name)
+                if t is None:
+                    continue
+                # a BER is a reading; an error count is cumulative (a counter)
+                num = _number(v, not name.endswith("_ber"), t.scale)
+                if num is None:
+                    st.inc("non_numeric_values", detail=f"mlxlink.{name}")
+                    continue
+                put(t.metric, "", num)
+        elif mlx is not None:
+            st.inc("malformed_snapshots", detail="mlxlink is not an object")
         pcie = doc.get("pcie")
         if isinstance(pcie, dict):
             for name, v in pcie.items():

@@ -112,8 +112,13 @@ class GnmiMapper:
         return t
 
 
+# counters a NIC mapping table does not list are kept under these names; other sections' are not
+UNMAPPED_PREFIX = {"ethtool": "ethtool:", "hw_counters": "hw:", "port_counters": "port:"}
+
+
 class NicMapper:
-    """Maps node-agent counters (ethtool, hw_counters, pcie) to canonical metrics."""
+    """Maps node-agent counters (ethtool, hw_counters, port_counters, pcie, mlxlink) to canonical
+    metrics."""
 
     def __init__(self, extra_files: list[Path] | None = None) -> None:
         docs = [d for d in _load(sorted(MAPPINGS_DIR.glob("*.yaml"))) if d.get("source") == "nic"]
@@ -127,9 +132,8 @@ class NicMapper:
     def lookup(self, section: str, name: str) -> Target | None:
         table = self._tables.get(section)
         t = table.lookup(name) if table else None
-        if t is None and section in ("ethtool", "hw_counters"):
-            prefix = "ethtool:" if section == "ethtool" else "hw:"
-            t = Target(prefix + name)
+        if t is None and section in UNMAPPED_PREFIX:
+            t = Target(UNMAPPED_PREFIX[section] + name)
             if table is not None:
                 table.memo[name] = t
         return t

@@ -130,10 +130,31 @@ METRICS: dict[str, MetricDef] = {
         _m("nic_pcie_max_speed_gts", "gauge", "nic", "GT/s", "PCIe maximum link speed"),
         _m("nic_pcie_width", "gauge", "nic", "lanes", "PCIe current link width"),
         _m("nic_pcie_max_width", "gauge", "nic", "lanes", "PCIe maximum link width"),
+        _m("nic_port_rcv_errors", "counter", "nic", "packets", "IB port: packets received bad"),
+        _m("nic_port_xmit_discards", "counter", "nic", "packets", "IB port: packets discarded"),
+        _m("nic_port_symbol_errors", "counter", "nic", "symbols", "IB port: symbol errors"),
+        _m("nic_port_link_downed", "counter", "nic", "events", "IB port: link down events"),
+        _m("nic_port_link_error_recovery", "counter", "nic", "events", "IB port: link recoveries"),
+        _m(
+            "nic_port_link_integrity_errors",
+            "counter",
+            "nic",
+            "events",
+            "IB port: local link integrity errors",
+        ),
+        _m("nic_port_buffer_overruns", "counter", "nic", "events", "IB port: buffer overruns"),
+        _m("nic_port_xmit_wait", "counter", "nic", "ticks", "IB port: ticks waiting to send"),
+        _m("nic_port_rx_bytes", "counter", "nic", "bytes", "IB port: data received"),
+        _m("nic_port_tx_bytes", "counter", "nic", "bytes", "IB port: data transmitted"),
+        _m("nic_mlxlink_raw_ber", "gauge", "nic", "ratio", "mlxlink: raw physical (pre-FEC) BER"),
+        _m("nic_mlxlink_effective_ber", "gauge", "nic", "ratio", "mlxlink: effective BER"),
+        _m("nic_mlxlink_symbol_ber", "gauge", "nic", "ratio", "mlxlink: symbol BER"),
+        _m("nic_mlxlink_effective_errors", "counter", "nic", "errors", "mlxlink: effective errors"),
+        _m("nic_mlxlink_symbol_errors", "counter", "nic", "symbols", "mlxlink: symbol errors"),
     ]
 }
 # Driver counters with no canonical name are kept under these prefixes, as counters.
-UNKNOWN_PREFIXES = ("ethtool:", "hw:")
+UNKNOWN_PREFIXES = ("ethtool:", "hw:", "port:")
 
 
 def is_counter(metric: str) -> bool:

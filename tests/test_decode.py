@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import orjson
 import polars as pl
 
@@ -139,3 +141,38 @@ def test_nic_snapshot_contract_example():
     assert df.filter(pl.col("metric") == "nic_tx_pause_us")["qual"].to_list() == ["3"]
     assert len(m) == 21
     assert d.stats.get("malformed_snapshots") == 2
+
+
+def test_nic_snapshot_port_counters_and_mlxlink():
+    """The agent's port_counters and mlxlink sections reach the canonical metrics: IB port
+    counters as counters (data in 4-byte words -> bytes), mlxlink BERs as readings and its
+    error counts as counters; unknown port counters are kept, unknown mlxlink keys dropped."""
+    from collector.nic.mlxlink import parse_mlxlink
+
+    ber = parse_mlxlink((Path(__file__).parent / "fixtures/mlx5/mlxlink_c.txt").read_text())
+    line = orjson.dumps(
+        {
+            "timestamp": 1795946400000000000,
+            "node": "gpu-001",
+            "nic": "mlx5_0",
+            "port_counters": {
+                "port_rcv_errors": 7,
+                "port_xmit_data": 1000,
+                "link_downed": 2,
+                "VL15_dropped": 1,
+            },
+            "mlxlink": ber,
+        }
+    )
+    d = NicSnapshotDecoder(TOPO)
+    df = d.decode_lines([line, orjson.dumps({"timestamp": 1, "node": "gpu-001",
+                                             "nic": "mlx5_0", "mlxlink": [1]})])  # fmt: skip
+    got = {r["metric"]: (r["value"], r["raw"]) for r in df.iter_rows(named=True)}
+    assert got["nic_port_rcv_errors"] == (7.0, 7)
+    assert got["nic_port_tx_bytes"] == (4000.0, 4000)
+    assert got["nic_port_link_downed"] == (2.0, 2)
+    assert got["port:VL15_dropped"] == (1.0, 1)
+    assert got["nic_mlxlink_raw_ber"] == (3e-12, None)  # a reading, not a counter
+    assert got["nic_mlxlink_effective_errors"] == (0.0, 0)
+    assert not any(m.startswith("mlxlink") or "clear" in m for m in got)
+    assert d.stats.get("malformed_snapshots") == 1
