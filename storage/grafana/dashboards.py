@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rocewatch.model import ALERTNAMES
+
 OUT = Path(__file__).parent / "provisioning" / "dashboards" / "rocewatch"
 DS = {"type": "grafana-postgresql-datasource", "uid": "rocewatch-pg"}
 # rocewatch writes 10 s and 1 min rollups: ranges over 6 hours read the 1 min ones
@@ -498,19 +500,7 @@ ORDER BY 1, 2""",
             panel(
                 "Alerts",
                 "table",
-                alerts_table(
-                    [
-                        "PFCStorm",
-                        "FlakyLink",
-                        "Straggler",
-                        "PCIeDowngrade",
-                        "ECNCongestion",
-                        "QueueBuildup",
-                        "TransportErrors",
-                        "PortAnomaly",
-                        "FabricIncident",
-                    ]
-                ),
+                alerts_table(list(ALERTNAMES)),
                 0,
                 12,
                 24,
