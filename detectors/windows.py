@@ -251,19 +251,22 @@ class WindowEngine:
         key (strings) is gathered once per aggregated row from the series table, and each
         (step, metric) part is a zero-copy slice of one frame.
         """
-        r = self.rates.apply_narrow(ready)
-        if r.height == 0:
+        r = self.rates.apply_arrays(ready)
+        if len(r["ts"]) == 0:
             return {}
-        ts = r.get_column("ts").to_numpy()
-        pos = self.series.positions(
-            r.get_column("sid").to_numpy(), ready, r.get_column("i").to_numpy()
-        )
+        ts = r["ts"]
+        pos = self.series.positions(r["sid"], ready, r["i"])
         code = self.series.metric_code[pos].astype(np.int64)
         step = ts // self.step_ns
         s0 = int(step.min())
         if int(step.max()) - s0 < (1 << 19):
             key = ((step - s0) << 44) | (code << 28) | pos
-            order = np.argsort(key, kind="stable")  # rows come sorted by series, then time
+            # rows come sorted by series, then time: a stable sort keeps that order within a
+            # group; the quick sort gives the same order when no two rows share a key
+            order = np.argsort(key)
+            k = key[order]
+            if len(k) > 1 and bool((k[1:] == k[:-1]).any()):
+                order = np.argsort(key, kind="stable")
         else:  # a batch spanning a very long time (a clock jump): the general sort
             order = np.lexsort((ts, pos, code, step))
         step_o, code_o, pos_o = step[order], code[order], pos[order]
@@ -276,9 +279,9 @@ class WindowEngine:
             ]
         )
         ends = np.r_[starts[1:] - 1, len(order) - 1]
-        value = r.get_column("value").to_numpy()[order]
-        delta = np.add.reduceat(np.nan_to_num(r.get_column("delta").to_numpy()[order]), starts)
-        dt = np.add.reduceat(np.nan_to_num(r.get_column("dt").to_numpy()[order]), starts)
+        value = r["value"][order]
+        delta = np.add.reduceat(np.nan_to_num(r["delta"][order]), starts)
+        dt = np.add.reduceat(np.nan_to_num(r["dt"][order]), starts)
         gauge = dt == 0  # gauges have no delta: keep it null rather than 0
         agg = pl.concat(
             [
