@@ -74,7 +74,7 @@ import sklearn
 from sklearn.ensemble import IsolationForest
 
 from detectors.base import Finding, StepContext, node_labels, port_labels
-from detectors.windows import Step
+from detectors.windows import Step, sorted_lookup
 from rocewatch.errors import ConfigError
 from rocewatch.topology import NicEnd, PortEnd, Topology
 
@@ -563,8 +563,7 @@ class _Series:
     def _lookup(self, h: np.ndarray) -> np.ndarray:
         if len(self._sorted) == 0:
             return np.full(len(h), -1, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self._sorted, h), len(self._sorted) - 1)
-        return np.where(self._sorted[pos] == h, self._order[pos], -1)
+        return sorted_lookup(self._sorted, self._order, h)
 
     def _rebuild(self) -> None:
         if not self.keys:

@@ -100,6 +100,10 @@ class PfcStormDetector:
         if stall and cfg.require_stall and enter.height:
             enter = self._stalled(ctx, enter)
         stay = self._fractions(ctx, metric, cfg.restoration_time_s)
+        # only the few rows at or above a threshold reach Python (NaN is above all in Polars)
+        frac = pl.col("frac")
+        floor = min(cfg.exit_fraction, cfg.relay_fraction)
+        stay = stay.filter((frac >= floor) & frac.is_not_nan())
         still = {
             (kind, d, p, q): f
             for d, p, q, f in stay.select("device", "port", "qual", "frac").iter_rows()

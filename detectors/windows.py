@@ -49,7 +49,7 @@ class Step:
     ``frame`` (all metrics in one frame) is built on demand, for rollups and checkpoints.
     """
 
-    __slots__ = ("_by_metric", "_frame", "end", "start")
+    __slots__ = ("_by_metric", "_frame", "_windows", "end", "start")
 
     def __init__(
         self,
@@ -62,6 +62,9 @@ class Step:
         self.end = end
         self._frame = frame
         self._by_metric = by_metric
+        # sliding windows that end at this step, by (engine, metric, steps): several detectors
+        # (or one detector's detection and restoration times) read the same window
+        self._windows: dict[tuple[int, str, int], pl.DataFrame] = {}
         if frame is None and by_metric is None:
             self._frame = _EMPTY
 
@@ -93,6 +96,26 @@ class Step:
     def __setstate__(self, state: tuple[int, int, pl.DataFrame]) -> None:
         self.start, self.end, self._frame = state
         self._by_metric = None
+        self._windows = {}
+
+
+def sorted_lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """``values[i]`` where ``keys[i] == q`` (``keys`` sorted, non-empty), -1 where absent, for
+    every ``q`` in ``query``.
+
+    A binary search of random keys misses the cache at every level; queries in sorted order
+    walk the table once, so unsorted queries are sorted first (about six times faster at 50k);
+    a few sorted runs are searched as they are.
+    """
+    n = len(query)
+    if n > 1 and int(np.count_nonzero(query[1:] < query[:-1])) > 16:
+        order = np.argsort(query)
+        at = np.empty(n, dtype=np.int64)
+        at[order] = np.searchsorted(keys, query[order])
+    else:
+        at = np.searchsorted(keys, query)
+    at = np.minimum(at, len(keys) - 1)
+    return np.where(keys[at] == query, values[at], -1)
 
 
 class SeriesTable:
@@ -123,8 +146,7 @@ class SeriesTable:
     def _lookup(self, sid: np.ndarray) -> np.ndarray:
         if len(self._sorted) == 0:
             return np.full(len(sid), -1, dtype=np.int64)
-        at = np.minimum(np.searchsorted(self._sorted, sid), len(self._sorted) - 1)
-        return np.where(self._sorted[at] == sid, self._order[at], -1)
+        return sorted_lookup(self._sorted, self._order, sid)
 
     def positions(self, sid: np.ndarray, samples: pl.DataFrame, row: np.ndarray) -> np.ndarray:
         """The table position of every series id; new ones take their key from ``samples``
@@ -321,7 +343,18 @@ class WindowEngine:
     # --- sliding windows -------------------------------------------------------------------------
     def window(self, metric: str, seconds: float) -> pl.DataFrame:
         """Aggregate ``metric`` per series over the last ``seconds`` of closed steps."""
-        n = self.steps_in(seconds)
+        h = self.history
+        if not h:
+            return _EMPTY
+        n = min(self.steps_in(seconds), len(h))
+        cache = h[-1]._windows
+        key = (id(self), metric, n)  # a step entered into two engines may have two pasts
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = self._window(metric, n)
+        return hit
+
+    def _window(self, metric: str, n: int) -> pl.DataFrame:
         h = self.history
         parts = [
             h[i].by_metric[metric]
