@@ -9,6 +9,7 @@ counted and dropped.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ AGG_SCHEMA: dict[str, pl.DataType] = {
     "n": pl.UInt32(),
 }
 _EMPTY = pl.DataFrame(schema=AGG_SCHEMA)
+_EPOCHS = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class Step:
     ``frame`` (all metrics in one frame) is built on demand, for rollups and checkpoints.
     """
 
-    __slots__ = ("_by_metric", "_frame", "_windows", "end", "start")
+    __slots__ = ("_by_metric", "_frame", "_windows", "end", "positions", "start")
 
     def __init__(
         self,
@@ -57,8 +59,12 @@ class Step:
         end: int,
         frame: pl.DataFrame | None = None,
         by_metric: dict[str, pl.DataFrame] | None = None,
+        positions: tuple[int, dict[str, np.ndarray]] | None = None,
     ) -> None:
         self.start = start
+        # (series table epoch, each metric's rows' positions in that table): lets a detector
+        # find its own per-series slot without hashing the key strings (a cache, not pickled)
+        self.positions = positions
         self.end = end
         self._frame = frame
         self._by_metric = by_metric
@@ -96,6 +102,7 @@ class Step:
     def __setstate__(self, state: tuple[int, int, pl.DataFrame]) -> None:
         self.start, self.end, self._frame = state
         self._by_metric = None
+        self.positions = None
         self._windows = {}
 
 
@@ -126,6 +133,8 @@ class SeriesTable:
     """
 
     def __init__(self) -> None:
+        # positions are valid only in this table: a restored or second table has a new epoch
+        self.epoch = next(_EPOCHS)
         self.keys = pl.DataFrame(schema={k: pl.String() for k in SERIES_KEY})
         self.metric_code = np.empty(0, dtype=np.int32)
         self.metrics: list[str] = []
@@ -238,13 +247,15 @@ class WindowEngine:
             elif lo >= boundary:
                 rest.append((frame, lo, hi))
             else:
-                ts = pl.col("ts")
-                parts.append(frame.filter(ts < boundary))
-                later = frame.filter(ts >= boundary)
-                rest.append((later, int(later["ts"].min()), hi))  # type: ignore[arg-type]
+                ts = frame.get_column("ts").to_numpy()
+                early = ts < boundary
+                parts.append(frame.filter(pl.Series(early)))
+                rest.append((frame.filter(pl.Series(~early)), int(ts[~early].min()), hi))
         self.pending = rest
         ready = pl.concat(parts, how="vertical", rechunk=False) if parts else None
-        steps = self._aggregate(ready) if ready is not None and ready.height else {}
+        steps, positions = (
+            self._aggregate(ready) if ready is not None and ready.height else ({}, {})
+        )
         out: list[Step] = []
         n_steps = (boundary - self.closed_ns) // self.step_ns
         if n_steps <= self.config.max_steps_per_close:
@@ -254,7 +265,12 @@ class WindowEngine:
             self.stats.inc("skipped_empty_steps", int(n_steps - len(steps)))
         for idx in sorted(set(indices) | set(steps)):
             out.append(
-                Step(idx * self.step_ns, (idx + 1) * self.step_ns, by_metric=steps.get(idx, {}))
+                Step(
+                    idx * self.step_ns,
+                    (idx + 1) * self.step_ns,
+                    by_metric=steps.get(idx, {}),
+                    positions=(self.series.epoch, positions.get(idx, {})),
+                )
             )
         self.closed_ns = boundary
         return out
@@ -266,7 +282,9 @@ class WindowEngine:
         last = max(hi for _, _, hi in self.pending)
         return self.close_until(last + self.step_ns)
 
-    def _aggregate(self, ready: pl.DataFrame) -> dict[int, dict[str, pl.DataFrame]]:
+    def _aggregate(
+        self, ready: pl.DataFrame
+    ) -> tuple[dict[int, dict[str, pl.DataFrame]], dict[int, dict[str, np.ndarray]]]:
         """Rates per series and step, split by step and metric.
 
         Only integer and float columns are sorted and reduced (numpy, one pass); the series
@@ -275,7 +293,7 @@ class WindowEngine:
         """
         r = self.rates.apply_arrays(ready)
         if len(r["ts"]) == 0:
-            return {}
+            return {}, {}
         ts = r["ts"]
         pos = self.series.positions(r["sid"], ready, r["i"])
         code = self.series.metric_code[pos].astype(np.int64)
@@ -333,12 +351,16 @@ class WindowEngine:
         )
         bounds = np.r_[cut, len(starts)]
         names = self.series.metrics
+        group_pos = pos_o[starts]
         out: dict[int, dict[str, pl.DataFrame]] = {}
+        positions: dict[int, dict[str, np.ndarray]] = {}
         for j in range(len(cut)):
             a, b = int(bounds[j]), int(bounds[j + 1])
             part = agg.slice(a, b - a)
-            out.setdefault(int(group_step[a]), {})[names[int(group_code[a])]] = part
-        return out
+            step_idx, name = int(group_step[a]), names[int(group_code[a])]
+            out.setdefault(step_idx, {})[name] = part
+            positions.setdefault(step_idx, {})[name] = group_pos[a:b]
+        return out, positions
 
     # --- sliding windows -------------------------------------------------------------------------
     def window(self, metric: str, seconds: float) -> pl.DataFrame:
