@@ -199,6 +199,21 @@ class WindowEngine:
     def add(self, samples: pl.DataFrame) -> None:
         if samples.height == 0:
             return
+        ts_col = samples.get_column("ts")
+        if ts_col.null_count():
+            self._add_with_nulls(samples)
+            return
+        ts = ts_col.to_numpy()
+        if self.closed_ns is not None and int(ts.min()) < self.closed_ns:
+            on_time = ts >= self.closed_ns
+            self.stats.inc("late_samples", int(len(ts) - on_time.sum()))
+            samples = samples.filter(pl.Series(on_time))
+            ts = ts[on_time]
+        if samples.height:
+            self.pending.append((samples, int(ts.min()), int(ts.max())))
+
+    def _add_with_nulls(self, samples: pl.DataFrame) -> None:
+        # the general path (Polars comparisons) for frames whose times are not all known
         if self.closed_ns is not None:
             late = samples.filter(pl.col("ts") < self.closed_ns)
             if late.height:
@@ -246,11 +261,16 @@ class WindowEngine:
                 parts.append(frame)
             elif lo >= boundary:
                 rest.append((frame, lo, hi))
-            else:
+            elif frame.get_column("ts").null_count() == 0:
                 ts = frame.get_column("ts").to_numpy()
                 early = ts < boundary
                 parts.append(frame.filter(pl.Series(early)))
                 rest.append((frame.filter(pl.Series(~early)), int(ts[~early].min()), hi))
+            else:
+                t = pl.col("ts")
+                parts.append(frame.filter(t < boundary))
+                later = frame.filter(t >= boundary)
+                rest.append((later, int(later["ts"].min()), hi))  # type: ignore[arg-type]
         self.pending = rest
         ready = pl.concat(parts, how="vertical", rechunk=False) if parts else None
         steps, positions = (
@@ -299,44 +319,60 @@ class WindowEngine:
         code = self.series.metric_code[pos].astype(np.int64)
         step = ts // self.step_ns
         s0 = int(step.min())
+        unique = False  # every (step, series) has one row: nothing to reduce
         if int(step.max()) - s0 < (1 << 19):
             key = ((step - s0) << 44) | (code << 28) | pos
             # rows come sorted by series, then time: a stable sort keeps that order within a
             # group; the quick sort gives the same order when no two rows share a key
             order = np.argsort(key)
             k = key[order]
-            if len(k) > 1 and bool((k[1:] == k[:-1]).any()):
+            unique = len(k) < 2 or not bool((k[1:] == k[:-1]).any())
+            if not unique:
                 order = np.argsort(key, kind="stable")
         else:  # a batch spanning a very long time (a clock jump): the general sort
             order = np.lexsort((ts, pos, code, step))
         step_o, code_o, pos_o = step[order], code[order], pos[order]
-        starts = np.flatnonzero(
-            np.r_[
-                True,
-                (step_o[1:] != step_o[:-1])
-                | (code_o[1:] != code_o[:-1])
-                | (pos_o[1:] != pos_o[:-1]),
-            ]
-        )
-        ends = np.r_[starts[1:] - 1, len(order) - 1]
         value = r["value"][order]
-        delta = np.add.reduceat(np.nan_to_num(r["delta"][order]), starts)
-        dt = np.add.reduceat(np.nan_to_num(r["dt"][order]), starts)
-        gauge = dt == 0  # gauges have no delta: keep it null rather than 0
+        cols: dict[str, np.ndarray]
+        if unique:
+            starts = np.arange(len(order))
+            # one row per group: its sums are its own delta and dt (NaN for gauges, whose dt
+            # is NaN too), its last, max and min its value
+            cols = {
+                "delta": r["delta"][order],
+                "dt": r["dt"][order],
+                "last": value,
+                "max": value,
+                "min": value,
+                "ts": ts[order],
+                "n": np.ones(len(order), dtype=np.uint32),
+            }
+        else:
+            starts = np.flatnonzero(
+                np.r_[
+                    True,
+                    (step_o[1:] != step_o[:-1])
+                    | (code_o[1:] != code_o[:-1])
+                    | (pos_o[1:] != pos_o[:-1]),
+                ]
+            )
+            ends = np.r_[starts[1:] - 1, len(order) - 1]
+            delta = np.add.reduceat(np.nan_to_num(r["delta"][order]), starts)
+            dt = np.add.reduceat(np.nan_to_num(r["dt"][order]), starts)
+            gauge = dt == 0  # gauges have no delta: keep it null rather than 0
+            cols = {
+                "delta": np.where(gauge, np.nan, delta),
+                "dt": np.where(gauge, np.nan, dt),
+                "last": value[ends],
+                "max": np.fmax.reduceat(value, starts),
+                "min": np.fmin.reduceat(value, starts),
+                "ts": ts[order][ends],
+                "n": np.diff(np.r_[starts, len(order)]).astype(np.uint32),
+            }
         agg = pl.concat(
             [
                 self.series.keys[pos_o[starts]],
-                pl.DataFrame(
-                    {
-                        "delta": np.where(gauge, np.nan, delta),
-                        "dt": np.where(gauge, np.nan, dt),
-                        "last": value[ends],
-                        "max": np.fmax.reduceat(value, starts),
-                        "min": np.fmin.reduceat(value, starts),
-                        "ts": ts[order][ends],
-                        "n": np.diff(np.r_[starts, len(order)]).astype(np.uint32),
-                    }
-                ).with_columns(
+                pl.DataFrame(cols).with_columns(
                     pl.col("delta").fill_nan(None),
                     pl.col("dt").fill_nan(None),
                 ),
