@@ -414,15 +414,19 @@ class WindowEngine:
 
     def _window(self, metric: str, n: int) -> pl.DataFrame:
         h = self.history
-        parts = [
-            h[i].by_metric[metric]
-            for i in range(max(0, len(h) - n), len(h))
-            if metric in h[i].by_metric
-        ]
+        steps = [h[i] for i in range(max(0, len(h) - n), len(h)) if metric in h[i].by_metric]
+        parts = [st.by_metric[metric] for st in steps]
         if not parts:
             return _EMPTY
         if len(parts) == 1:
             return parts[0].select(list(AGG_SCHEMA))
+        known = [st.positions for st in steps]
+        # two parts only: a sum of more floats could round otherwise than Polars' sum does
+        if len(parts) == 2 and all(
+            k is not None and k[0] == self.series.epoch and metric in k[1] for k in known
+        ):
+            pos = [k[1][metric] for k in known]  # type: ignore[index]
+            return self._window_by_position(parts, pos)
         return (
             pl.concat(parts, how="vertical")
             .sort("ts")
@@ -437,6 +441,43 @@ class WindowEngine:
                 pl.col("n").sum(),
             )
             .select(list(AGG_SCHEMA))
+        )
+
+    def _window_by_position(self, parts: list[pl.DataFrame], pos: list[np.ndarray]) -> pl.DataFrame:
+        """The sliding window of ``parts`` (steps in time order) grouped by the rows' series
+        positions in NumPy: the same values as the Polars group-by (a series' rows follow in
+        time order, so ``last`` is the newest; a sum skips nulls and is 0 when all are null),
+        rows in series-table order."""
+        p = np.concatenate(pos)
+        order = np.argsort(p, kind="stable")
+        p = p[order]
+        starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
+        ends = np.r_[starts[1:] - 1, len(p) - 1]
+        cat = pl.concat(parts, how="vertical", rechunk=False)
+
+        def col(name: str) -> np.ndarray:
+            c = cat.get_column(name)
+            if c.null_count() and name in ("delta", "dt"):
+                c = c.fill_null(0)
+            return c.to_numpy()[order]
+
+        return pl.concat(
+            [
+                self.series.keys[p[starts]],
+                pl.DataFrame(
+                    {
+                        "delta": np.add.reduceat(col("delta"), starts),
+                        "dt": np.add.reduceat(col("dt"), starts),
+                        "last": col("last")[ends],
+                        "max": np.fmax.reduceat(col("max"), starts),
+                        "min": np.fmin.reduceat(col("min"), starts),
+                        "ts": np.maximum.reduceat(col("ts"), starts),
+                        "n": np.add.reduceat(col("n"), starts),
+                    },
+                    schema={k: v for k, v in AGG_SCHEMA.items() if k not in SERIES_KEY},
+                ),
+            ],
+            how="horizontal",
         )
 
     def steps_in(self, seconds: float) -> int:
