@@ -162,8 +162,13 @@ class RateEngine:
             keep = ~dup
             sid, ts, raw, row = sid[keep], ts[keep], raw[keep], row[keep]
         n = len(self._sid)
-        at = np.minimum(np.searchsorted(self._sid, sid), max(n - 1, 0))
-        found = (self._sid[at] == sid) if n else np.zeros(len(sid), dtype=bool)
+        if n and len(sid) == n and np.array_equal(sid, self._sid):
+            # the usual step: every known series once, nothing new; no search needed
+            at = np.arange(n)
+            found = np.ones(n, dtype=bool)
+        else:
+            at = np.minimum(np.searchsorted(self._sid, sid), max(n - 1, 0))
+            found = (self._sid[at] == sid) if n else np.zeros(len(sid), dtype=bool)
         # drop readings older than (or as old as) what this series already consumed
         fresh = ~found | (ts > np.where(found, self._ts[at] if n else 0, 0))
         if not fresh.all():

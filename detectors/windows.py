@@ -142,6 +142,8 @@ class SeriesTable:
         self._sids = np.empty(0, dtype=np.uint64)
         self._sorted = np.empty(0, dtype=np.uint64)
         self._order = np.empty(0, dtype=np.int64)
+        # the last batch's ids and positions (positions never change, so it stays valid)
+        self._last: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self._sids)
@@ -160,6 +162,14 @@ class SeriesTable:
     def positions(self, sid: np.ndarray, samples: pl.DataFrame, row: np.ndarray) -> np.ndarray:
         """The table position of every series id; new ones take their key from ``samples``
         at ``row``."""
+        last = self._last
+        if last is not None and np.array_equal(last[0], sid):
+            return last[1]  # the same series as the last batch (the usual step)
+        pos = self._positions(sid, samples, row)
+        self._last = (sid, pos)
+        return pos
+
+    def _positions(self, sid: np.ndarray, samples: pl.DataFrame, row: np.ndarray) -> np.ndarray:
         pos = self._lookup(sid)
         missing = np.flatnonzero(pos < 0)
         if len(missing):
