@@ -164,6 +164,10 @@ class RateEngine:
         n = len(self._sid)
         if n and len(sid) == n and np.array_equal(sid, self._sid):
             # the usual step: every known series once, nothing new; no search needed
+            if bool((ts > self._ts).all()):  # and every reading newer than the last
+                prev_ts, prev_raw = self._ts, self._raw
+                self._ts, self._raw = ts.copy(), raw.copy()
+                return self._deltas(sid, ts, raw, row, prev_ts, prev_raw)
             at = np.arange(n)
             found = np.ones(n, dtype=bool)
         else:
@@ -200,6 +204,18 @@ class RateEngine:
             prev_ts, prev_raw = prev_ts[has_prev], prev_raw[has_prev]
         if len(sid) == 0:
             return _empty_arrays()
+        return self._deltas(sid, ts, raw, row, prev_ts, prev_raw)
+
+    def _deltas(
+        self,
+        sid: np.ndarray,
+        ts: np.ndarray,
+        raw: np.ndarray,
+        row: np.ndarray,
+        prev_ts: np.ndarray,
+        prev_raw: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """Rows with a predecessor -> their deltas and rates (resets, wraps, gaps counted)."""
         cur, prev = raw, prev_raw
         with np.errstate(over="ignore"):
             diff = cur - prev  # uint64: wraps modulo 2^64, exact
