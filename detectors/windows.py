@@ -159,6 +159,15 @@ class SeriesTable:
             return np.full(len(sid), -1, dtype=np.int64)
         return sorted_lookup(self._sorted, self._order, sid)
 
+    def ids(self, step: Step) -> np.ndarray | None:
+        """The series id of every row of ``step.frame``, where this table made the step."""
+        known = step.positions
+        if known is None or known[0] != self.epoch or len(step.by_metric) != len(known[1]):
+            return None
+        pos = [known[1][m] for m in step.by_metric]  # the frame's rows: its parts in order
+        ids = self._sids[np.concatenate(pos)] if pos else None
+        return ids if ids is not None and len(ids) == step.frame.height else None
+
     def positions(self, sid: np.ndarray, samples: pl.DataFrame, row: np.ndarray) -> np.ndarray:
         """The table position of every series id; new ones take their key from ``samples``
         at ``row``."""
@@ -283,8 +292,8 @@ class WindowEngine:
                 rest.append((later, int(later["ts"].min()), hi))  # type: ignore[arg-type]
         self.pending = rest
         ready = pl.concat(parts, how="vertical", rechunk=False) if parts else None
-        steps, positions = (
-            self._aggregate(ready) if ready is not None and ready.height else ({}, {})
+        steps, positions, frames = (
+            self._aggregate(ready) if ready is not None and ready.height else ({}, {}, {})
         )
         out: list[Step] = []
         n_steps = (boundary - self.closed_ns) // self.step_ns
@@ -298,6 +307,7 @@ class WindowEngine:
                 Step(
                     idx * self.step_ns,
                     (idx + 1) * self.step_ns,
+                    frame=frames.get(idx),  # all its metrics: one slice, no concatenation
                     by_metric=steps.get(idx, {}),
                     positions=(self.series.epoch, positions.get(idx, {})),
                 )
@@ -314,7 +324,11 @@ class WindowEngine:
 
     def _aggregate(
         self, ready: pl.DataFrame
-    ) -> tuple[dict[int, dict[str, pl.DataFrame]], dict[int, dict[str, np.ndarray]]]:
+    ) -> tuple[
+        dict[int, dict[str, pl.DataFrame]],
+        dict[int, dict[str, np.ndarray]],
+        dict[int, pl.DataFrame],
+    ]:
         """Rates per series and step, split by step and metric.
 
         Only integer and float columns are sorted and reduced (numpy, one pass); the series
@@ -323,7 +337,7 @@ class WindowEngine:
         """
         r = self.rates.apply_arrays(ready)
         if len(r["ts"]) == 0:
-            return {}, {}
+            return {}, {}, {}
         ts = r["ts"]
         pos = self.series.positions(r["sid"], ready, r["i"])
         code = self.series.metric_code[pos].astype(np.int64)
@@ -400,13 +414,16 @@ class WindowEngine:
         group_pos = pos_o[starts]
         out: dict[int, dict[str, pl.DataFrame]] = {}
         positions: dict[int, dict[str, np.ndarray]] = {}
+        rows: dict[int, list[int]] = {}  # each step's rows: one run of the sorted rows
         for j in range(len(cut)):
             a, b = int(bounds[j]), int(bounds[j + 1])
             part = agg.slice(a, b - a)
             step_idx, name = int(group_step[a]), names[int(group_code[a])]
             out.setdefault(step_idx, {})[name] = part
             positions.setdefault(step_idx, {})[name] = group_pos[a:b]
-        return out, positions
+            rows.setdefault(step_idx, [a, b])[1] = b
+        frames = {i: agg.slice(a, b - a) for i, (a, b) in rows.items()}
+        return out, positions, frames
 
     # --- sliding windows -------------------------------------------------------------------------
     def window(self, metric: str, seconds: float) -> pl.DataFrame:
