@@ -688,8 +688,13 @@ class _Accumulator:
         a = np.nan_to_num(np.where(gauge, value, delta))
         b = np.nan_to_num(np.where(gauge, np.where(np.isnan(value), 0.0, 1.0), dt))
         flat = slot * len(self.metrics) + col
-        np.add.at(self.a.ravel(), flat, a)
-        np.add.at(self.b.ravel(), flat, b)
+        if positions is not None:
+            # the engine's rows: one per series and metric, so no index repeats
+            self.a.ravel()[flat] += a
+            self.b.ravel()[flat] += b
+        else:
+            np.add.at(self.a.ravel(), flat, a)
+            np.add.at(self.b.ravel(), flat, b)
         np.maximum.at(self.ts, self.series_entity[slot], ts)
         return fresh
 

@@ -93,13 +93,18 @@ class PfcStormDetector:
                 == 0
             ):
                 return
-        enter = self._fractions(ctx, metric, cfg.detection_time_s).filter(
+        detection = self._fractions(ctx, metric, cfg.detection_time_s)
+        enter = detection.filter(
             (pl.col("frac") >= cfg.pause_fraction)
             & (pl.col("dt") >= cfg.detection_time_s * cfg.min_coverage)
         )
         if stall and cfg.require_stall and enter.height:
             enter = self._stalled(ctx, enter)
-        stay = self._fractions(ctx, metric, cfg.restoration_time_s)
+        stay = (
+            detection  # the same window (the default): computed once
+            if cfg.restoration_time_s == cfg.detection_time_s
+            else self._fractions(ctx, metric, cfg.restoration_time_s)
+        )
         # only the few rows at or above a threshold reach Python (NaN is above all in Polars)
         frac = pl.col("frac")
         floor = min(cfg.exit_fraction, cfg.relay_fraction)
