@@ -109,17 +109,15 @@ class PfcStormDetector:
         frac = pl.col("frac")
         floor = min(cfg.exit_fraction, cfg.relay_fraction)
         stay = stay.filter((frac >= floor) & frac.is_not_nan())
-        still = {
-            (kind, d, p, q): f
-            for d, p, q, f in stay.select("device", "port", "qual", "frac").iter_rows()
-            if f >= cfg.exit_fraction
-        }
-        if table is self.paused:
-            self.relaying.update(
-                (kind, d, p, q)
-                for d, p, q, f in stay.select("device", "port", "qual", "frac").iter_rows()
-                if f >= cfg.relay_fraction
+        rows = list(
+            zip(
+                *(stay.get_column(c).to_list() for c in ("device", "port", "qual", "frac")),
+                strict=True,
             )
+        )
+        still = {(kind, d, p, q): f for d, p, q, f in rows if f >= cfg.exit_fraction}
+        if table is self.paused:
+            self.relaying.update((kind, d, p, q) for d, p, q, f in rows if f >= cfg.relay_fraction)
         for key in [k for k in table if k[0] == kind and k not in still]:
             del table[key]
         for d, p, q, f, dt, ts, extra in enter.select(
