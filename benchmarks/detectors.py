@@ -8,6 +8,10 @@ alert lifecycle, drain policy) runs over it tick by tick, as the live service do
   bytes_per_series        serialized detector state (rate state, window history, detectors,
                           lifecycle, policy) divided by the number of series
 Other keys break both down. Prints one JSON object with --json.
+
+``--rollups 10`` also runs the metric rollups (10 s and 60 s levels) that the live detect
+service computes in the same loop for storage, and counts their state: the figures a deployment
+with storage sees.
 """
 
 from __future__ import annotations
@@ -42,6 +46,13 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=128)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--scenario", default="default", help="simulator scenario (faults included)")
+    ap.add_argument(
+        "--rollups",
+        type=int,
+        default=0,
+        metavar="SECONDS",
+        help="also compute metric rollups at this resolution, as the live service does (10)",
+    )
     args = ap.parse_args()
 
     from rocewatch.config import Config
@@ -57,7 +68,7 @@ def main() -> int:
     )
     frames = list(sim.ticks())
     total = sum(f.height for f in frames)
-    pipe = Pipeline(sim.topology, Config(), rollup_s=None, retain=False)
+    pipe = Pipeline(sim.topology, Config(), rollup_s=args.rollups or None, retain=False)
     lateness = pipe.engine.lateness_ns()
     print(f"[detectors-bench] {total:,} samples; running the pipeline", file=sys.stderr)
     c0, w0 = time.process_time(), time.perf_counter()
@@ -78,6 +89,8 @@ def main() -> int:
         "lifecycle": state_bytes(pipe.lifecycle),
         "policy": state_bytes(pipe.policy),
     }
+    if args.rollups:
+        parts["rollups"] = state_bytes(pipe._rollup_levels())
     pending = state_bytes(pipe.engine.pending)
     detector_state = sum(parts.values())
     pipe.finish()
@@ -96,6 +109,7 @@ def main() -> int:
         "pending_samples_bytes": pending,
         "detectors": [d.name for d in pipe.detectors],
         "alerts_fired": alerts,
+        "rollup_s": args.rollups or None,
         "cores": os.cpu_count(),
         "note": "CPU counts every thread of the process (Polars uses both cores)",
     }

@@ -74,7 +74,7 @@ import sklearn
 from sklearn.ensemble import IsolationForest
 
 from detectors.base import Finding, StepContext, node_labels, port_labels
-from detectors.windows import Step
+from detectors.windows import Step, sorted_lookup
 from rocewatch.errors import ConfigError
 from rocewatch.topology import NicEnd, PortEnd, Topology
 
@@ -545,6 +545,12 @@ class _Series:
         self.keys: list[tuple[str, str, str]] = []
         self._sorted = np.empty(0, dtype=np.uint64)
         self._order = np.empty(0, dtype=np.int64)
+        self._forget_positions()
+
+    def _forget_positions(self, epoch: int | None = None) -> None:
+        # the slot of each window-engine series position (-1: not looked up yet)
+        self._epoch = epoch
+        self._by_pos = np.empty(0, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -554,6 +560,7 @@ class _Series:
 
     def __setstate__(self, keys: list[tuple[str, str, str]]) -> None:
         self.keys = keys
+        self._forget_positions()
         self._rebuild()
 
     @classmethod
@@ -563,8 +570,7 @@ class _Series:
     def _lookup(self, h: np.ndarray) -> np.ndarray:
         if len(self._sorted) == 0:
             return np.full(len(h), -1, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self._sorted, h), len(self._sorted) - 1)
-        return np.where(self._sorted[pos] == h, self._order[pos], -1)
+        return sorted_lookup(self._sorted, self._order, h)
 
     def _rebuild(self) -> None:
         if not self.keys:
@@ -576,6 +582,32 @@ class _Series:
         h = frame.select(self.hash_expr()).to_series().to_numpy()
         self._order = np.argsort(h, kind="stable").astype(np.int64)
         self._sorted = h[self._order]
+
+    def rows_at(
+        self,
+        positions: tuple[int, np.ndarray] | None,
+        hashes: Callable[[np.ndarray | None], np.ndarray],
+        keys_of: Callable[[np.ndarray], list[tuple[str, str, str]]],
+    ) -> tuple[np.ndarray, list[tuple[str, str, str]]]:
+        """Like ``rows``; where the window engine gave the rows' series positions
+        ``(epoch, positions)``, a row's slot is remembered by position, so only rows of series
+        not seen before are hashed (``hashes(row indices or None for all)``)."""
+        if positions is None:
+            return self.rows(hashes(None), keys_of)
+        epoch, pos = positions
+        if epoch != self._epoch:
+            self._forget_positions(epoch)
+        if len(pos) and int(pos.max()) >= len(self._by_pos):
+            grow = np.full(int(pos.max()) + 1 - len(self._by_pos), -1, dtype=np.int64)
+            self._by_pos = np.concatenate([self._by_pos, grow])
+        slots = self._by_pos[pos]
+        miss = np.flatnonzero(slots < 0)
+        new: list[tuple[str, str, str]] = []
+        if len(miss):
+            found, new = self.rows(hashes(miss), lambda i: keys_of(miss[i]))
+            slots[miss] = found
+            self._by_pos[pos[miss]] = found
+        return slots, new
 
     def rows(
         self, h: np.ndarray, keys_of: Callable[[np.ndarray], list[tuple[str, str, str]]]
@@ -621,14 +653,20 @@ class _Accumulator:
 
     def add(
         self,
-        h: np.ndarray,
+        h: np.ndarray | Callable[[np.ndarray | None], np.ndarray],
         col: np.ndarray,
         cols: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
         keys_of: Callable[[np.ndarray], list[tuple[str, str, str]]],
+        positions: tuple[int, np.ndarray] | None = None,
     ) -> list[int]:
-        """Add a step's rows of this kind: series hashes ``h``, metric column ``col``, and the
-        rows' (delta, dt, max, ts); return the entities seen for the first time."""
-        slot, new = self.series.rows(h, keys_of)
+        """Add a step's rows of this kind: series hashes ``h`` (or a function of row indices,
+        None for all, that hashes them), metric column ``col``, the rows' (delta, dt, max, ts)
+        and optionally their window-engine positions; return the entities seen for the first
+        time."""
+        if callable(h):
+            slot, new = self.series.rows_at(positions, h, keys_of)
+        else:
+            slot, new = self.series.rows(h, keys_of)
         fresh: list[int] = []
         if new:
             ent = []
@@ -650,8 +688,13 @@ class _Accumulator:
         a = np.nan_to_num(np.where(gauge, value, delta))
         b = np.nan_to_num(np.where(gauge, np.where(np.isnan(value), 0.0, 1.0), dt))
         flat = slot * len(self.metrics) + col
-        np.add.at(self.a.ravel(), flat, a)
-        np.add.at(self.b.ravel(), flat, b)
+        if positions is not None:
+            # the engine's rows: one per series and metric, so no index repeats
+            self.a.ravel()[flat] += a
+            self.b.ravel()[flat] += b
+        else:
+            np.add.at(self.a.ravel(), flat, a)
+            np.add.at(self.b.ravel(), flat, b)
         np.maximum.at(self.ts, self.series_entity[slot], ts)
         return fresh
 
@@ -921,9 +964,16 @@ class IsolationForestDetector:
         parts = [(p, c) for m, c in _CODES.items() if (p := step.by_metric.get(m)) is not None]
         if not parts:
             return
+        codes = {c for _, c in parts}
         f = pl.concat([p for p, _ in parts], how="vertical", rechunk=False)
         code = np.repeat(np.array([c for _, c in parts]), [p.height for p, _ in parts])
-        series = f.select(_Series.hash_expr()).to_series().to_numpy()
+        # the engine's series positions spare hashing the key strings of known series
+        hashed: list[np.ndarray] = []
+        epoch, pos = 0, None
+        if step.positions is not None:
+            epoch, known = step.positions
+            if all(m in known for m, c in _CODES.items() if c in codes):
+                pos = np.concatenate([known[m] for m, c in _CODES.items() if c in codes])
         cols = [
             f.get_column(c).to_numpy().astype(float, copy=False) for c in ("delta", "dt", "max")
         ]
@@ -938,12 +988,18 @@ class IsolationForestDetector:
                 sel = f[rows[i].tolist()].select("device", "port", "qual")
                 return [(str(d), str(p), str(q)) for d, p, q in sel.iter_rows()]
 
+            def hashes(i: np.ndarray | None, rows: np.ndarray = rows) -> np.ndarray:
+                if not hashed:  # once per step, and only if some series is not known yet
+                    hashed.append(f.select(_Series.hash_expr()).to_series().to_numpy())
+                return hashed[0][rows if i is None else rows[i]]
+
             k = self.kinds[kind]
             fresh = k.acc.add(
-                series[rows],
+                hashes,
                 code[rows] - lo,
                 (cols[0][rows], cols[1][rows], cols[2][rows], ts[rows]),
                 keys_of,
+                None if pos is None else (epoch, pos[rows]),
             )
             if fresh:
                 self._describe(kind, fresh)

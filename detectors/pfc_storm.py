@@ -93,24 +93,31 @@ class PfcStormDetector:
                 == 0
             ):
                 return
-        enter = self._fractions(ctx, metric, cfg.detection_time_s).filter(
+        detection = self._fractions(ctx, metric, cfg.detection_time_s)
+        enter = detection.filter(
             (pl.col("frac") >= cfg.pause_fraction)
             & (pl.col("dt") >= cfg.detection_time_s * cfg.min_coverage)
         )
         if stall and cfg.require_stall and enter.height:
             enter = self._stalled(ctx, enter)
-        stay = self._fractions(ctx, metric, cfg.restoration_time_s)
-        still = {
-            (kind, d, p, q): f
-            for d, p, q, f in stay.select("device", "port", "qual", "frac").iter_rows()
-            if f >= cfg.exit_fraction
-        }
-        if table is self.paused:
-            self.relaying.update(
-                (kind, d, p, q)
-                for d, p, q, f in stay.select("device", "port", "qual", "frac").iter_rows()
-                if f >= cfg.relay_fraction
+        stay = (
+            detection  # the same window (the default): computed once
+            if cfg.restoration_time_s == cfg.detection_time_s
+            else self._fractions(ctx, metric, cfg.restoration_time_s)
+        )
+        # only the few rows at or above a threshold reach Python (NaN is above all in Polars)
+        frac = pl.col("frac")
+        floor = min(cfg.exit_fraction, cfg.relay_fraction)
+        stay = stay.filter((frac >= floor) & frac.is_not_nan())
+        rows = list(
+            zip(
+                *(stay.get_column(c).to_list() for c in ("device", "port", "qual", "frac")),
+                strict=True,
             )
+        )
+        still = {(kind, d, p, q): f for d, p, q, f in rows if f >= cfg.exit_fraction}
+        if table is self.paused:
+            self.relaying.update((kind, d, p, q) for d, p, q, f in rows if f >= cfg.relay_fraction)
         for key in [k for k in table if k[0] == kind and k not in still]:
             del table[key]
         for d, p, q, f, dt, ts, extra in enter.select(

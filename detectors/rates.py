@@ -35,6 +35,15 @@ NARROW_SCHEMA: dict[str, pl.DataType] = {
     "i": pl.UInt32(),
     **{k: RATE_SCHEMA[k] for k in RATE_SCHEMA_NUMERIC},
 }
+_NARROW_NP: dict[str, type] = {
+    "ts": np.int64,
+    "i": np.uint32,
+    "value": np.float64,
+    "delta": np.float64,
+    "dt": np.float64,
+    "reset": np.bool_,
+    "sid": np.uint64,
+}
 _STATE_SCHEMA: dict[str, pl.DataType] = {
     "sid": pl.UInt64(),  # hash of the series key (device, port, qual, metric)
     "last_ts": pl.Int64(),
@@ -69,29 +78,53 @@ class RateEngine:
         """Like ``apply``, but without the series key: column ``i`` is each row's index in
         ``samples`` (the caller gathers the strings it needs, once). Counters come sorted by
         series and time, then gauges likewise."""
+        return pl.DataFrame(self.apply_arrays(samples), schema=NARROW_SCHEMA).with_columns(
+            pl.col("delta", "dt").fill_nan(None)  # gauges
+        )
+
+    def apply_arrays(self, samples: pl.DataFrame) -> dict[str, np.ndarray]:
+        """``apply_narrow`` as NumPy arrays (the columns of NARROW_SCHEMA; delta and dt are NaN
+        for gauges), for callers that go on in NumPy."""
         if samples.height == 0:
-            return pl.DataFrame(schema=NARROW_SCHEMA)
-        narrow = samples.select(
-            pl.int_range(pl.len(), dtype=pl.UInt32).alias("i"),
-            "ts",
-            "value",
-            "raw",
-            pl.struct(SERIES_KEY).hash(seed=0).alias("sid"),
-        )
-        is_counter = pl.col("raw").is_not_null()
-        gauges = narrow.filter(~is_counter).select(
-            "ts",
-            "i",
-            "value",
-            pl.lit(None, dtype=pl.Float64).alias("delta"),
-            pl.lit(None, dtype=pl.Float64).alias("dt"),
-            pl.lit(False).alias("reset"),
-            "sid",
-        )
-        counters = narrow.filter(is_counter)
-        if counters.height == 0:
-            return gauges.sort(["sid", "ts"])
-        return pl.concat([self._counters(counters), gauges.sort(["sid", "ts"])], how="vertical")
+            return _empty_arrays()
+        sid = samples.select(pl.struct(SERIES_KEY).hash(seed=0)).to_series().to_numpy()
+        ts = samples.get_column("ts").to_numpy()
+        raw_col = samples.get_column("raw")
+        n_null = raw_col.null_count()
+        if n_null == 0:
+            counter_rows = None  # every row is a counter
+        else:
+            is_counter = raw_col.is_not_null().to_numpy()
+            counter_rows = np.flatnonzero(is_counter)
+            gauge_rows = np.flatnonzero(~is_counter)
+        value = samples.get_column("value").to_numpy()
+        parts: list[dict[str, np.ndarray]] = []
+        if counter_rows is None or len(counter_rows):
+            raw = raw_col.fill_null(0).to_numpy() if n_null else raw_col.to_numpy()
+            if counter_rows is None:
+                rows = np.arange(len(sid), dtype=np.uint32)
+                parts.append(self._counters(sid, ts, raw, rows))
+            else:
+                rows = counter_rows.astype(np.uint32)
+                parts.append(self._counters(sid[rows], ts[rows], raw[rows], rows))
+        if counter_rows is not None and len(gauge_rows):
+            g_sid, g_ts = sid[gauge_rows], ts[gauge_rows]
+            o = _series_time_order(g_sid, g_ts)
+            nan = np.full(len(o), np.nan)
+            parts.append(
+                {
+                    "ts": g_ts[o],
+                    "i": gauge_rows[o].astype(np.uint32),
+                    "value": value[gauge_rows][o],
+                    "delta": nan,
+                    "dt": nan,
+                    "reset": np.zeros(len(o), dtype=bool),
+                    "sid": g_sid[o],
+                }
+            )
+        if len(parts) == 1:
+            return parts[0]
+        return {k: np.concatenate([p[k] for p in parts]) for k in NARROW_SCHEMA}
 
     # --- state: the newest reading of every counter series, sorted by series id -----------------
     @property
@@ -115,31 +148,38 @@ class RateEngine:
         self.stats = d["stats"]  # type: ignore[assignment]
         self.state = d["state"]  # type: ignore[assignment]
 
-    def _counters(self, c: pl.DataFrame) -> pl.DataFrame:
+    def _counters(
+        self, sid: np.ndarray, ts: np.ndarray, raw: np.ndarray, row: np.ndarray
+    ) -> dict[str, np.ndarray]:
         # One 64-bit id per series; only integer arrays are sorted and searched (numpy). A
         # checkpoint restored under another Polars version (other hashes) just restarts each
         # series' rate.
-        sid = c.get_column("sid").to_numpy()
-        ts = c.get_column("ts").to_numpy()
-        order = np.lexsort((ts, sid))
-        sid, ts = sid[order], ts[order]
-        raw = c.get_column("raw").to_numpy()[order]
-        row = c.get_column("i").to_numpy()[order]
+        order = _series_time_order(sid, ts)
+        sid, ts, raw, row = sid[order], ts[order], raw[order], row[order]
         dup = np.r_[False, (sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1])]
         if dup.any():
             self.stats.inc("duplicate_samples", int(dup.sum()))
             keep = ~dup
             sid, ts, raw, row = sid[keep], ts[keep], raw[keep], row[keep]
         n = len(self._sid)
-        at = np.minimum(np.searchsorted(self._sid, sid), max(n - 1, 0))
-        found = (self._sid[at] == sid) if n else np.zeros(len(sid), dtype=bool)
+        if n and len(sid) == n and np.array_equal(sid, self._sid):
+            # the usual step: every known series once, nothing new; no search needed
+            if bool((ts > self._ts).all()):  # and every reading newer than the last
+                prev_ts, prev_raw = self._ts, self._raw
+                self._ts, self._raw = ts.copy(), raw.copy()
+                return self._deltas(sid, ts, raw, row, prev_ts, prev_raw)
+            at = np.arange(n)
+            found = np.ones(n, dtype=bool)
+        else:
+            at = np.minimum(np.searchsorted(self._sid, sid), max(n - 1, 0))
+            found = (self._sid[at] == sid) if n else np.zeros(len(sid), dtype=bool)
         # drop readings older than (or as old as) what this series already consumed
         fresh = ~found | (ts > np.where(found, self._ts[at] if n else 0, 0))
         if not fresh.all():
             self.stats.inc("stale_samples", int((~fresh).sum()))
             sid, ts, raw, row, at, found = (x[fresh] for x in (sid, ts, raw, row, at, found))
         if len(sid) == 0:
-            return pl.DataFrame(schema=NARROW_SCHEMA)
+            return _empty_arrays()
         first = np.r_[True, sid[1:] != sid[:-1]]
         last = np.r_[sid[1:] != sid[:-1], True]
         prev_ts = np.r_[0, ts[:-1]]
@@ -163,7 +203,19 @@ class RateEngine:
             sid, ts, raw, row = sid[has_prev], ts[has_prev], raw[has_prev], row[has_prev]
             prev_ts, prev_raw = prev_ts[has_prev], prev_raw[has_prev]
         if len(sid) == 0:
-            return pl.DataFrame(schema=NARROW_SCHEMA)
+            return _empty_arrays()
+        return self._deltas(sid, ts, raw, row, prev_ts, prev_raw)
+
+    def _deltas(
+        self,
+        sid: np.ndarray,
+        ts: np.ndarray,
+        raw: np.ndarray,
+        row: np.ndarray,
+        prev_ts: np.ndarray,
+        prev_raw: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """Rows with a predecessor -> their deltas and rates (resets, wraps, gaps counted)."""
         cur, prev = raw, prev_raw
         with np.errstate(over="ignore"):
             diff = cur - prev  # uint64: wraps modulo 2^64, exact
@@ -180,15 +232,29 @@ class RateEngine:
         gaps = int((dt_s > self.config.max_gap_s).sum())
         if gaps:
             self.stats.inc("series_gaps", gaps)
-        return pl.DataFrame(
-            {
-                "ts": ts,
-                "i": row,
-                "value": delta / dt_s,
-                "delta": delta,
-                "dt": dt_s,
-                "reset": reset,
-                "sid": sid,
-            },
-            schema=NARROW_SCHEMA,
-        )
+        return {
+            "ts": ts,
+            "i": row,
+            "value": delta / dt_s,
+            "delta": delta,
+            "dt": dt_s,
+            "reset": reset,
+            "sid": sid,
+        }
+
+
+def _series_time_order(sid: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """The order that sorts rows by series id, then time (ties keep their order).
+
+    Usually every series has one row per batch: one quick sort of the ids, then; the stable
+    two-key sort only when some series repeats.
+    """
+    order = np.argsort(sid)
+    s = sid[order]
+    if len(s) > 1 and bool((s[1:] == s[:-1]).any()):
+        return np.lexsort((ts, sid))
+    return order
+
+
+def _empty_arrays() -> dict[str, np.ndarray]:
+    return {k: np.empty(0, dtype=t) for k, t in _NARROW_NP.items()}

@@ -45,3 +45,21 @@ def test_gauges_pass_through_and_out_of_order_batches():
     g = out.filter(pl.col("metric") == "g")
     assert g["value"].to_list() == [7.0] and g["delta"].to_list() == [None]
     assert out.filter(pl.col("metric") == "m")["delta"].to_list() == [10.0]
+
+
+def test_steady_batches_of_the_same_series():
+    # every batch holds each known series once (the usual step), in varying row order
+    e = RateEngine()
+    e.apply_narrow(frame([c(0, 100, port="a"), c(0, 10, port="b")]))
+    out = e.apply_narrow(frame([c(S, 10, port="b"), c(S, 300, port="a")]))
+    got = dict(zip(out["i"].to_list(), out["delta"].to_list(), strict=True))
+    assert got == {0: 0.0, 1: 200.0}
+    out = e.apply_narrow(frame([c(2 * S, 50, port="a"), c(2 * S, 20, port="b")]))
+    assert sorted(out["delta"].to_list()) == [10.0, 50.0]  # a was reset: 50 since it
+    assert e.stats.get("counter_resets") == 1
+    # one series' reading is not newer than its last one: dropped, the other goes on
+    out = e.apply_narrow(frame([c(2 * S, 60, port="a"), c(3 * S, 25, port="b")]))
+    assert e.stats.get("stale_samples") == 1
+    assert out["delta"].to_list() == [5.0] and out["i"].to_list() == [1]
+    out = e.apply_narrow(frame([c(3 * S, 80, port="a"), c(4 * S, 30, port="b")]))
+    assert sorted(out["delta"].to_list()) == [5.0, 30.0]  # a: 80 - 50
