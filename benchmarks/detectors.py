@@ -21,6 +21,7 @@ import io
 import json
 import os
 import pickle
+import resource
 import sys
 import time
 from pathlib import Path
@@ -69,6 +70,10 @@ def main() -> int:
     frames = list(sim.ticks())
     total = sum(f.height for f in frames)
     pipe = Pipeline(sim.topology, Config(), rollup_s=args.rollups or None, retain=False)
+    if os.environ.get("ROCEWATCH_BENCH_DEFAULT_GC") != "1":  # to measure what tune_gc gives
+        from rocewatch.runtime import tune_gc
+
+        tune_gc()  # as the CLI's detect, replay, evaluate and demo commands do
     lateness = pipe.engine.lateness_ns()
     print(f"[detectors-bench] {total:,} samples; running the pipeline", file=sys.stderr)
     c0, w0 = time.process_time(), time.perf_counter()
@@ -110,6 +115,7 @@ def main() -> int:
         "detectors": [d.name for d in pipe.detectors],
         "alerts_fired": alerts,
         "rollup_s": args.rollups or None,
+        "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "cores": os.cpu_count(),
         "note": "CPU counts every thread of the process (Polars uses both cores)",
     }

@@ -235,10 +235,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         command = "reject" if args.command == "approve" and args.reject else args.command
         return oc.cmd_command(args.config, args.db, command, args.node, args.wait)
     from rocewatch.config import load_config
+    from rocewatch.runtime import tune_gc  # for the long-running and bulk commands
 
     if args.command == "demo":
         from rocewatch.demo import run_demo
 
+        tune_gc()
         return run_demo(args.nodes, args.duration, args.seed, Path(args.db), args.out)
     if args.command == "simulate":
         from rocewatch.sim import scenarios as sc
@@ -270,6 +272,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rocewatch.replay import replay
 
         cfg = load_config(args.config)
+        tune_gc()
         store = None
         if cfg.storage_url:
             from storage.store import Store
@@ -304,6 +307,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "detect":
         cfg = load_config(args.config)
+        tune_gc()
         if args.scale_out or cfg.kafka.scale_out:
             from rocewatch.scaleout import ScaleOutService
 
@@ -321,6 +325,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "evaluate":
         from rocewatch.evaluate import run_evaluate
 
+        tune_gc()
         return run_evaluate(args.out, args.json, args.quick, args.config, args.verbose)
     if args.command == "agent":
         return _agent(args)
