@@ -53,6 +53,34 @@ _WRAP_FLOOR = np.uint64(3 << 62)  # a predecessor above 0.75 * 2^64 may have wra
 _WRAP_MAX_DELTA = np.uint64(1 << 62)
 
 
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplying by it permutes 64-bit words
+_FMIX1 = np.uint64(0xFF51AFD7ED558CCD)
+_FMIX2 = np.uint64(0xC4CEB9FE1A85EC53)
+_S33 = np.uint64(33)
+
+
+def series_ids(samples: pl.DataFrame) -> np.ndarray:
+    """The 64-bit series id of every row: the series key's four strings (``SERIES_KEY``, in that
+    order) hashed one column at a time by Polars, then combined in NumPy.
+
+    Hashing four narrow columns costs about a third of hashing their struct; the combination
+    depends on the order of the columns (a device name in ``port`` gives another id) and ends
+    with a 64-bit finaliser so that ids spread over the whole range (they are sorted and
+    searched). The rate state in a checkpoint is keyed by these ids, so a checkpoint written with
+    another id function (before this one) restores as unknown series: each counter restarts
+    once (one interval without a rate), as after a counter clear."""
+    h = np.zeros(samples.height, dtype=np.uint64)
+    for k in SERIES_KEY:
+        h *= _MIX
+        h += samples.get_column(k).hash(seed=0).to_numpy()
+    h ^= h >> _S33
+    h *= _FMIX1
+    h ^= h >> _S33
+    h *= _FMIX2
+    h ^= h >> _S33
+    return h
+
+
 @dataclass(frozen=True)
 class RateConfig:
     max_gap_s: float = 30.0
@@ -87,7 +115,7 @@ class RateEngine:
         for gauges), for callers that go on in NumPy."""
         if samples.height == 0:
             return _empty_arrays()
-        sid = samples.select(pl.struct(SERIES_KEY).hash(seed=0)).to_series().to_numpy()
+        sid = series_ids(samples)
         ts = samples.get_column("ts").to_numpy()
         raw_col = samples.get_column("raw")
         n_null = raw_col.null_count()

@@ -17,6 +17,7 @@ from actions.executors import DryRunExecutor, Executor
 from actions.policy import DrainPolicy
 from detectors.base import Detector, StepContext
 from detectors.lifecycle import AlertLifecycle
+from detectors.rates import series_ids
 from detectors.registry import build_detectors
 from detectors.windows import Step, WindowEngine
 from rocewatch.config import Config
@@ -42,7 +43,6 @@ ROLLUP_SCHEMA: dict[str, pl.DataType] = {
 
 
 COARSE_ROLLUP_S = 60
-_SID = pl.struct(SERIES_KEY).hash(seed=0).alias("sid")  # as the rate engine's series id
 
 
 @dataclass
@@ -93,14 +93,17 @@ class Rollups:
             pl.col("last").alias("min"),
             pl.col("last"),
             pl.lit(1, dtype=pl.Int64).alias("count"),
-            _SID if sid is None else pl.Series("sid", sid, dtype=pl.UInt64),
+            pl.Series("sid", series_ids(frame) if sid is None else sid, dtype=pl.UInt64),
         )
 
     @staticmethod
     def _fold(parts: list[pl.DataFrame]) -> pl.DataFrame:
         # grouped by the 64-bit series id rather than the four strings (half the time); the
         # groups, their order and the rows in each are the same, so the sums are too
-        parts = [p if "sid" in p.columns else p.with_columns(_SID) for p in parts]
+        parts = [
+            p if "sid" in p.columns else p.with_columns(pl.Series("sid", series_ids(p)))
+            for p in parts
+        ]
         return (
             pl.concat(parts, how="vertical")
             .group_by("sid", maintain_order=True)
