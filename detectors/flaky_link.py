@@ -189,7 +189,11 @@ class FlakyLinkDetector:
             return False  # try the next step
         w = round(cfg.ber_every_s * S)
         self.next_ber_ns = (ctx.end // w + 1) * w
-        slot = self.slots.rows(cb)
+        known = cur.positions
+        at = None
+        if known is not None and "nic_rx_corrected_bits" in known[1]:
+            at = (known[0], known[1]["nic_rx_corrected_bits"])  # no hashing of known series
+        slot = self.slots.rows_at(cb, at)
         sp = cur.get("nic_link_speed_mbps")
         if sp.height:
             col = sp.get_column("last")

@@ -194,6 +194,9 @@ class EntitySlots:
         self.index: dict[tuple[str, str], int] = {}
         self._sorted = np.empty(0, dtype=np.uint64)
         self._order = np.empty(0, dtype=np.int64)
+        # the slot of each window-engine series position (-1: not looked up yet); a cache
+        self._epoch: int | None = None
+        self._by_pos = np.empty(0, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -234,9 +237,30 @@ class EntitySlots:
             slots = self._lookup(h)
         return slots
 
+    def rows_at(self, frame: pl.DataFrame, positions: tuple[int, np.ndarray] | None) -> np.ndarray:
+        """Like ``rows``; where the window engine gave the rows' series positions
+        ``(epoch, positions)``, each position's slot is remembered, so only rows of series not
+        seen before are hashed. (A series maps to one entity: its device and port.)"""
+        if positions is None:
+            return self.rows(frame)
+        epoch, pos = positions
+        if epoch != self._epoch:
+            self._epoch, self._by_pos = epoch, np.empty(0, dtype=np.int64)
+        if len(pos) and int(pos.max()) >= len(self._by_pos):
+            grow = np.full(int(pos.max()) + 1 - len(self._by_pos), -1, dtype=np.int64)
+            self._by_pos = np.concatenate([self._by_pos, grow])
+        slots = self._by_pos[pos]
+        miss = np.flatnonzero(slots < 0)
+        if len(miss):
+            found = self.rows(frame[pl.Series(miss, dtype=pl.UInt32)])
+            slots[miss] = found
+            self._by_pos[pos[miss]] = found
+        return slots
+
     def __getstate__(self) -> list[tuple[str, str]]:
         return self.keys
 
     def __setstate__(self, keys: list[tuple[str, str]]) -> None:
         self.keys = list(keys)
+        self._epoch, self._by_pos = None, np.empty(0, dtype=np.int64)
         self._rebuild()

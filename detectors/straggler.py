@@ -186,15 +186,27 @@ class StragglerDetector:
             self.acc_dt[:] = 0.0
             self.acc_ts[:] = 0
         parts, which = [], []
+        known = cur.positions[1] if cur.positions is not None else {}
+        pos: list[np.ndarray] | None = []
         for i, metric in enumerate(SIGNALS):
             f = cur.get(metric)
             if f.height:
                 parts.append(f.select("device", "port", "delta", "dt", "ts"))
                 which.append(np.full(f.height, i, dtype=np.int64))
+                if pos is not None and metric in known:
+                    pos.append(known[metric])
+                else:
+                    pos = None
         if not parts:
             return
         rows = pl.concat(parts, how="vertical", rechunk=False)
-        slot = self.slots.rows(rows)
+        # the engine's series positions spare hashing the key strings of known series
+        at = (
+            None
+            if pos is None or cur.positions is None
+            else (cur.positions[0], np.concatenate(pos))
+        )
+        slot = self.slots.rows_at(rows, at)
         self._grow()
         n = len(self.slots)
         k = slot * 3 + np.concatenate(which)
