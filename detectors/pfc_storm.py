@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
 
 from detectors.base import Finding, StepContext, node_labels, pct, port_labels
@@ -65,13 +66,19 @@ class PfcStormDetector:
         self.device_paused: dict[Key, list[int | None]] = {}
 
     # --- per-entity states with hysteresis -------------------------------------------------------
-    def _fractions(self, ctx: StepContext, metric: str, seconds: float) -> pl.DataFrame:
-        w = ctx.engine.window(metric, seconds)
-        if w.height == 0:
-            return w.with_columns(pl.lit(0.0).alias("frac"))
-        return w.filter(pl.col("dt").is_not_null()).with_columns(
-            (pl.col("delta") / (pl.col("dt") * 1e6)).alias("frac")
-        )
+    @staticmethod
+    def _fractions(w: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each row's pause share ``delta / (dt * 1e6)``, whether it has one (``delta`` and
+        ``dt`` not null) and ``dt``, in NumPy: the thresholds cost no Polars call per step."""
+        dt_col, delta_col = w.get_column("dt"), w.get_column("delta")
+        ok = np.ones(w.height, dtype=bool)
+        for col in (dt_col, delta_col):
+            if col.null_count():
+                ok &= col.is_not_null().to_numpy()
+        dt, delta = dt_col.to_numpy(), delta_col.to_numpy()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = delta / (dt * 1e6)
+        return frac, ok, dt
 
     def _update(
         self, ctx: StepContext, metric: str, kind: str, table: dict[Key, _Active], stall: bool
@@ -86,41 +93,47 @@ class PfcStormDetector:
                 return
             n = ctx.engine.steps_in(cfg.detection_time_s)
             floor = 1.0 - n * (1.0 - cfg.pause_fraction)
-            if (
-                f.filter(
-                    pl.col("dt").is_not_null() & (pl.col("delta") >= pl.col("dt") * (1e6 * floor))
-                ).height
-                == 0
-            ):
+            _, ok, dt = self._fractions(f)
+            delta = f.get_column("delta").to_numpy()
+            if not (ok & _ge(delta, dt * (1e6 * floor))).any():
                 return
-        detection = self._fractions(ctx, metric, cfg.detection_time_s)
-        enter = detection.filter(
-            (pl.col("frac") >= cfg.pause_fraction)
-            & (pl.col("dt") >= cfg.detection_time_s * cfg.min_coverage)
+        detection = ctx.engine.window(metric, cfg.detection_time_s)
+        frac, ok, dt = self._fractions(detection)
+        entering = np.flatnonzero(
+            ok & _ge(frac, cfg.pause_fraction) & (dt >= cfg.detection_time_s * cfg.min_coverage)
         )
-        if stall and cfg.require_stall and enter.height:
-            enter = self._stalled(ctx, enter)
-        stay = (
-            detection  # the same window (the default): computed once
-            if cfg.restoration_time_s == cfg.detection_time_s
-            else self._fractions(ctx, metric, cfg.restoration_time_s)
-        )
-        # only the few rows at or above a threshold reach Python (NaN is above all in Polars)
-        frac = pl.col("frac")
+        stay, stay_frac, stay_ok = detection, frac, ok  # the default: the same window, once
+        if cfg.restoration_time_s != cfg.detection_time_s:
+            stay = ctx.engine.window(metric, cfg.restoration_time_s)
+            stay_frac, stay_ok, _ = self._fractions(stay)
+        # only the few rows at or above a threshold reach Python (NaN is not a share)
         floor = min(cfg.exit_fraction, cfg.relay_fraction)
-        stay = stay.filter((frac >= floor) & frac.is_not_nan())
-        rows = list(
-            zip(
-                *(stay.get_column(c).to_list() for c in ("device", "port", "qual", "frac")),
-                strict=True,
-            )
-        )
-        still = {(kind, d, p, q): f for d, p, q, f in rows if f >= cfg.exit_fraction}
+        rows = np.flatnonzero(stay_ok & (stay_frac >= floor))
+        keys = _keys(stay, rows)
+        fr = stay_frac[rows].tolist()
+        still = {(kind, *k): f for k, f in zip(keys, fr, strict=True) if f >= cfg.exit_fraction}
         if table is self.paused:
-            self.relaying.update((kind, d, p, q) for d, p, q, f in rows if f >= cfg.relay_fraction)
+            self.relaying.update(
+                (kind, *k) for k, f in zip(keys, fr, strict=True) if f >= cfg.relay_fraction
+            )
         for key in [k for k in table if k[0] == kind and k not in still]:
             del table[key]
-        for d, p, q, f, dt, ts, extra in enter.select(
+        if len(entering) == 0:
+            return
+        # rows of entities already in the table change nothing: only new ones go on
+        new = [
+            i
+            for i, k in zip(entering.tolist(), _keys(detection, entering), strict=True)
+            if (kind, *k) not in table
+        ]
+        if not new:
+            return
+        enter = detection[pl.Series(new, dtype=pl.UInt32)].with_columns(
+            pl.Series("frac", frac[new])
+        )
+        if stall and cfg.require_stall:
+            enter = self._stalled(ctx, enter)
+        for d, p, q, f, dt_s, ts, extra in enter.select(
             "device",
             "port",
             "qual",
@@ -134,7 +147,7 @@ class PfcStormDetector:
                 what = "received" if "rx" in metric else "sent"
                 table[key] = _Active(
                     ts,
-                    f"{d}/{p} prio {q} {what} pause {pct(f)} of {dt:.2f} s"
+                    f"{d}/{p} prio {q} {what} pause {pct(f)} of {dt_s:.2f} s"
                     f" (threshold {pct(cfg.pause_fraction)}){extra}",
                 )
 
@@ -252,6 +265,21 @@ class PfcStormDetector:
                 )
             )
         return findings
+
+
+def _ge(a: np.ndarray, b: np.ndarray | float) -> np.ndarray:
+    """``a >= b`` as Polars compares floats: NaN above every number."""
+    return (a >= b) | np.isnan(a)
+
+
+def _keys(frame: pl.DataFrame, rows: np.ndarray) -> list[tuple[str, str, str]]:
+    """(device, port, qual) of the given rows."""
+    if len(rows) == 0:
+        return []
+    sel = frame.select("device", "port", "qual")[pl.Series(rows, dtype=pl.UInt32)]
+    return list(
+        zip(*(sel.get_column(c).to_list() for c in ("device", "port", "qual")), strict=True)
+    )
 
 
 def _device(k: Key) -> Key:
