@@ -144,9 +144,20 @@ class SeriesTable:
         self._order = np.empty(0, dtype=np.int64)
         # the last batch's ids and positions (positions never change, so it stays valid)
         self._last: tuple[np.ndarray, np.ndarray] | None = None
+        self._last_keys: tuple[np.ndarray, pl.DataFrame] | None = None
 
     def __len__(self) -> int:
         return len(self._sids)
+
+    def keys_at(self, pos: np.ndarray) -> pl.DataFrame:
+        """The series keys at ``pos``; the same positions as last time give the same frame
+        (frames are immutable), so steady steps gather no strings."""
+        last = self._last_keys
+        if last is not None and np.array_equal(last[0], pos):
+            return last[1]
+        keys = self.keys[pos]
+        self._last_keys = (pos, keys)
+        return keys
 
     def __getstate__(self) -> dict[str, object]:
         return {}
@@ -395,7 +406,7 @@ class WindowEngine:
             }
         agg = pl.concat(
             [
-                self.series.keys[pos_o[starts]],
+                self.series.keys_at(pos_o[starts]),
                 pl.DataFrame(cols).with_columns(
                     pl.col("delta").fill_nan(None),
                     pl.col("dt").fill_nan(None),
