@@ -196,6 +196,7 @@ KINDS = ("nic", "port")
 # one code per metric for both kinds: NIC metrics first
 _CODES: dict[str, int] = {m: i for i, m in enumerate([*NIC_METRICS, *PORT_METRICS])}
 _N_NIC = len(NIC_METRICS)
+_NAMES = dict(enumerate(_CODES))
 
 
 def feature_names(kind: str) -> list[str]:
@@ -655,14 +656,15 @@ class _Accumulator:
         self,
         h: np.ndarray | Callable[[np.ndarray | None], np.ndarray],
         col: np.ndarray,
-        cols: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        cols: tuple[np.ndarray, np.ndarray, np.ndarray],
         keys_of: Callable[[np.ndarray], list[tuple[str, str, str]]],
         positions: tuple[int, np.ndarray] | None = None,
     ) -> list[int]:
         """Add a step's rows of this kind: series hashes ``h`` (or a function of row indices,
-        None for all, that hashes them), metric column ``col``, the rows' (delta, dt, max, ts)
-        and optionally their window-engine positions; return the entities seen for the first
-        time."""
+        None for all, that hashes them), metric column ``col``, the rows' (a, b, ts) (``a``:
+        delta for counters, the reading for gauges; ``b``: dt for counters, 1 for a gauge's
+        reading; NaN as 0, see ``ab``) and optionally their window-engine positions; return the
+        entities seen for the first time."""
         if callable(h):
             slot, new = self.series.rows_at(positions, h, keys_of)
         else:
@@ -683,10 +685,7 @@ class _Accumulator:
             self.b = np.concatenate([self.b, z.copy()])
             if fresh:
                 self.ts = np.concatenate([self.ts, np.zeros(len(fresh), dtype=np.int64)])
-        delta, dt, value, ts = cols
-        gauge = self.gauge[col]
-        a = np.nan_to_num(np.where(gauge, value, delta))
-        b = np.nan_to_num(np.where(gauge, np.where(np.isnan(value), 0.0, 1.0), dt))
+        a, b, ts = cols
         flat = slot * len(self.metrics) + col
         if positions is not None:
             # the engine's rows: one per series and metric, so no index repeats
@@ -961,48 +960,62 @@ class IsolationForestDetector:
 
     def _add(self, step: Step) -> None:
         # the step's per-metric split is shared with the rule detectors (built once per step)
-        parts = [(p, c) for m, c in _CODES.items() if (p := step.by_metric.get(m)) is not None]
-        if not parts:
-            return
-        codes = {c for _, c in parts}
-        f = pl.concat([p for p, _ in parts], how="vertical", rechunk=False)
-        code = np.repeat(np.array([c for _, c in parts]), [p.height for p, _ in parts])
-        # the engine's series positions spare hashing the key strings of known series
-        hashed: list[np.ndarray] = []
-        epoch, pos = 0, None
-        if step.positions is not None:
-            epoch, known = step.positions
-            if all(m in known for m, c in _CODES.items() if c in codes):
-                pos = np.concatenate([known[m] for m, c in _CODES.items() if c in codes])
-        cols = [
-            f.get_column(c).to_numpy().astype(float, copy=False) for c in ("delta", "dt", "max")
-        ]
-        ts = f.get_column("ts").to_numpy()
+        by = step.by_metric
         for kind, lo, hi in (("nic", 0, _N_NIC), ("port", _N_NIC, len(_CODES))):
-            # NIC metrics come first in _CODES, so each kind is one contiguous run of rows
-            rows = np.flatnonzero((code >= lo) & (code < hi))
-            if len(rows) == 0:
-                continue
+            parts = [
+                (p, c) for m, c in _CODES.items() if lo <= c < hi and (p := by.get(m)) is not None
+            ]
+            if parts:
+                self._add_kind(kind, lo, parts, step.positions)
 
-            def keys_of(i: np.ndarray, rows: np.ndarray = rows) -> list[tuple[str, str, str]]:
-                sel = f[rows[i].tolist()].select("device", "port", "qual")
-                return [(str(d), str(p), str(q)) for d, p, q in sel.iter_rows()]
+    def _add_kind(
+        self,
+        kind: str,
+        lo: int,
+        parts: list[tuple[pl.DataFrame, int]],
+        known: tuple[int, dict[str, np.ndarray]] | None,
+    ) -> None:
+        """Add one kind's rows: ``parts``, one frame per metric (with its code; the kind's codes
+        start at ``lo``)."""
+        k = self.kinds[kind]
+        # each part is one metric: a counter's (delta, dt) or a gauge's (reading, 1)
+        a_parts, b_parts = [], []
+        for p, c in parts:
+            if k.acc.gauge[c - lo]:
+                v = p.get_column("max").to_numpy()
+                a_parts.append(v)
+                b_parts.append((~np.isnan(v)).astype(float))
+            else:
+                a_parts.append(p.get_column("delta").to_numpy())
+                b_parts.append(p.get_column("dt").to_numpy())
+        code = np.repeat(np.array([c - lo for _, c in parts]), [p.height for p, _ in parts])
+        a = np.nan_to_num(np.concatenate(a_parts).astype(float, copy=False))
+        b = np.nan_to_num(np.concatenate(b_parts).astype(float, copy=False))
+        ts = np.concatenate([p.get_column("ts").to_numpy() for p, _ in parts])
+        # the engine's series positions spare hashing the key strings of known series
+        pos = None
+        if known is not None and all(_NAMES[c] in known[1] for _, c in parts):
+            pos = (known[0], np.concatenate([known[1][_NAMES[c]] for _, c in parts]))
+        frame: list[pl.DataFrame] = []  # the kind's rows in one frame, only if a key is needed
+        hashed: list[np.ndarray] = []
 
-            def hashes(i: np.ndarray | None, rows: np.ndarray = rows) -> np.ndarray:
-                if not hashed:  # once per step, and only if some series is not known yet
-                    hashed.append(f.select(_Series.hash_expr()).to_series().to_numpy())
-                return hashed[0][rows if i is None else rows[i]]
+        def rows_frame() -> pl.DataFrame:
+            if not frame:
+                frame.append(pl.concat([p for p, _ in parts], how="vertical", rechunk=False))
+            return frame[0]
 
-            k = self.kinds[kind]
-            fresh = k.acc.add(
-                hashes,
-                code[rows] - lo,
-                (cols[0][rows], cols[1][rows], cols[2][rows], ts[rows]),
-                keys_of,
-                None if pos is None else (epoch, pos[rows]),
-            )
-            if fresh:
-                self._describe(kind, fresh)
+        def keys_of(i: np.ndarray) -> list[tuple[str, str, str]]:
+            sel = rows_frame()[i.tolist()].select("device", "port", "qual")
+            return [(str(d), str(p), str(q)) for d, p, q in sel.iter_rows()]
+
+        def hashes(i: np.ndarray | None) -> np.ndarray:
+            if not hashed:  # once per step, and only if some series is not known yet
+                hashed.append(rows_frame().select(_Series.hash_expr()).to_series().to_numpy())
+            return hashed[0] if i is None else hashed[0][i]
+
+        fresh = k.acc.add(hashes, code, (a, b, ts), keys_of, pos)
+        if fresh:
+            self._describe(kind, fresh)
 
     def _describe(self, kind: str, fresh: list[int]) -> None:
         """Static facts of entities seen for the first time: peer group, speed, buffer, role."""
