@@ -145,6 +145,8 @@ class SeriesTable:
         # the last batch's ids and positions (positions never change, so it stays valid)
         self._last: tuple[np.ndarray, np.ndarray] | None = None
         self._last_keys: tuple[np.ndarray, pl.DataFrame] | None = None
+        # the engine's last (step, metric, position) sort keys and their order
+        self.last_order: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self._sids)
@@ -357,13 +359,18 @@ class WindowEngine:
         unique = False  # every (step, series) has one row: nothing to reduce
         if int(step.max()) - s0 < (1 << 19):
             key = ((step - s0) << 44) | (code << 28) | pos
-            # rows come sorted by series, then time: a stable sort keeps that order within a
-            # group; the quick sort gives the same order when no two rows share a key
-            order = np.argsort(key)
-            k = key[order]
-            unique = len(k) < 2 or not bool((k[1:] == k[:-1]).any())
-            if not unique:
-                order = np.argsort(key, kind="stable")
+            last = self.series.last_order
+            if last is not None and np.array_equal(last[0], key):
+                order, unique = last[1], True  # the same rows as the last batch's, in its order
+            else:
+                # rows come sorted by series, then time: a stable sort keeps that order within
+                # a group; the quick sort gives the same order when no two rows share a key
+                order = np.argsort(key)
+                k = key[order]
+                unique = len(k) < 2 or not bool((k[1:] == k[:-1]).any())
+                if not unique:
+                    order = np.argsort(key, kind="stable")
+                self.series.last_order = (key, order) if unique else None
         else:  # a batch spanning a very long time (a clock jump): the general sort
             order = np.lexsort((ts, pos, code, step))
         step_o, code_o, pos_o = step[order], code[order], pos[order]
