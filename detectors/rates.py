@@ -95,7 +95,6 @@ class RateEngine:
         self._sid = np.empty(0, dtype=np.uint64)
         self._ts = np.empty(0, dtype=np.int64)
         self._raw = np.empty(0, dtype=np.uint64)
-        self._last_order: tuple[np.ndarray, np.ndarray] | None = None
 
     def apply(self, samples: pl.DataFrame) -> pl.DataFrame:
         """Samples (SAMPLE_SCHEMA, any order) -> rows of RATE_SCHEMA, sorted by series and time."""
@@ -176,7 +175,6 @@ class RateEngine:
         self.config = d["config"]  # type: ignore[assignment]
         self.stats = d["stats"]  # type: ignore[assignment]
         self.state = d["state"]  # type: ignore[assignment]
-        self._last_order = None
 
     def _counters(
         self, sid: np.ndarray, ts: np.ndarray, raw: np.ndarray, row: np.ndarray
@@ -184,13 +182,7 @@ class RateEngine:
         # One 64-bit id per series; only integer arrays are sorted and searched (numpy). A
         # checkpoint restored under another Polars version (other hashes) just restarts each
         # series' rate.
-        # a batch of the same ids in the same order as the last one (the usual step) sorts alike
-        last = self._last_order
-        if last is not None and np.array_equal(last[0], sid):
-            order = last[1]
-        else:
-            order = _series_time_order(sid, ts)
-            self._last_order = (sid, order) if _one_per_series(sid, order) else None
+        order = _series_time_order(sid, ts)
         sid, ts, raw, row = sid[order], ts[order], raw[order], row[order]
         dup = np.r_[False, (sid[1:] == sid[:-1]) & (ts[1:] == ts[:-1])]
         if dup.any():
@@ -290,12 +282,6 @@ def _series_time_order(sid: np.ndarray, ts: np.ndarray) -> np.ndarray:
     if len(s) > 1 and bool((s[1:] == s[:-1]).any()):
         return np.lexsort((ts, sid))
     return order
-
-
-def _one_per_series(sid: np.ndarray, order: np.ndarray) -> bool:
-    """Whether every id occurs once (then the order depends on the ids alone, not the times)."""
-    s = sid[order]
-    return len(s) < 2 or not bool((s[1:] == s[:-1]).any())
 
 
 def _empty_arrays() -> dict[str, np.ndarray]:
