@@ -89,7 +89,15 @@ class FabricIncidentDetector:
             self.members.setdefault(s, set()).add(entity)
 
     def _size(self, scope: str, kind: str) -> int:
-        return sum(1 for k, _ in self.members.get(scope, ()) if k == kind)
+        # members are fixed at start-up, so each count is taken once (a cache: not pickled)
+        sizes: dict[tuple[str, str], int] = self.__dict__.setdefault("_sizes", {})
+        n = sizes.get((scope, kind))
+        if n is None:
+            n = sizes[(scope, kind)] = sum(1 for k, _ in self.members.get(scope, ()) if k == kind)
+        return n
+
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if k != "_sizes"}
 
     def _entity(self, labels: Mapping[str, str]) -> tuple[Entity, set[str]] | None:
         """The entity an alert names and the scopes it belongs to (topology and labels)."""
