@@ -213,6 +213,26 @@ class SeriesTable:
         return pos
 
 
+def window_by_group_by(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    """A sliding window of per-step aggregates (``AGG_SCHEMA`` frames), combined per series by
+    a Polars group-by: the general path, which the engine's fast paths must agree with."""
+    return (
+        pl.concat(parts, how="vertical")
+        .sort("ts")
+        .group_by(SERIES_KEY)
+        .agg(
+            pl.col("delta").sum(),
+            pl.col("dt").sum(),
+            pl.col("last").last(),
+            pl.col("max").max(),
+            pl.col("min").min(),
+            pl.col("ts").max(),
+            pl.col("n").sum(),
+        )
+        .select(list(AGG_SCHEMA))
+    )
+
+
 class WindowEngine:
     def __init__(self, config: WindowConfig | None = None, stats: Stats | None = None) -> None:
         self.config = config or WindowConfig()
@@ -472,21 +492,7 @@ class WindowEngine:
         ):
             pos = [k[1][metric] for k in known]  # type: ignore[index]
             return self._window_by_position(parts, pos)
-        return (
-            pl.concat(parts, how="vertical")
-            .sort("ts")
-            .group_by(SERIES_KEY)
-            .agg(
-                pl.col("delta").sum(),
-                pl.col("dt").sum(),
-                pl.col("last").last(),
-                pl.col("max").max(),
-                pl.col("min").min(),
-                pl.col("ts").max(),
-                pl.col("n").sum(),
-            )
-            .select(list(AGG_SCHEMA))
-        )
+        return window_by_group_by(parts)
 
     def _window_by_position(self, parts: list[pl.DataFrame], pos: list[np.ndarray]) -> pl.DataFrame:
         """The sliding window of ``parts`` (steps in time order) grouped by the rows' series

@@ -4,29 +4,14 @@ import pickle
 
 import polars as pl
 
-from detectors.windows import AGG_SCHEMA, WindowEngine
+from detectors.windows import AGG_SCHEMA, WindowEngine, window_by_group_by
 from rocewatch.model import SAMPLE_SCHEMA, SERIES_KEY
 from rocewatch.sim import Simulator
 from rocewatch.sim.scenarios import SCENARIOS
 
 
 def reference(parts: list[pl.DataFrame]) -> pl.DataFrame:
-    return (
-        pl.concat(parts, how="vertical")
-        .sort("ts")
-        .group_by(SERIES_KEY)
-        .agg(
-            pl.col("delta").sum(),
-            pl.col("dt").sum(),
-            pl.col("last").last(),
-            pl.col("max").max(),
-            pl.col("min").min(),
-            pl.col("ts").max(),
-            pl.col("n").sum(),
-        )
-        .select(list(AGG_SCHEMA))
-        .sort(SERIES_KEY)
-    )
+    return window_by_group_by(parts).sort(SERIES_KEY)
 
 
 def run(batch: int) -> tuple[WindowEngine, int]:
