@@ -307,17 +307,16 @@ class DetectService:
         self.suppress: Counter[tuple[str, str]] = Counter()
         restored = self._restore()
         executor = RoutingExecutor(cfg.executors)
+        # metric rollups only when there is a store to keep them (they cost a quarter of
+        # the detector's CPU)
+        rollup_s = 10 if cfg.storage_url else None
         if restored is None:  # a fresh start; otherwise the checkpoint brought its pipeline
-            # metric rollups only when there is a store to keep them (they cost a quarter of
-            # the detector's CPU)
-            rollup_s = 10 if cfg.storage_url else None
             self.pipeline = Pipeline(
                 topology, cfg, executor=executor, stats=self.stats, rollup_s=rollup_s, retain=False
             )
         else:  # the policy's state came back; its scheduler clients follow today's config
             self.pipeline.policy.executor = executor
-            if not cfg.storage_url:
-                self.pipeline.rollups = self.pipeline.rollups_coarse = None
+            self.pipeline.set_rollups(rollup_s)
         self.live_jobs = build_live_jobs(
             self.pipeline.topology,
             cfg.membership,

@@ -179,13 +179,22 @@ class Pipeline:
         self.lifecycle = AlertLifecycle(self.config.lifecycle, retain=retain)
         self.policy = DrainPolicy(self.config.policy, topology, executor or DryRunExecutor())
         self.actions: list[Action] = []
+        self.rollups: Rollups | None = None
+        self.rollups_coarse: Rollups | None = None
+        self.set_rollups(rollup_s)
+        self.detector_seconds = 0.0
+        self.samples_in = 0
+
+    def set_rollups(self, rollup_s: int | None) -> None:
+        """Metric rollups at ``rollup_s`` seconds plus a coarser level for dashboards over long
+        ranges (storage keeps both), or none. Levels already at that resolution keep their
+        partial aggregates (a restored pipeline)."""
+        if rollup_s and self.rollups is not None and self.rollups.resolution_s == rollup_s:
+            return
         self.rollups = Rollups(rollup_s) if rollup_s else None
-        # a coarser level for dashboards over long ranges (storage keeps both)
         self.rollups_coarse = (
             Rollups(COARSE_ROLLUP_S) if rollup_s and rollup_s < COARSE_ROLLUP_S else None
         )
-        self.detector_seconds = 0.0
-        self.samples_in = 0
 
     # --- input -----------------------------------------------------------------------------------
     def ingest(self, samples: pl.DataFrame) -> None:
