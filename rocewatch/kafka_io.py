@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import polars as pl
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
@@ -50,6 +51,12 @@ from rocewatch.topology import Topology
 log = logging.getLogger(__name__)
 
 MAX_ROWS_PER_MESSAGE = 8192
+# The pipeline takes a poll's records in slices of about this many samples: its working memory
+# grows with the rows it handles at once, and a detector behind its topic gets full polls
+# (max_poll_records of records of up to MAX_ROWS_PER_MESSAGE rows) on every call.
+MAX_ROWS_PER_INGEST = 500_000
+# How far one telemetry partition may run ahead of the slowest (see DetectService._balance).
+MAX_SKEW_S = 2.0
 STATE_VERSION = 1
 RETENTION_EVERY_S = 3600.0  # how often the service prunes storage by age
 
@@ -68,10 +75,27 @@ def wait_for_partitions(consumer: Any, topic: str, timeout_s: float = 30.0) -> b
     deadline = time.monotonic() + timeout_s
     while not consumer.partitions_for_topic(topic):
         if time.monotonic() >= deadline:
-            log.warning("no partition metadata for %s after %.0f s; joining anyway", topic, timeout_s)
+            log.warning(
+                "no partition metadata for %s after %.0f s; joining anyway", topic, timeout_s
+            )
             return False
         time.sleep(0.2)
     return True
+
+
+def unpark_resumed(consumer: Any) -> None:
+    """Work around kafka-python 3.0's fetcher losing a resumed partition.
+
+    Records fetched for a partition that is then paused are parked; they come back after
+    ``resume`` only when the fetcher's in-line slot is empty (None), but a consumed slot keeps
+    its drained record set, and a partition with parked records is never fetched again: the
+    partition stalls for good. Emptying a drained slot before each poll lets them back in.
+    Call before ``poll`` on a consumer that pauses partitions.
+    """
+    fetcher = getattr(consumer, "_fetcher", None)
+    slot = getattr(fetcher, "_next_partition_records", None)
+    if slot is not None and not slot and getattr(fetcher, "_paused_partition_records", None):
+        fetcher._next_partition_records = None  # type: ignore[union-attr]
 
 
 def ensure_topics(k: KafkaConfig) -> None:
@@ -181,22 +205,33 @@ class TelemetryPublisher:
         if df.height == 0:
             return
         span = int(df["ts"].max()) - int(df["ts"].min())  # type: ignore[arg-type]
+        by = ["device"]
         if df.height > 1 and span >= slice_ns:
-            keyed = df.sort("ts", maintain_order=True).with_columns(
-                (pl.col("ts") // slice_ns).alias("_slice")
+            df = df.sort("ts", maintain_order=True)
+            by = ["_slice", "device"]
+        idx = (
+            df.lazy()
+            .select(
+                (pl.col("ts") // slice_ns).alias("_slice"),
+                pl.col("device"),
+                pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"),
             )
-            parts = keyed.partition_by(["_slice", "device"], as_dict=True, maintain_order=True)
-            groups = [(str(k[1]), p.drop("_slice")) for k, p in parts.items()]
-        else:
-            parts1 = df.partition_by("device", as_dict=True, maintain_order=True)
-            groups = [(str(k[0]), p) for k, p in parts1.items()]
-        for device, part in groups:
-            key = device.encode()
-            for off in range(0, part.height, MAX_ROWS_PER_MESSAGE):
-                chunk = part.slice(off, MAX_ROWS_PER_MESSAGE)
-                self.seq += 1
-                value = wire.encode(chunk, self.source, self.seq)
-                self._send(key, value, chunk.height)
+            .group_by(by, maintain_order=True)
+            .agg(pl.col("_row"))
+            .collect()
+        )
+        keys: list[bytes] = []
+        groups: list[np.ndarray] = []
+        for device, rows in zip(idx["device"], idx["_row"], strict=True):
+            arr = rows.to_numpy()
+            key = str(device).encode()
+            for off in range(0, len(arr), MAX_ROWS_PER_MESSAGE):
+                keys.append(key)
+                groups.append(arr[off : off + MAX_ROWS_PER_MESSAGE])
+        values = wire.encode_rows(df, groups, self.source, self.seq)
+        self.seq += len(values)
+        for key, value, rows_ in zip(keys, values, groups, strict=True):
+            self._send(key, value, len(rows_))
         self.samples += df.height
 
     def flush(self, timeout: float = 60.0) -> None:
@@ -324,7 +359,9 @@ class DetectService:
             group_id=k.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            max_poll_records=5000,
+            # one poll's records may all come from one partition: few enough that it runs at
+            # most a few seconds of telemetry ahead of the others (see _balance)
+            max_poll_records=1000,
             fetch_max_bytes=64 << 20,
             max_partition_fetch_bytes=16 << 20,
             session_timeout_ms=k.session_timeout_ms,
@@ -527,11 +564,16 @@ class DetectService:
         return min(live) - self.pipeline.engine.lateness_ns()
 
     def poll_once(self, timeout_ms: int = 200) -> int:
+        unpark_resumed(self.consumer)
         recs = self.consumer.poll(timeout_ms=timeout_ms)
         batches: list[wire.Decoded] = []
+        rows = 0
+        n = 0
         now_wall = time.monotonic()
         for tp, msgs in recs.items():
             key = (tp.topic, tp.partition)
+            if msgs:
+                self.part_seen_wall[key] = now_wall
             for m in msgs:
                 try:
                     if m.value is None:
@@ -542,6 +584,7 @@ class DetectService:
                     continue
                 if d.rows:
                     batches.append(d)
+                    rows += d.rows
                     hi = int(d.cols["ts"].max())
                     if hi > self.part_hi.get(key, -1):
                         self.part_hi[key] = hi
@@ -552,9 +595,51 @@ class DetectService:
                         else d.produced_ns
                     )
                     self._pending_lat.append((hi, sent))
+                if rows >= MAX_ROWS_PER_INGEST:
+                    n += self._ingest(batches)
+                    batches, rows = [], 0
             if msgs:
                 self.offsets[key] = msgs[-1].offset + 1
-                self.part_seen_wall[key] = now_wall
+        n += self._ingest(batches)
+        self._balance()
+        return n
+
+    def _balance(self) -> None:
+        """Pause partitions that run more than MAX_SKEW_S ahead of the slowest one with records
+        still to read, resume them once it has caught up.
+
+        The watermark is the slowest partition's: whatever the others deliver ahead of it waits
+        in the window engine. A detector behind its topic gets records partition by partition
+        (a fetch fills up on one before the next), so without this the wait, and the memory it
+        holds, grows with the backlog. A partition read to its end holds nobody back.
+        """
+        topic = self.cfg.kafka.topics.telemetry
+        assigned = self.consumer.assignment()
+        his: dict[TopicPartition, int] = {}
+        unread: list[int] = []
+        for (t, p), hi in self.part_hi.items():
+            tp = TopicPartition(t, p)
+            if t != topic or tp not in assigned:
+                continue
+            his[tp] = hi
+            hw = self.consumer.highwater(tp)
+            off = self.offsets.get((t, p))
+            if hw is not None and off is not None and off < hw:
+                unread.append(hi)
+        paused = set(self.consumer.paused())
+        if not unread:
+            if paused:
+                self.consumer.resume(*paused)
+            return
+        limit = min(unread) + int(MAX_SKEW_S * 1e9)
+        ahead = {tp for tp, hi in his.items() if hi > limit}
+        if ahead - paused:
+            self.consumer.pause(*(ahead - paused))
+        if paused - ahead:
+            self.consumer.resume(*(paused - ahead))
+
+    def _ingest(self, batches: list[wire.Decoded]) -> int:
+        """Run the pipeline on some decoded records, then close what the watermark allows."""
         n = 0
         if batches:
             df = wire.frames(batches)

@@ -56,12 +56,12 @@ from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
 from rocewatch.errors import BadInput, ConfigError, RetryableError
 from rocewatch.kafka_io import (
+    GROUP_METADATA_MAX_AGE_MS,
     _action_id,
     _alert_id,
     _event_id,
     _frame_from_ipc,
     _StatePickler,
-    GROUP_METADATA_MAX_AGE_MS,
     ensure_topics,
     make_producer,
     wait_for_partitions,

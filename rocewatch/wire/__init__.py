@@ -49,6 +49,51 @@ def encode(df: pl.DataFrame, source: str = "", seq: int = 0) -> bytes:
     return bytes(msg.SerializeToString())
 
 
+def encode_rows(
+    df: pl.DataFrame, groups: list[np.ndarray], source: str = "", seq0: int = 0
+) -> list[bytes]:
+    """Several row subsets of one frame -> one TelemetryBatch each (``seq`` from ``seq0 + 1``).
+
+    The strings are coded once for the whole frame and each message gets only the ones its rows
+    use, so a frame of many devices costs a few array operations per message instead of a
+    dozen frame operations (what ``encode`` costs called once per device).
+    """
+    if not groups:
+        return []
+    strings = pl.concat([df[c] for c in _STR_COLS]).unique(maintain_order=True)
+    table = np.array(strings.to_list(), dtype=object)
+    enum = pl.Enum(strings)
+    codes = np.stack([df[c].cast(enum).to_physical().cast(pl.UInt32).to_numpy() for c in _STR_COLS])
+    ts = df["ts"].to_numpy().astype("<i8", copy=False)
+    value = df["value"].to_numpy().astype("<f8", copy=False)
+    raw_s = df["raw"]
+    raw = raw_s.fill_null(0).to_numpy().astype("<u8", copy=False)
+    valid = raw_s.is_not_null().cast(pl.UInt8).to_numpy()
+    out: list[bytes] = []
+    now = time.time_ns()
+    for i, rows in enumerate(groups):
+        uniq, inv = np.unique(codes[:, rows], return_inverse=True)
+        local = inv.reshape(len(_STR_COLS), len(rows)).astype("<u4")
+        msg = TelemetryBatch(
+            schema_version=SCHEMA_VERSION,
+            source=source,
+            seq=seq0 + i + 1,
+            rows=len(rows),
+            produced_ns=now,
+        )
+        msg.dict.extend(table[uniq].tolist())
+        msg.ts_ns = ts[rows].tobytes()
+        msg.device_idx = local[0].tobytes()
+        msg.port_idx = local[1].tobytes()
+        msg.qual_idx = local[2].tobytes()
+        msg.metric_idx = local[3].tobytes()
+        msg.value = value[rows].tobytes()
+        msg.raw = raw[rows].tobytes()
+        msg.raw_valid = valid[rows].tobytes()
+        out.append(bytes(msg.SerializeToString()))
+    return out
+
+
 class Decoded:
     """A decoded message's columns, before they join a frame (see ``frames``)."""
 
