@@ -7,7 +7,9 @@ Kafka broker on loopback. Every second the harness reads both processes' RSS fro
 the detector's consumer lag and ingested samples from its /metrics endpoint. Prints one JSON
 object (--json) with, per side, ``*_rss_start_mb`` / ``*_rss_end_mb`` (after warm-up / at the
 end), ``*_rss_slope_mb_per_min`` (least-squares slope over the second half of the run),
-``*_rss_growth_second_half_mb`` (that slope times the half's length), the lag at the end and at
+``*_rss_growth_second_half_mb`` (that slope times the half's length), the same for the RSS
+floor (``*_rss_floor_*``: the lowest RSS of each 10 s, which batches in flight move far less
+than they move the RSS itself), the lag at the end and at
 its peak, the samples published and consumed, and ``plot``: a PNG of RSS and lag over time.
 
   python benchmarks/soak.py --json [--seconds 600] [--nodes 128] [--scale-out] [--plot FILE]
@@ -42,6 +44,7 @@ sys.path[:] = [str(ROOT), str(ROOT / "scripts")] + [
 PARTITIONS = 4
 SAMPLE_EVERY_S = 1.0
 WARMUP_SHARE = 0.5  # memory is judged over the second half of the run
+FLOOR_WINDOW = 10  # samples per window of the RSS floor (its lowest value in the window)
 SEED = 11
 _METRIC = re.compile(r"^(rocewatch_[a-z_]+)(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
 
@@ -340,10 +343,20 @@ def _figures(
     t_end = samples[-1]["t"]
     second = [s for s in samples if s["t"] >= t_end * WARMUP_SHARE]
     out: dict[str, Any] = {}
+    span_min = (second[-1]["t"] - second[0]["t"]) / 60.0
     for side in ("detector", "publisher"):
         key = f"{side}_rss_mb"
         slope = slope_per_min([s["t"] for s in second], [s[key] for s in second])
-        span_min = (second[-1]["t"] - second[0]["t"]) / 60.0
+        # the floor: each window's lowest RSS. Batches in flight swing the RSS by a few hundred
+        # MB; what a leak raises is the floor, which moves far less with them
+        floor_t, floor = [], []
+        for i in range(0, len(second) - FLOOR_WINDOW + 1, FLOOR_WINDOW):
+            win = second[i : i + FLOOR_WINDOW]
+            floor_t.append(sum(s["t"] for s in win) / len(win))
+            floor.append(min(s[key] for s in win))
+        floor_slope = slope_per_min(floor_t, floor)
+        out[f"{side}_rss_floor_slope_mb_per_min"] = round(floor_slope, 3)
+        out[f"{side}_rss_floor_growth_second_half_mb"] = round(floor_slope * span_min, 2)
         out[f"{side}_rss_start_mb"] = round(second[0][key], 1)
         out[f"{side}_rss_end_mb"] = round(samples[-1][key], 1)
         out[f"{side}_rss_max_mb"] = round(max(s[key] for s in samples), 1)

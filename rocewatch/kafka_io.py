@@ -279,6 +279,142 @@ def publish_scenario(scenario: Path, cfg: Config, rate: float = 0.0) -> int:
     return pub.samples - pub.dropped_samples
 
 
+# --- what both detector services share ----------------------------------------------------------
+
+
+def parse_record(m: Any) -> tuple[wire.Decoded, int, int]:
+    """A telemetry record -> (its columns, its newest sample time or -1 when empty, the time it
+    was sent in ns). Latency starts at the record's CreateTime (when the collector sent it),
+    else at the batch's own production time. Raises BadInput for anything but a valid batch."""
+    if m.value is None:
+        raise BadInput("empty message")
+    d = wire.parse(m.value)
+    if not d.rows:
+        return d, -1, 0
+    sent = m.timestamp * 1_000_000 if m.timestamp and m.timestamp > 0 else d.produced_ns
+    return d, int(d.cols["ts"].max()), sent
+
+
+def send_dead_letter(producer: Any, topic: str, m: Any, err: Exception, stats: Stats) -> None:
+    """Count a record that could not be used and keep it, with why, on the dead-letter topic."""
+    stats.inc("dead_letter", detail=type(err).__name__)
+    headers = [
+        ("rocewatch-error", str(err)[:500].encode()),
+        ("rocewatch-source", f"{m.topic}/{m.partition}/{m.offset}".encode()),
+    ]
+    producer.send(topic, key=m.key, value=m.value or b"", headers=headers)
+
+
+class SendTimes:
+    """When records were sent, held until the step holding their newest sample closes."""
+
+    def __init__(self) -> None:
+        self.q: deque[tuple[int, int]] = deque()  # (newest sample time, sent ns), arrival order
+
+    def add(self, hi: int, sent: int) -> None:
+        self.q.append((hi, sent))
+
+    def __len__(self) -> int:
+        return len(self.q)
+
+    def closed(self, closed_ns: int) -> list[int]:
+        """The send times of the records (in arrival order) whose samples all lie before
+        ``closed_ns``, removed."""
+        out: list[int] = []
+        q = self.q
+        while q and q[0][0] < closed_ns:
+            out.append(q.popleft()[1])
+        return out
+
+
+class Published:
+    """Alerts and actions published after the last checkpoint, read back after a restart or a
+    takeover: the same events made again are not sent twice."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def take(self, topic: str, eid: str) -> bool:
+        """True (and one fewer kept) when this event was already published."""
+        key = (topic, eid)
+        if self.counts.get(key, 0) > 0:
+            self.counts[key] -= 1
+            return True
+        return False
+
+    def read_back(
+        self,
+        cfg: Config,
+        starts: dict[TopicPartition, int],
+        ends: dict[TopicPartition, int],
+        timeout_s: float = 60.0,
+        **reader_kw: Any,
+    ) -> dict[TopicPartition, int]:
+        """Read each output partition from ``starts`` to ``ends``, keeping the events' ids;
+        return the partitions not read to their end within ``timeout_s``."""
+        todo = {tp: start for tp, start in starts.items() if start < ends.get(tp, 0)}
+        if not todo:
+            return {}
+        reader = KafkaConsumer(
+            **cfg.kafka.client_kwargs(), enable_auto_commit=False, group_id=None, **reader_kw
+        )
+        remaining = {tp: ends[tp] for tp in todo}
+        try:
+            reader.assign(list(todo))
+            for tp, start in todo.items():
+                reader.seek(tp, start)
+            deadline = time.monotonic() + timeout_s
+            while remaining and time.monotonic() < deadline:
+                for tp, msgs in reader.poll(timeout_ms=500).items():
+                    for m in msgs:
+                        if m.offset < remaining.get(tp, -1):
+                            self.counts[(tp.topic, _event_id(tp.topic, m.value, cfg))] += 1
+                    if msgs and msgs[-1].offset + 1 >= remaining.get(tp, 0):
+                        remaining.pop(tp, None)
+        finally:
+            reader.close()
+        return remaining
+
+
+def output_partitions(cfg: Config, consumer: Any) -> list[TopicPartition]:
+    """The alerts and actions topics' partitions (as ``consumer``'s metadata knows them)."""
+    out = []
+    for topic in (cfg.kafka.topics.alerts, cfg.kafka.topics.actions):
+        parts = consumer.partitions_for_topic(topic) or {0}
+        out += [TopicPartition(topic, p) for p in sorted(parts)]
+    return out
+
+
+def send_events(producer: Any, cfg: Config, out: Output, published: Published) -> tuple[int, int]:
+    """Publish ``out``'s alerts and actions, less those already published; how many of each."""
+    t = cfg.kafka.topics
+    n_alerts = n_actions = 0
+    for a in out.alerts:
+        if published.take(t.alerts, _alert_id(a)):
+            continue
+        n_alerts += 1
+        producer.send(
+            t.alerts,
+            key=a.fingerprint.encode(),
+            value=orjson.dumps(a.to_json()),
+            headers=[("rocewatch-schema", b"alert/v1")],
+        )
+    for act in out.actions:
+        if published.take(t.actions, _action_id(act)):
+            continue
+        n_actions += 1
+        producer.send(
+            t.actions,
+            key=act.node.encode(),
+            value=orjson.dumps(act.to_json()),
+            headers=[("rocewatch-schema", b"action/v1")],
+        )
+    return n_alerts, n_actions
+
+
 # --- the detector service ---------------------------------------------------------------------
 
 
@@ -337,7 +473,7 @@ class DetectService:
         self.offsets: dict[tuple[str, int], int] = {}
         self.part_hi: dict[tuple[str, int], int] = {}
         self.part_seen_wall: dict[tuple[str, int], float] = {}
-        self.suppress: Counter[tuple[str, str]] = Counter()
+        self.published = Published()
         restored = self._restore()
         executor = RoutingExecutor(cfg.executors)
         if restored is None:  # a fresh start; otherwise the checkpoint brought its pipeline
@@ -392,7 +528,7 @@ class DetectService:
 
         self.notifier = open_dispatcher(cfg, self.store)
         self.latencies: deque[float] = deque(maxlen=100_000)
-        self._pending_lat: deque[tuple[int, int]] = deque()
+        self._pending_lat = SendTimes()
         self.stop_event = threading.Event()
         self.metrics: Any = None
         if cfg.metrics_port:
@@ -426,43 +562,19 @@ class DetectService:
         return cp
 
     def _output_tps(self) -> list[TopicPartition]:
-        out = []
-        for topic in (self.cfg.kafka.topics.alerts, self.cfg.kafka.topics.actions):
-            parts = self.consumer.partitions_for_topic(topic) or {0}
-            out += [TopicPartition(topic, p) for p in sorted(parts)]
-        return out
+        return output_partitions(self.cfg, self.consumer)
 
     def _load_suppressions(self, cp: Checkpoint) -> None:
         """Read what was published after the checkpoint: it must not be published again."""
         tps = self._output_tps()
         ends = self.consumer.end_offsets(tps)
-        todo = {tp: cp.out_ends.get((tp.topic, tp.partition), 0) for tp in tps}
-        todo = {tp: start for tp, start in todo.items() if start < ends.get(tp, 0)}
-        if not todo:
+        starts = {tp: cp.out_ends.get((tp.topic, tp.partition), 0) for tp in tps}
+        if not any(start < ends.get(tp, 0) for tp, start in starts.items()):
             return
-        reader = KafkaConsumer(
-            **self.cfg.kafka.client_kwargs(),
-            enable_auto_commit=False,
-            group_id=None,
-            consumer_timeout_ms=5000,
-        )
-        reader.assign(list(todo))
-        for tp, start in todo.items():
-            reader.seek(tp, start)
-        remaining = {tp: ends[tp] for tp in todo}
-        deadline = time.monotonic() + 60
-        while remaining and time.monotonic() < deadline:
-            for tp, msgs in reader.poll(timeout_ms=500).items():
-                for m in msgs:
-                    if m.offset >= remaining.get(tp, -1):
-                        continue
-                    self.suppress[(tp.topic, _event_id(tp.topic, m.value, self.cfg))] += 1
-                if msgs and msgs[-1].offset + 1 >= remaining.get(tp, 0):
-                    remaining.pop(tp, None)
-        reader.close()
+        self.published.read_back(self.cfg, starts, ends, consumer_timeout_ms=5000)
         log.info(
             "after restart, %d already-published events will not be sent again",
-            sum(self.suppress.values()),
+            self.published.total(),
         )
 
     def checkpoint(self) -> bool:
@@ -503,29 +615,11 @@ class DetectService:
 
     # --- output ----------------------------------------------------------------------------------
     def _emit(self, out: Output) -> None:
-        t = self.cfg.kafka.topics
         if self.notifier is not None and out.alerts:
             # committed before the checkpoint: a restart re-derives nothing the outbox lost,
             # and an event re-derived after a restart is already queued (unique per sink)
             self.notifier.enqueue(out.alerts)
-        for a in out.alerts:
-            if self._suppressed(t.alerts, _alert_id(a)):
-                continue
-            self.producer.send(
-                t.alerts,
-                key=a.fingerprint.encode(),
-                value=orjson.dumps(a.to_json()),
-                headers=[("rocewatch-schema", b"alert/v1")],
-            )
-        for act in out.actions:
-            if self._suppressed(t.actions, _action_id(act)):
-                continue
-            self.producer.send(
-                t.actions,
-                key=act.node.encode(),
-                value=orjson.dumps(act.to_json()),
-                headers=[("rocewatch-schema", b"action/v1")],
-            )
+        send_events(self.producer, self.cfg, out, self.published)
         if self.store is not None:
             if out.alerts:
                 self.store.write_alerts(out.alerts)
@@ -534,22 +628,8 @@ class DetectService:
             for r in out.rollups:
                 self.store.write_rollups(r)
 
-    def _suppressed(self, topic: str, eid: str) -> bool:
-        key = (topic, eid)
-        if self.suppress.get(key, 0) > 0:
-            self.suppress[key] -= 1
-            return True
-        return False
-
     def _dead_letter(self, m: Any, err: Exception) -> None:
-        self.stats.inc("dead_letter", detail=type(err).__name__)
-        headers = [
-            ("rocewatch-error", str(err)[:500].encode()),
-            ("rocewatch-source", f"{m.topic}/{m.partition}/{m.offset}".encode()),
-        ]
-        self.producer.send(
-            self.cfg.kafka.topics.dead_letter, key=m.key, value=m.value or b"", headers=headers
-        )
+        send_dead_letter(self.producer, self.cfg.kafka.topics.dead_letter, m, err, self.stats)
 
     # --- the loop --------------------------------------------------------------------------------
     def _watermark(self) -> int | None:
@@ -576,25 +656,16 @@ class DetectService:
                 self.part_seen_wall[key] = now_wall
             for m in msgs:
                 try:
-                    if m.value is None:
-                        raise BadInput("empty message")
-                    d = wire.parse(m.value)
+                    d, hi, sent = parse_record(m)
                 except BadInput as e:
                     self._dead_letter(m, e)
                     continue
                 if d.rows:
                     batches.append(d)
                     rows += d.rows
-                    hi = int(d.cols["ts"].max())
                     if hi > self.part_hi.get(key, -1):
                         self.part_hi[key] = hi
-                    # latency starts at the record's CreateTime (when the collector sent it)
-                    sent = (
-                        m.timestamp * 1_000_000
-                        if m.timestamp and m.timestamp > 0
-                        else d.produced_ns
-                    )
-                    self._pending_lat.append((hi, sent))
+                    self._pending_lat.add(hi, sent)
                 if rows >= MAX_ROWS_PER_INGEST:
                     n += self._ingest(batches)
                     batches, rows = [], 0
@@ -656,8 +727,7 @@ class DetectService:
         if closed is None:
             return
         now = time.time_ns()
-        while self._pending_lat and self._pending_lat[0][0] < closed:
-            _, produced = self._pending_lat.popleft()
+        for produced in self._pending_lat.closed(closed):
             if produced:
                 self.latencies.append((now - produced) / 1e9)
 

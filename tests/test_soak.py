@@ -8,11 +8,13 @@ stays quick; ``ROCEWATCH_SOAK_S=600`` gives the issue's full ten minutes.
 What is judged, over the second half of the run (the first half is warm-up: caches, the
 detectors' baselines and the Kafka clients' buffers fill):
 
-* memory: the least-squares slope of each process's RSS, one sample a second, times the
-  half's length must stay below ``GROWTH_BOUND_MB``. A leak of one byte per thousand samples at
-  this scale (about 480k samples/s) would add 29 MB a minute, i.e. more than 50 MB over a
-  105 s half; the bound is set there, above the noise of a flat process (the detector's RSS
-  swings by tens of MB as batches come and go; the slope over 100 points averages that out);
+* memory: the RSS floor of each process (its lowest value in each 10 s window; batches in
+  flight swing the detector's RSS by a few hundred MB, a leak lifts the floor) is fitted by
+  least squares, and its slope times the half's length must stay below ``GROWTH_BOUND_MB``:
+  50 MB, under 10 % of the detector's working set at this scale (500-1,000 MB) and of the
+  order of a leak of one byte per thousand samples (about 25 MB a minute at 400-480k
+  samples/s). The unbounded growth this test found (the detector buffering what partitions
+  delivered ahead of the slowest one) lifted the floor by 100-500 MB a minute;
 * the detector keeps consuming and reports its lag on /metrics (it may fall behind: it shares
   two cores with the broker and the publisher, so lag is reported, not bounded);
 * the collectors' side holds at most its configured send buffer (``publish_buffer_bytes``),
@@ -71,8 +73,8 @@ def test_soak_memory_stays_flat(kafka_bootstrap: str, tmp_path: Path) -> None:
 
     # memory stayed flat after warm-up, on both sides
     for side in ("detector", "publisher"):
-        growth = res[f"{side}_rss_growth_second_half_mb"]
+        growth = res[f"{side}_rss_floor_growth_second_half_mb"]
         assert growth < GROWTH_BOUND_MB, (
-            f"{side} RSS grew {growth:.1f} MB over the second half "
-            f"({res[f'{side}_rss_slope_mb_per_min']:.2f} MB/min): {json.dumps(res)}"
+            f"{side} RSS floor grew {growth:.1f} MB over the second half "
+            f"({res[f'{side}_rss_floor_slope_mb_per_min']:.2f} MB/min): {json.dumps(res)}"
         )
