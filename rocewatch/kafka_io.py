@@ -633,9 +633,21 @@ class DetectService:
 
     # --- the loop --------------------------------------------------------------------------------
     def _watermark(self) -> int | None:
-        """The slowest live partition's newest sample time, less the allowed lateness."""
+        """The slowest live partition's newest sample time, less the allowed lateness.
+
+        None while an assigned partition has records but none of them has been read yet: its
+        time is unknown, and closing steps on the others' would make its samples late (a poll
+        may well bring one partition's records only)."""
         now = time.monotonic()
         idle_s = max(5.0, 3 * self.cfg.kafka.idle_flush_s)
+        topic = self.cfg.kafka.topics.telemetry
+        for tp in self.consumer.assignment():
+            key = (tp.topic, tp.partition)
+            if tp.topic != topic or key in self.part_hi:
+                continue
+            hw = self.consumer.highwater(tp)
+            if hw is None or self.offsets.get(key, 0) < hw:
+                return None
         live = [
             hi for tp, hi in self.part_hi.items() if now - self.part_seen_wall.get(tp, now) < idle_s
         ]
