@@ -229,8 +229,8 @@ class TelemetryPublisher:
                 keys.append(key)
                 groups.append(arr[off : off + MAX_ROWS_PER_MESSAGE])
         values = wire.encode_rows(df, groups, self.source, self.seq)
-        self.seq += len(values)
         for key, value, rows_ in zip(keys, values, groups, strict=True):
+            self.seq += 1
             self._send(key, value, len(rows_))
         self.samples += df.height
 
@@ -638,8 +638,19 @@ class DetectService:
         None while an assigned partition has records but none of them has been read yet: its
         time is unknown, and closing steps on the others' would make its samples late (a poll
         may well bring one partition's records only)."""
+        if self._unknown_partition():
+            return None
         now = time.monotonic()
         idle_s = max(5.0, 3 * self.cfg.kafka.idle_flush_s)
+        live = [
+            hi for tp, hi in self.part_hi.items() if now - self.part_seen_wall.get(tp, now) < idle_s
+        ]
+        if not live:
+            return None
+        return min(live) - self.pipeline.engine.lateness_ns()
+
+    def _unknown_partition(self) -> bool:
+        """True while an assigned partition may hold records of which none has been read."""
         topic = self.cfg.kafka.topics.telemetry
         for tp in self.consumer.assignment():
             key = (tp.topic, tp.partition)
@@ -647,13 +658,8 @@ class DetectService:
                 continue
             hw = self.consumer.highwater(tp)
             if hw is None or self.offsets.get(key, 0) < hw:
-                return None
-        live = [
-            hi for tp, hi in self.part_hi.items() if now - self.part_seen_wall.get(tp, now) < idle_s
-        ]
-        if not live:
-            return None
-        return min(live) - self.pipeline.engine.lateness_ns()
+                return True
+        return False
 
     def poll_once(self, timeout_ms: int = 200) -> int:
         unpark_resumed(self.consumer)
@@ -694,7 +700,8 @@ class DetectService:
         The watermark is the slowest partition's: whatever the others deliver ahead of it waits
         in the window engine. A detector behind its topic gets records partition by partition
         (a fetch fills up on one before the next), so without this the wait, and the memory it
-        holds, grows with the backlog. A partition read to its end holds nobody back.
+        holds, grows with the backlog. A partition read to its end holds nobody back; one with
+        records of which none has been read yet holds back all the others.
         """
         topic = self.cfg.kafka.topics.telemetry
         assigned = self.consumer.assignment()
@@ -710,12 +717,15 @@ class DetectService:
             if hw is not None and off is not None and off < hw:
                 unread.append(hi)
         paused = set(self.consumer.paused())
-        if not unread:
+        if self._unknown_partition():  # its time is unknown: the others wait for it
+            ahead = set(his)
+        elif not unread:
             if paused:
                 self.consumer.resume(*paused)
             return
-        limit = min(unread) + int(MAX_SKEW_S * 1e9)
-        ahead = {tp for tp, hi in his.items() if hi > limit}
+        else:
+            limit = min(unread) + int(MAX_SKEW_S * 1e9)
+            ahead = {tp for tp, hi in his.items() if hi > limit}
         if ahead - paused:
             self.consumer.pause(*(ahead - paused))
         if paused - ahead:

@@ -89,7 +89,7 @@ def test_encode_rows_gives_each_group_its_own_exact_message():
     df = sample_frame(1000)
     groups = [np.flatnonzero((df["device"] == d).to_numpy()) for d in ("leaf-2", "leaf-0")]
     groups.append(np.array([5, 1, 998], dtype=np.int64))  # any rows, in the order given
-    msgs = wire.encode_rows(df, groups, source="t", seq0=40)
+    msgs = list(wire.encode_rows(df, groups, source="t", seq0=40))
     assert len(msgs) == 3
     for rows, data in zip(groups, msgs, strict=True):
         d = wire.parse(data)
@@ -100,4 +100,4 @@ def test_encode_rows_gives_each_group_its_own_exact_message():
         )
         assert wire.frames([d]).equals(df[rows])
     assert [wire.parse(m).seq for m in msgs] == [41, 42, 43]
-    assert wire.encode_rows(df, []) == []
+    assert list(wire.encode_rows(df, [])) == []
