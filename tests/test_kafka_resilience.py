@@ -306,6 +306,7 @@ def test_a_detector_behind_its_topic_keeps_partitions_together_and_reads_everyth
         svc.close()
     assert svc.pipeline.samples_in == pub.samples  # every sample, none twice
     assert paused_seen, "no partition ran ahead: the backlog did not exercise the balance"
-    # without the balance the spread grows with the backlog (15 s and more at 1,024 GPUs); with
-    # it, at most the allowed skew plus what one poll of one partition brings (1,000 records)
-    assert worst_spread < MAX_SKEW_S + 8.0, worst_spread
+    # without the balance one partition delivers its whole 40 s before the next (the spread is
+    # the recording); with it, at most the allowed skew, the lateness and what one poll of one
+    # partition brings (1,000 records, about 7 s of a partition's ~14 devices here)
+    assert worst_spread < MAX_SKEW_S + 12.0, worst_spread
