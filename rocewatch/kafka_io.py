@@ -641,13 +641,26 @@ class DetectService:
         if self._unknown_partition():
             return None
         now = time.monotonic()
-        idle_s = max(5.0, 3 * self.cfg.kafka.idle_flush_s)
+        idle_s = max(self.cfg.kafka.partition_idle_s, 3 * self.cfg.kafka.idle_flush_s)
+        paused = {(tp.topic, tp.partition) for tp in self.consumer.paused()}
         live = [
-            hi for tp, hi in self.part_hi.items() if now - self.part_seen_wall.get(tp, now) < idle_s
+            hi
+            for key, hi in self.part_hi.items()
+            if now - self.part_seen_wall.get(key, now) < idle_s
+            or key in paused
+            or self._has_unread(key)
         ]
         if not live:
             return None
         return min(live) - self.pipeline.engine.lateness_ns()
+
+    def _has_unread(self, key: tuple[str, int]) -> bool:
+        """True when the broker last said this partition holds records not read yet. Such a
+        partition is not idle however long it has been silent (paused, or behind a broker
+        outage): leaving it out of the watermark would make its records late."""
+        hw = self.consumer.highwater(TopicPartition(*key))
+        off = self.offsets.get(key)
+        return hw is not None and off is not None and off < hw
 
     def _unknown_partition(self) -> bool:
         """True while an assigned partition may hold records of which none has been read."""
@@ -785,6 +798,7 @@ class DetectService:
         last_input = time.monotonic()
         last_commit = time.monotonic()
         last_prune = 0.0
+        disrupted_at = -float("inf")  # when the input last stalled with records still to come
         flushed = True
         log.info(
             "detecting on %s as group %s", self.cfg.kafka.topics.telemetry, self.cfg.kafka.group_id
@@ -805,7 +819,13 @@ class DetectService:
                 elif n:
                     last_input = now
                     flushed = False
-                elif not flushed and now - last_input >= self.cfg.kafka.idle_flush_s:
+                elif (
+                    not flushed
+                    and now - last_input >= self.cfg.kafka.idle_flush_s
+                    and now - disrupted_at >= self.cfg.kafka.partition_idle_s
+                ):
+                    # (after a broker outage, publishers may take a while to resend: "read to
+                    # the end" is not "the end" until partition_idle_s has passed)
                     if self._caught_up():
                         self.flush_idle()
                         flushed = True
@@ -814,7 +834,7 @@ class DetectService:
                     else:
                         # a broker outage or a stalled fetch, not a quiet stream: closing every
                         # window now would make the backlog late; partitions stay live meanwhile
-                        last_input = time.monotonic()
+                        last_input = disrupted_at = time.monotonic()
                         for key in self.part_seen_wall:
                             self.part_seen_wall[key] = last_input
                 if now - last_commit >= self.cfg.kafka.commit_interval_s:
