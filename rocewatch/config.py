@@ -77,6 +77,12 @@ class KafkaConfig:
     commit_interval_s: float = 5.0  # checkpoint + offset commit; a crash re-reads at most this
     session_timeout_ms: int = 10000  # how soon a dead detector's partitions move to another
     idle_flush_s: float = 2.0
+    # a telemetry partition read to its end and silent this long stops holding back the
+    # others' windows. Silence is not proof of idleness: after a broker restart a publisher may
+    # take several seconds to resend one partition's backlog, and closing windows without it
+    # would drop those samples as late. A partition that really fell silent delays alerts by
+    # this much, once.
+    partition_idle_s: float = 15.0
     # longest wait between reconnect attempts to a broker that went away (kafka-python: 30 s)
     reconnect_backoff_max_ms: int = 1000
     # the publisher's bound on telemetry not yet acknowledged by the broker, and what to do

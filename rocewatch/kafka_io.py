@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import polars as pl
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
@@ -50,6 +51,12 @@ from rocewatch.topology import Topology
 log = logging.getLogger(__name__)
 
 MAX_ROWS_PER_MESSAGE = 8192
+# The pipeline takes a poll's records in slices of about this many samples: its working memory
+# grows with the rows it handles at once, and a detector behind its topic gets full polls
+# (max_poll_records of records of up to MAX_ROWS_PER_MESSAGE rows) on every call.
+MAX_ROWS_PER_INGEST = 500_000
+# How far one telemetry partition may run ahead of the slowest (see DetectService._balance).
+MAX_SKEW_S = 2.0
 STATE_VERSION = 1
 RETENTION_EVERY_S = 3600.0  # how often the service prunes storage by age
 
@@ -74,6 +81,21 @@ def wait_for_partitions(consumer: Any, topic: str, timeout_s: float = 30.0) -> b
             return False
         time.sleep(0.2)
     return True
+
+
+def unpark_resumed(consumer: Any) -> None:
+    """Work around kafka-python 3.0's fetcher losing a resumed partition.
+
+    Records fetched for a partition that is then paused are parked; they come back after
+    ``resume`` only when the fetcher's in-line slot is empty (None), but a consumed slot keeps
+    its drained record set, and a partition with parked records is never fetched again: the
+    partition stalls for good. Emptying a drained slot before each poll lets them back in.
+    Call before ``poll`` on a consumer that pauses partitions.
+    """
+    fetcher = getattr(consumer, "_fetcher", None)
+    slot = getattr(fetcher, "_next_partition_records", None)
+    if slot is not None and not slot and getattr(fetcher, "_paused_partition_records", None):
+        fetcher._next_partition_records = None  # type: ignore[union-attr]
 
 
 def ensure_topics(k: KafkaConfig) -> None:
@@ -183,22 +205,33 @@ class TelemetryPublisher:
         if df.height == 0:
             return
         span = int(df["ts"].max()) - int(df["ts"].min())  # type: ignore[arg-type]
+        by = ["device"]
         if df.height > 1 and span >= slice_ns:
-            keyed = df.sort("ts", maintain_order=True).with_columns(
-                (pl.col("ts") // slice_ns).alias("_slice")
+            df = df.sort("ts", maintain_order=True)
+            by = ["_slice", "device"]
+        idx = (
+            df.lazy()
+            .select(
+                (pl.col("ts") // slice_ns).alias("_slice"),
+                pl.col("device"),
+                pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"),
             )
-            parts = keyed.partition_by(["_slice", "device"], as_dict=True, maintain_order=True)
-            groups = [(str(k[1]), p.drop("_slice")) for k, p in parts.items()]
-        else:
-            parts1 = df.partition_by("device", as_dict=True, maintain_order=True)
-            groups = [(str(k[0]), p) for k, p in parts1.items()]
-        for device, part in groups:
-            key = device.encode()
-            for off in range(0, part.height, MAX_ROWS_PER_MESSAGE):
-                chunk = part.slice(off, MAX_ROWS_PER_MESSAGE)
-                self.seq += 1
-                value = wire.encode(chunk, self.source, self.seq)
-                self._send(key, value, chunk.height)
+            .group_by(by, maintain_order=True)
+            .agg(pl.col("_row"))
+            .collect()
+        )
+        keys: list[bytes] = []
+        groups: list[np.ndarray] = []
+        for device, rows in zip(idx["device"], idx["_row"], strict=True):
+            arr = rows.to_numpy()
+            key = str(device).encode()
+            for off in range(0, len(arr), MAX_ROWS_PER_MESSAGE):
+                keys.append(key)
+                groups.append(arr[off : off + MAX_ROWS_PER_MESSAGE])
+        values = wire.encode_rows(df, groups, self.source, self.seq)
+        for key, value, rows_ in zip(keys, values, groups, strict=True):
+            self.seq += 1
+            self._send(key, value, len(rows_))
         self.samples += df.height
 
     def flush(self, timeout: float = 60.0) -> None:
@@ -244,6 +277,142 @@ def publish_scenario(scenario: Path, cfg: Config, rate: float = 0.0) -> int:
             pub.dropped_messages,
         )
     return pub.samples - pub.dropped_samples
+
+
+# --- what both detector services share ----------------------------------------------------------
+
+
+def parse_record(m: Any) -> tuple[wire.Decoded, int, int]:
+    """A telemetry record -> (its columns, its newest sample time or -1 when empty, the time it
+    was sent in ns). Latency starts at the record's CreateTime (when the collector sent it),
+    else at the batch's own production time. Raises BadInput for anything but a valid batch."""
+    if m.value is None:
+        raise BadInput("empty message")
+    d = wire.parse(m.value)
+    if not d.rows:
+        return d, -1, 0
+    sent = m.timestamp * 1_000_000 if m.timestamp and m.timestamp > 0 else d.produced_ns
+    return d, int(d.cols["ts"].max()), sent
+
+
+def send_dead_letter(producer: Any, topic: str, m: Any, err: Exception, stats: Stats) -> None:
+    """Count a record that could not be used and keep it, with why, on the dead-letter topic."""
+    stats.inc("dead_letter", detail=type(err).__name__)
+    headers = [
+        ("rocewatch-error", str(err)[:500].encode()),
+        ("rocewatch-source", f"{m.topic}/{m.partition}/{m.offset}".encode()),
+    ]
+    producer.send(topic, key=m.key, value=m.value or b"", headers=headers)
+
+
+class SendTimes:
+    """When records were sent, held until the step holding their newest sample closes."""
+
+    def __init__(self) -> None:
+        self.q: deque[tuple[int, int]] = deque()  # (newest sample time, sent ns), arrival order
+
+    def add(self, hi: int, sent: int) -> None:
+        self.q.append((hi, sent))
+
+    def __len__(self) -> int:
+        return len(self.q)
+
+    def closed(self, closed_ns: int) -> list[int]:
+        """The send times of the records (in arrival order) whose samples all lie before
+        ``closed_ns``, removed."""
+        out: list[int] = []
+        q = self.q
+        while q and q[0][0] < closed_ns:
+            out.append(q.popleft()[1])
+        return out
+
+
+class Published:
+    """Alerts and actions published after the last checkpoint, read back after a restart or a
+    takeover: the same events made again are not sent twice."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def take(self, topic: str, eid: str) -> bool:
+        """True (and one fewer kept) when this event was already published."""
+        key = (topic, eid)
+        if self.counts.get(key, 0) > 0:
+            self.counts[key] -= 1
+            return True
+        return False
+
+    def read_back(
+        self,
+        cfg: Config,
+        starts: dict[TopicPartition, int],
+        ends: dict[TopicPartition, int],
+        timeout_s: float = 60.0,
+        **reader_kw: Any,
+    ) -> dict[TopicPartition, int]:
+        """Read each output partition from ``starts`` to ``ends``, keeping the events' ids;
+        return the partitions not read to their end within ``timeout_s``."""
+        todo = {tp: start for tp, start in starts.items() if start < ends.get(tp, 0)}
+        if not todo:
+            return {}
+        reader = KafkaConsumer(
+            **cfg.kafka.client_kwargs(), enable_auto_commit=False, group_id=None, **reader_kw
+        )
+        remaining = {tp: ends[tp] for tp in todo}
+        try:
+            reader.assign(list(todo))
+            for tp, start in todo.items():
+                reader.seek(tp, start)
+            deadline = time.monotonic() + timeout_s
+            while remaining and time.monotonic() < deadline:
+                for tp, msgs in reader.poll(timeout_ms=500).items():
+                    for m in msgs:
+                        if m.offset < remaining.get(tp, -1):
+                            self.counts[(tp.topic, _event_id(tp.topic, m.value, cfg))] += 1
+                    if msgs and msgs[-1].offset + 1 >= remaining.get(tp, 0):
+                        remaining.pop(tp, None)
+        finally:
+            reader.close()
+        return remaining
+
+
+def output_partitions(cfg: Config, consumer: Any) -> list[TopicPartition]:
+    """The alerts and actions topics' partitions (as ``consumer``'s metadata knows them)."""
+    out = []
+    for topic in (cfg.kafka.topics.alerts, cfg.kafka.topics.actions):
+        parts = consumer.partitions_for_topic(topic) or {0}
+        out += [TopicPartition(topic, p) for p in sorted(parts)]
+    return out
+
+
+def send_events(producer: Any, cfg: Config, out: Output, published: Published) -> tuple[int, int]:
+    """Publish ``out``'s alerts and actions, less those already published; how many of each."""
+    t = cfg.kafka.topics
+    n_alerts = n_actions = 0
+    for a in out.alerts:
+        if published.take(t.alerts, _alert_id(a)):
+            continue
+        n_alerts += 1
+        producer.send(
+            t.alerts,
+            key=a.fingerprint.encode(),
+            value=orjson.dumps(a.to_json()),
+            headers=[("rocewatch-schema", b"alert/v1")],
+        )
+    for act in out.actions:
+        if published.take(t.actions, _action_id(act)):
+            continue
+        n_actions += 1
+        producer.send(
+            t.actions,
+            key=act.node.encode(),
+            value=orjson.dumps(act.to_json()),
+            headers=[("rocewatch-schema", b"action/v1")],
+        )
+    return n_alerts, n_actions
 
 
 # --- the detector service ---------------------------------------------------------------------
@@ -304,7 +473,7 @@ class DetectService:
         self.offsets: dict[tuple[str, int], int] = {}
         self.part_hi: dict[tuple[str, int], int] = {}
         self.part_seen_wall: dict[tuple[str, int], float] = {}
-        self.suppress: Counter[tuple[str, str]] = Counter()
+        self.published = Published()
         restored = self._restore()
         executor = RoutingExecutor(cfg.executors)
         # metric rollups only when there is a store to keep them (they cost a quarter of
@@ -330,7 +499,9 @@ class DetectService:
             group_id=k.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
-            max_poll_records=5000,
+            # one poll's records may all come from one partition: few enough that it runs at
+            # most a few seconds of telemetry ahead of the others (see _balance)
+            max_poll_records=1000,
             fetch_max_bytes=64 << 20,
             max_partition_fetch_bytes=16 << 20,
             session_timeout_ms=k.session_timeout_ms,
@@ -361,7 +532,7 @@ class DetectService:
 
         self.notifier = open_dispatcher(cfg, self.store)
         self.latencies: deque[float] = deque(maxlen=100_000)
-        self._pending_lat: deque[tuple[int, int]] = deque()
+        self._pending_lat = SendTimes()
         self.stop_event = threading.Event()
         self.metrics: Any = None
         if cfg.metrics_port:
@@ -395,43 +566,19 @@ class DetectService:
         return cp
 
     def _output_tps(self) -> list[TopicPartition]:
-        out = []
-        for topic in (self.cfg.kafka.topics.alerts, self.cfg.kafka.topics.actions):
-            parts = self.consumer.partitions_for_topic(topic) or {0}
-            out += [TopicPartition(topic, p) for p in sorted(parts)]
-        return out
+        return output_partitions(self.cfg, self.consumer)
 
     def _load_suppressions(self, cp: Checkpoint) -> None:
         """Read what was published after the checkpoint: it must not be published again."""
         tps = self._output_tps()
         ends = self.consumer.end_offsets(tps)
-        todo = {tp: cp.out_ends.get((tp.topic, tp.partition), 0) for tp in tps}
-        todo = {tp: start for tp, start in todo.items() if start < ends.get(tp, 0)}
-        if not todo:
+        starts = {tp: cp.out_ends.get((tp.topic, tp.partition), 0) for tp in tps}
+        if not any(start < ends.get(tp, 0) for tp, start in starts.items()):
             return
-        reader = KafkaConsumer(
-            **self.cfg.kafka.client_kwargs(),
-            enable_auto_commit=False,
-            group_id=None,
-            consumer_timeout_ms=5000,
-        )
-        reader.assign(list(todo))
-        for tp, start in todo.items():
-            reader.seek(tp, start)
-        remaining = {tp: ends[tp] for tp in todo}
-        deadline = time.monotonic() + 60
-        while remaining and time.monotonic() < deadline:
-            for tp, msgs in reader.poll(timeout_ms=500).items():
-                for m in msgs:
-                    if m.offset >= remaining.get(tp, -1):
-                        continue
-                    self.suppress[(tp.topic, _event_id(tp.topic, m.value, self.cfg))] += 1
-                if msgs and msgs[-1].offset + 1 >= remaining.get(tp, 0):
-                    remaining.pop(tp, None)
-        reader.close()
+        self.published.read_back(self.cfg, starts, ends, consumer_timeout_ms=5000)
         log.info(
             "after restart, %d already-published events will not be sent again",
-            sum(self.suppress.values()),
+            self.published.total(),
         )
 
     def checkpoint(self) -> bool:
@@ -472,29 +619,11 @@ class DetectService:
 
     # --- output ----------------------------------------------------------------------------------
     def _emit(self, out: Output) -> None:
-        t = self.cfg.kafka.topics
         if self.notifier is not None and out.alerts:
             # committed before the checkpoint: a restart re-derives nothing the outbox lost,
             # and an event re-derived after a restart is already queued (unique per sink)
             self.notifier.enqueue(out.alerts)
-        for a in out.alerts:
-            if self._suppressed(t.alerts, _alert_id(a)):
-                continue
-            self.producer.send(
-                t.alerts,
-                key=a.fingerprint.encode(),
-                value=orjson.dumps(a.to_json()),
-                headers=[("rocewatch-schema", b"alert/v1")],
-            )
-        for act in out.actions:
-            if self._suppressed(t.actions, _action_id(act)):
-                continue
-            self.producer.send(
-                t.actions,
-                key=act.node.encode(),
-                value=orjson.dumps(act.to_json()),
-                headers=[("rocewatch-schema", b"action/v1")],
-            )
+        send_events(self.producer, self.cfg, out, self.published)
         if self.store is not None:
             if out.alerts:
                 self.store.write_alerts(out.alerts)
@@ -503,64 +632,124 @@ class DetectService:
             for r in out.rollups:
                 self.store.write_rollups(r)
 
-    def _suppressed(self, topic: str, eid: str) -> bool:
-        key = (topic, eid)
-        if self.suppress.get(key, 0) > 0:
-            self.suppress[key] -= 1
-            return True
-        return False
-
     def _dead_letter(self, m: Any, err: Exception) -> None:
-        self.stats.inc("dead_letter", detail=type(err).__name__)
-        headers = [
-            ("rocewatch-error", str(err)[:500].encode()),
-            ("rocewatch-source", f"{m.topic}/{m.partition}/{m.offset}".encode()),
-        ]
-        self.producer.send(
-            self.cfg.kafka.topics.dead_letter, key=m.key, value=m.value or b"", headers=headers
-        )
+        send_dead_letter(self.producer, self.cfg.kafka.topics.dead_letter, m, err, self.stats)
 
     # --- the loop --------------------------------------------------------------------------------
     def _watermark(self) -> int | None:
-        """The slowest live partition's newest sample time, less the allowed lateness."""
+        """The slowest live partition's newest sample time, less the allowed lateness.
+
+        None while an assigned partition has records but none of them has been read yet: its
+        time is unknown, and closing steps on the others' would make its samples late (a poll
+        may well bring one partition's records only)."""
+        if self._unknown_partition():
+            return None
         now = time.monotonic()
-        idle_s = max(5.0, 3 * self.cfg.kafka.idle_flush_s)
+        idle_s = max(self.cfg.kafka.partition_idle_s, 3 * self.cfg.kafka.idle_flush_s)
+        paused = {(tp.topic, tp.partition) for tp in self.consumer.paused()}
         live = [
-            hi for tp, hi in self.part_hi.items() if now - self.part_seen_wall.get(tp, now) < idle_s
+            hi
+            for key, hi in self.part_hi.items()
+            if now - self.part_seen_wall.get(key, now) < idle_s
+            or key in paused
+            or self._has_unread(key)
         ]
         if not live:
             return None
         return min(live) - self.pipeline.engine.lateness_ns()
 
+    def _has_unread(self, key: tuple[str, int]) -> bool:
+        """True when the broker last said this partition holds records not read yet. Such a
+        partition is not idle however long it has been silent (paused, or behind a broker
+        outage): leaving it out of the watermark would make its records late."""
+        hw = self.consumer.highwater(TopicPartition(*key))
+        off = self.offsets.get(key)
+        return hw is not None and off is not None and off < hw
+
+    def _unknown_partition(self) -> bool:
+        """True while an assigned partition may hold records of which none has been read."""
+        topic = self.cfg.kafka.topics.telemetry
+        for tp in self.consumer.assignment():
+            key = (tp.topic, tp.partition)
+            if tp.topic != topic or key in self.part_hi:
+                continue
+            hw = self.consumer.highwater(tp)
+            if hw is None or self.offsets.get(key, 0) < hw:
+                return True
+        return False
+
     def poll_once(self, timeout_ms: int = 200) -> int:
+        unpark_resumed(self.consumer)
         recs = self.consumer.poll(timeout_ms=timeout_ms)
         batches: list[wire.Decoded] = []
+        rows = 0
+        n = 0
         now_wall = time.monotonic()
         for tp, msgs in recs.items():
             key = (tp.topic, tp.partition)
+            if msgs:
+                self.part_seen_wall[key] = now_wall
             for m in msgs:
                 try:
-                    if m.value is None:
-                        raise BadInput("empty message")
-                    d = wire.parse(m.value)
+                    d, hi, sent = parse_record(m)
                 except BadInput as e:
                     self._dead_letter(m, e)
                     continue
                 if d.rows:
                     batches.append(d)
-                    hi = int(d.cols["ts"].max())
+                    rows += d.rows
                     if hi > self.part_hi.get(key, -1):
                         self.part_hi[key] = hi
-                    # latency starts at the record's CreateTime (when the collector sent it)
-                    sent = (
-                        m.timestamp * 1_000_000
-                        if m.timestamp and m.timestamp > 0
-                        else d.produced_ns
-                    )
-                    self._pending_lat.append((hi, sent))
+                    self._pending_lat.add(hi, sent)
+                if rows >= MAX_ROWS_PER_INGEST:
+                    n += self._ingest(batches)
+                    batches, rows = [], 0
             if msgs:
                 self.offsets[key] = msgs[-1].offset + 1
-                self.part_seen_wall[key] = now_wall
+        n += self._ingest(batches)
+        self._balance()
+        return n
+
+    def _balance(self) -> None:
+        """Pause partitions that run more than MAX_SKEW_S ahead of the slowest one with records
+        still to read, resume them once it has caught up.
+
+        The watermark is the slowest partition's: whatever the others deliver ahead of it waits
+        in the window engine. A detector behind its topic gets records partition by partition
+        (a fetch fills up on one before the next), so without this the wait, and the memory it
+        holds, grows with the backlog. A partition read to its end holds nobody back; one with
+        records of which none has been read yet holds back all the others.
+        """
+        topic = self.cfg.kafka.topics.telemetry
+        assigned = self.consumer.assignment()
+        his: dict[TopicPartition, int] = {}
+        unread: list[int] = []
+        for (t, p), hi in self.part_hi.items():
+            tp = TopicPartition(t, p)
+            if t != topic or tp not in assigned:
+                continue
+            his[tp] = hi
+            hw = self.consumer.highwater(tp)
+            off = self.offsets.get((t, p))
+            if hw is not None and off is not None and off < hw:
+                unread.append(hi)
+        paused = set(self.consumer.paused())
+        if self._unknown_partition():  # its time is unknown: the others wait for it
+            ahead = set(his)
+        elif not unread:
+            if paused:
+                self.consumer.resume(*paused)
+            return
+        else:
+            limit = min(unread) + int(MAX_SKEW_S * 1e9)
+            ahead = {tp for tp, hi in his.items() if hi > limit}
+        if ahead - paused:
+            self.consumer.pause(*(ahead - paused))
+        if paused - ahead:
+            self.consumer.resume(*(paused - ahead))
+
+    def _ingest(self, batches: list[wire.Decoded]) -> int:
+        """Run the pipeline on some decoded records, then close what the watermark allows."""
         n = 0
         if batches:
             df = wire.frames(batches)
@@ -577,8 +766,7 @@ class DetectService:
         if closed is None:
             return
         now = time.time_ns()
-        while self._pending_lat and self._pending_lat[0][0] < closed:
-            _, produced = self._pending_lat.popleft()
+        for produced in self._pending_lat.closed(closed):
             if produced:
                 self.latencies.append((now - produced) / 1e9)
 
@@ -614,6 +802,7 @@ class DetectService:
         last_input = time.monotonic()
         last_commit = time.monotonic()
         last_prune = 0.0
+        disrupted_at = -float("inf")  # when the input last stalled with records still to come
         flushed = True
         log.info(
             "detecting on %s as group %s", self.cfg.kafka.topics.telemetry, self.cfg.kafka.group_id
@@ -634,7 +823,13 @@ class DetectService:
                 elif n:
                     last_input = now
                     flushed = False
-                elif not flushed and now - last_input >= self.cfg.kafka.idle_flush_s:
+                elif (
+                    not flushed
+                    and now - last_input >= self.cfg.kafka.idle_flush_s
+                    and now - disrupted_at >= self.cfg.kafka.partition_idle_s
+                ):
+                    # (after a broker outage, publishers may take a while to resend: "read to
+                    # the end" is not "the end" until partition_idle_s has passed)
                     if self._caught_up():
                         self.flush_idle()
                         flushed = True
@@ -643,7 +838,7 @@ class DetectService:
                     else:
                         # a broker outage or a stalled fetch, not a quiet stream: closing every
                         # window now would make the backlog late; partitions stay live meanwhile
-                        last_input = time.monotonic()
+                        last_input = disrupted_at = time.monotonic()
                         for key in self.part_seen_wall:
                             self.part_seen_wall[key] = last_input
                 if now - last_commit >= self.cfg.kafka.commit_interval_s:

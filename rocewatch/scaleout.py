@@ -37,7 +37,7 @@ import signal
 import struct
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,13 +57,17 @@ from rocewatch.config import Config, KafkaConfig
 from rocewatch.errors import BadInput, ConfigError, RetryableError
 from rocewatch.kafka_io import (
     GROUP_METADATA_MAX_AGE_MS,
-    _action_id,
-    _alert_id,
-    _event_id,
+    Published,
+    SendTimes,
     _frame_from_ipc,
     _StatePickler,
     ensure_topics,
     make_producer,
+    output_partitions,
+    parse_record,
+    send_dead_letter,
+    send_events,
+    unpark_resumed,
     wait_for_partitions,
 )
 from rocewatch.pipeline import Output, Pipeline
@@ -292,7 +296,7 @@ class _Part:
     idle: bool = False  # an idle report was sent since the last record
     reported: float = 0.0  # when the last steps message for it went out
     dirty: bool = True
-    sent: deque[tuple[int, int]] = field(default_factory=deque)  # (newest ts, CreateTime ns)
+    sent: SendTimes = field(default_factory=SendTimes)  # records waiting for their step
 
 
 class Aggregator:
@@ -369,6 +373,7 @@ class Aggregator:
 
     # --- the loop --------------------------------------------------------------------------------
     def poll_once(self, timeout_ms: int) -> int:
+        unpark_resumed(self.consumer)  # _balance pauses partitions
         recs = self.consumer.poll(timeout_ms=timeout_ms)
         now = time.monotonic()
         n = 0
@@ -379,18 +384,14 @@ class Aggregator:
             batches: list[wire.Decoded] = []
             for m in msgs:
                 try:
-                    if m.value is None:
-                        raise BadInput("empty message")
-                    d = wire.parse(m.value)
+                    d, hi, sent = parse_record(m)
                 except BadInput as e:
                     self._dead_letter(m, e)
                     continue
                 if d.rows:
                     batches.append(d)
-                    hi = int(d.cols["ts"].max())
                     part.hi = max(part.hi, hi)
-                    sent = m.timestamp * 1_000_000 if m.timestamp and m.timestamp > 0 else 0
-                    part.sent.append((hi, sent or d.produced_ns))
+                    part.sent.add(hi, sent)
             part.offset = msgs[-1].offset + 1
             part.seen = now
             part.idle = False
@@ -450,9 +451,7 @@ class Aggregator:
         step_ns = part.engine.step_ns
         closed_from = steps[0].start if steps else to
         rows = steps_rows(steps, step_ns)
-        sent: list[int] = []
-        while part.sent and to is not None and part.sent[0][0] < to:
-            sent.append(part.sent.popleft()[1])
+        sent = part.sent.closed(to) if to is not None else []
         # very large closes go out in several messages, each ending on a whole step
         chunks: list[tuple[pl.DataFrame | None, int | None]] = [(rows, to)]
         if rows is not None and rows.height > ROWS_PER_STEPS_MESSAGE:
@@ -480,14 +479,7 @@ class Aggregator:
             closed_from = chunk_to
 
     def _dead_letter(self, m: Any, err: Exception) -> None:
-        self.stats.inc("dead_letter", detail=type(err).__name__)
-        headers = [
-            ("rocewatch-error", str(err)[:500].encode()),
-            ("rocewatch-source", f"{m.topic}/{m.partition}/{m.offset}".encode()),
-        ]
-        self.producer.send(
-            self.k.topics.dead_letter, key=m.key, value=m.value or b"", headers=headers
-        )
+        send_dead_letter(self.producer, self.k.topics.dead_letter, m, err, self.stats)
 
     def checkpoint(self, only: list[int] | None = None, commit: bool = True) -> None:
         """Steps flushed, then each partition's state written, then its offset committed.
@@ -586,7 +578,7 @@ class Detector:
         self.seen: dict[int, float] = {}
         self.started = time.monotonic()
         self.stall_s = max(20.0, 3 * self.k.session_timeout_ms / 1000.0)
-        self.suppress: Counter[tuple[str, str]] = Counter()
+        self.published = Published()
         self.latencies: deque[float] = deque(maxlen=100_000)
         self.lat_pending: list[tuple[int, list[int]]] = []  # a heap on closed time
         self.steps_evaluated = 0
@@ -660,42 +652,21 @@ class Detector:
             log.info("detect stage handed over")
 
     def _output_tps(self) -> list[TopicPartition]:
-        out = []
-        for topic in (self.k.topics.alerts, self.k.topics.actions):
-            parts = self.store.reader.partitions_for_topic(topic) or {0}
-            out += [TopicPartition(topic, p) for p in sorted(parts)]
-        return out
+        return output_partitions(self.cfg, self.store.reader)
 
     def _load_suppressions(self, st: DetectState) -> None:
         """Read what was published after the checkpoint: it must not be published again."""
-        self.suppress.clear()
+        self.published = Published()
         tps = self._output_tps()
         ends = self.store.reader.end_offsets(tps)
-        todo = {tp: st.out_ends.get((tp.topic, tp.partition), 0) for tp in tps}
-        todo = {tp: start for tp, start in todo.items() if start < ends.get(tp, 0)}
-        if not todo:
+        starts = {tp: st.out_ends.get((tp.topic, tp.partition), 0) for tp in tps}
+        if not any(start < ends.get(tp, 0) for tp, start in starts.items()):
             return
-        reader = KafkaConsumer(**self.k.client_kwargs(), enable_auto_commit=False, group_id=None)
-        try:
-            reader.assign(list(todo))
-            for tp, start in todo.items():
-                reader.seek(tp, start)
-            remaining = {tp: ends[tp] for tp in todo}
-            deadline = time.monotonic() + 60
-            while remaining and time.monotonic() < deadline:
-                for tp, msgs in reader.poll(timeout_ms=500).items():
-                    for m in msgs:
-                        if m.offset < remaining.get(tp, -1):
-                            self.suppress[(tp.topic, _event_id(tp.topic, m.value, self.cfg))] += 1
-                    if msgs and msgs[-1].offset + 1 >= remaining.get(tp, 0):
-                        remaining.pop(tp, None)
-            if remaining:
-                raise RetryableError("could not read back the events published after the state")
-        finally:
-            reader.close()
+        if self.published.read_back(self.cfg, starts, ends):
+            raise RetryableError("could not read back the events published after the state")
         log.info(
             "after the takeover, %d already-published events will not be sent again",
-            sum(self.suppress.values()),
+            self.published.total(),
         )
 
     # --- the loop --------------------------------------------------------------------------------
@@ -807,34 +778,9 @@ class Detector:
                 self.latencies.append((t - sent) / 1e9)
 
     def _emit(self, out: Output) -> None:
-        t = self.k.topics
-        for a in out.alerts:
-            if self._suppressed(t.alerts, _alert_id(a)):
-                continue
-            self.alerts_sent += 1
-            self.producer.send(
-                t.alerts,
-                key=a.fingerprint.encode(),
-                value=orjson.dumps(a.to_json()),
-                headers=[("rocewatch-schema", b"alert/v1")],
-            )
-        for act in out.actions:
-            if self._suppressed(t.actions, _action_id(act)):
-                continue
-            self.actions_sent += 1
-            self.producer.send(
-                t.actions,
-                key=act.node.encode(),
-                value=orjson.dumps(act.to_json()),
-                headers=[("rocewatch-schema", b"action/v1")],
-            )
-
-    def _suppressed(self, topic: str, eid: str) -> bool:
-        key = (topic, eid)
-        if self.suppress.get(key, 0) > 0:
-            self.suppress[key] -= 1
-            return True
-        return False
+        n_alerts, n_actions = send_events(self.producer, self.cfg, out, self.published)
+        self.alerts_sent += n_alerts
+        self.actions_sent += n_actions
 
     def checkpoint(self, commit: bool = True) -> None:
         """Alerts and actions flushed, then the state written, then the steps offset committed."""

@@ -228,8 +228,9 @@ def test_kill_one_of_two_instances_loses_and_doubles_nothing(
             time.sleep(0.2)
         victim, survivor = (a, b) if a.detecting() else (b, a)
         assert victim.detecting(), "no instance runs the detect stage"
-        # publish at 3x telemetry speed in the background, so the kill lands mid-stream
-        pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 3.0), daemon=True)
+        # publish at 1.5x telemetry speed (20 s) in the background, so the kill lands mid-stream
+        # (at 3x the publisher, now quicker to encode, could finish before the second alert)
+        pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.5), daemon=True)
         pub.start()
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:

@@ -81,3 +81,23 @@ def test_generated_code_matches_proto(tmp_path: Path):
         return "\n".join(x for x in s.splitlines() if "AddSerializedFile" in x)
 
     assert body(fresh) == body(committed), "run scripts/gen_proto.sh and commit the result"
+
+
+def test_encode_rows_gives_each_group_its_own_exact_message():
+    import numpy as np
+
+    df = sample_frame(1000)
+    groups = [np.flatnonzero((df["device"] == d).to_numpy()) for d in ("leaf-2", "leaf-0")]
+    groups.append(np.array([5, 1, 998], dtype=np.int64))  # any rows, in the order given
+    msgs = list(wire.encode_rows(df, groups, source="t", seq0=40))
+    assert len(msgs) == 3
+    for rows, data in zip(groups, msgs, strict=True):
+        d = wire.parse(data)
+        assert d.rows == len(rows) and d.source == "t"
+        # only the strings its rows use travel with each message
+        assert set(d.dict) == set(
+            df[rows].select(["device", "port", "qual", "metric"]).unpivot()["value"]
+        )
+        assert wire.frames([d]).equals(df[rows])
+    assert [wire.parse(m).seq for m in msgs] == [41, 42, 43]
+    assert list(wire.encode_rows(df, [])) == []
