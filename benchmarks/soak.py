@@ -43,7 +43,8 @@ sys.path[:] = [str(ROOT), str(ROOT / "scripts")] + [
 ]
 PARTITIONS = 4
 SAMPLE_EVERY_S = 1.0
-WARMUP_SHARE = 0.5  # memory is judged over the second half of the run
+WARMUP_SHARE = 0.5  # memory is judged over the second half of the run at least
+FIT_SETTLE_S = 30.0  # ... and from this long after the isolation forest's first model
 FLOOR_WINDOW = 10  # samples per window of the RSS floor (its lowest value in the window)
 SEED = 11
 _METRIC = re.compile(r"^(rocewatch_[a-z_]+)(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.M)
@@ -198,6 +199,17 @@ def _wait_log(path: Path, needle: str, proc: subprocess.Popen[bytes], timeout: f
     raise RuntimeError(f"no {needle!r} in {path} after {timeout:.0f} s")
 
 
+def judged_from(t_end: float) -> float:
+    """Where warm-up ends, in seconds since the fabric started talking: half the run, and not
+    before the isolation forest has fitted its first model (it learns from the first
+    ``baseline_s`` of telemetry; the model, the forest's compiled arrays and the CPU spike of
+    the fit are a one-time step up), while that leaves a third of the run to judge."""
+    from detectors.isolation_forest import IsolationForestConfig
+
+    first_fit = IsolationForestConfig().baseline_s + FIT_SETTLE_S
+    return max(t_end * WARMUP_SHARE, min(first_fit, t_end * 2 / 3))
+
+
 def plot(samples: list[dict[str, float]], path: Path, title: str) -> None:
     import matplotlib
 
@@ -208,8 +220,7 @@ def plot(samples: list[dict[str, float]], path: Path, title: str) -> None:
     fig, (ax, lag_ax) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     ax.plot(t, [s["detector_rss_mb"] for s in samples], label="detector (rocewatch detect)")
     ax.plot(t, [s["publisher_rss_mb"] for s in samples], label="publisher (collector side)")
-    half = t[0] + (t[-1] - t[0]) * WARMUP_SHARE if t else 0
-    ax.axvline(half, color="grey", ls=":", lw=1, label="judged from here")
+    ax.axvline(judged_from(t[-1]) if t else 0, color="grey", ls=":", lw=1, label="judged from here")
     ax.set_ylabel("RSS (MiB)")
     ax.set_ylim(bottom=0)
     ax.legend(loc="lower right")
@@ -341,7 +352,7 @@ def _figures(
     if len(samples) < 10:
         raise RuntimeError(f"only {len(samples)} memory samples")
     t_end = samples[-1]["t"]
-    second = [s for s in samples if s["t"] >= t_end * WARMUP_SHARE]
+    second = [s for s in samples if s["t"] >= judged_from(t_end)]
     out: dict[str, Any] = {}
     span_min = (second[-1]["t"] - second[0]["t"]) / 60.0
     for side in ("detector", "publisher"):

@@ -44,6 +44,7 @@ from rocewatch.errors import BadInput, ConfigError, RetryableError
 from rocewatch.kafka_check import preflight
 from rocewatch.model import Action, Alert, rfc3339
 from rocewatch.pipeline import Output, Pipeline
+from rocewatch.runtime import reclaim
 from rocewatch.sources import merged, scenario_sources
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
@@ -606,6 +607,8 @@ class DetectService:
             fh.flush()
             os.fsync(fh.fileno())
         tmp.replace(self.state_path)
+        freed, ms = reclaim()
+        log.debug("reclaimed %d objects in %.0f ms", freed, ms)
         commit = {
             TopicPartition(t, p): OffsetAndMetadata(off, "", -1)
             for (t, p), off in self.offsets.items()
