@@ -296,6 +296,7 @@ class _Part:
     seen: float = field(default_factory=time.monotonic)
     idle: bool = False  # an idle report was sent since the last record
     reported: float = 0.0  # when the last steps message for it went out
+    end_checked: float = 0.0  # when the broker was last asked for its end offset
     dirty: bool = True
     sent: SendTimes = field(default_factory=SendTimes)  # records waiting for their step
 
@@ -437,10 +438,31 @@ class Aggregator:
             self.consumer.resume(*resume)
 
     def _caught_up(self, p: int, part: _Part) -> bool:
-        hw = self.consumer.highwater(TopicPartition(self.k.topics.telemetry, p))
-        if hw is None or TopicPartition(self.k.topics.telemetry, p) in self.consumer.paused():
+        """True when the partition has been read to its end, as the broker says now.
+
+        The fetcher's highwater is only as fresh as the partition's last fetch response: a
+        partition whose fetches stalled (a resumed partition kafka-python forgot, a broker
+        that restarted) looks read to its end while records wait. Calling it idle then would
+        close its steps early and make those records late, so the end offset is asked for,
+        at most once a second per partition (only silent partitions get here)."""
+        tp = TopicPartition(self.k.topics.telemetry, p)
+        hw = self.consumer.highwater(tp)
+        if hw is None or tp in self.consumer.paused():
             return False
-        return part.offset is None or part.offset >= hw
+        if part.offset is None:
+            return True
+        if part.offset < hw:
+            return False
+        now = time.monotonic()
+        if now - part.end_checked < 1.0:
+            return False
+        part.end_checked = now
+        try:
+            end = self.consumer.end_offsets([tp], timeout_ms=2000).get(tp)
+        except KafkaError as e:
+            log.info("end offset of partition %d unknown (%s); not idle yet", p, e)
+            return False
+        return end is not None and part.offset >= end
 
     def _publish(
         self, p: int, part: _Part, steps: list[Step], idle: bool, heartbeat: bool = False

@@ -191,9 +191,11 @@ def test_two_instances_produce_what_one_produces(
     two = so_cfg(kafka_bootstrap, kafka_topics, "two", tmp_path, scenario)
     kafka_topics.create("two.telemetry", partitions=PARTITIONS)
     conf = write_conf(two, tmp_path / "two.yaml")
-    a = Instance(conf, tmp_path / "a.log", max_idle=15)
+    # (an instance exits after 45 s without input: on a loaded machine the second one may take
+    # a while to start and join, and the stream to begin)
+    a = Instance(conf, tmp_path / "a.log", max_idle=45)
     time.sleep(1.0)  # a joins first and takes the detect stage
-    b = Instance(conf, tmp_path / "b.log", max_idle=15)
+    b = Instance(conf, tmp_path / "b.log", max_idle=45)
     try:
         wait_for_split(a, b)
         assert publish_scenario(scenario, two) == n
@@ -218,9 +220,9 @@ def test_kill_one_of_two_instances_loses_and_doubles_nothing(
     cfg = so_cfg(kafka_bootstrap, kafka_topics, "kill", tmp_path, scenario)
     kafka_topics.create("kill.telemetry", partitions=PARTITIONS)
     conf = write_conf(cfg, tmp_path / "kill.yaml")
-    a = Instance(conf, tmp_path / "a.log", max_idle=20)
+    a = Instance(conf, tmp_path / "a.log", max_idle=45)
     time.sleep(1.0)
-    b = Instance(conf, tmp_path / "b.log", max_idle=20)
+    b = Instance(conf, tmp_path / "b.log", max_idle=45)
     try:
         wait_for_split(a, b)
         deadline = time.monotonic() + 30

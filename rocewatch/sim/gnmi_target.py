@@ -451,8 +451,11 @@ class GnmiTarget:
             ctx.abort(grpc.StatusCode.UNAUTHENTICATED, "bad username or password")
 
     def _subscribe(self, requests: Iterator[Any], ctx: grpc.ServicerContext) -> Iterator[bytes]:
-        self._check_auth(ctx)
+        # the client's SubscriptionList is read before a refusal: aborting a stream the client
+        # is still opening sometimes reached it as INTERNAL ("Internal error from Core")
+        # instead of UNAUTHENTICATED
         first = next(requests, None)
+        self._check_auth(ctx)
         if first is None or first.WhichOneof("request") != "subscribe":
             ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be a SubscriptionList")
         assert first is not None
