@@ -65,7 +65,9 @@ def make_cfg(
         group_id=kafka_topics("group"),
         commit_interval_s=0.5,
         idle_flush_s=2.0,
-        session_timeout_ms=6000,
+        # the product default: on a loaded machine a 6 s session expired before the first poll
+        # (the detector then read nothing for a minute)
+        session_timeout_ms=10000,
         **kw,
     )
     return Config(
