@@ -732,9 +732,7 @@ class DetectService:
             if t != topic or tp not in assigned:
                 continue
             his[tp] = hi
-            hw = self.consumer.highwater(tp)
-            off = self.offsets.get((t, p))
-            if hw is not None and off is not None and off < hw:
+            if self._has_unread((t, p)):
                 unread.append(hi)
         paused = set(self.consumer.paused())
         if self._unknown_partition():  # its time is unknown: the others wait for it
