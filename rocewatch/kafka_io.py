@@ -42,6 +42,7 @@ from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
 from rocewatch.errors import BadInput, ConfigError, RetryableError
 from rocewatch.kafka_check import preflight
+from rocewatch.kafka_poll import poll_group
 from rocewatch.model import Action, Alert, rfc3339
 from rocewatch.pipeline import Output, Pipeline
 from rocewatch.runtime import reclaim
@@ -82,21 +83,6 @@ def wait_for_partitions(consumer: Any, topic: str, timeout_s: float = 30.0) -> b
             return False
         time.sleep(0.2)
     return True
-
-
-def unpark_resumed(consumer: Any) -> None:
-    """Work around kafka-python 3.0's fetcher losing a resumed partition.
-
-    Records fetched for a partition that is then paused are parked; they come back after
-    ``resume`` only when the fetcher's in-line slot is empty (None), but a consumed slot keeps
-    its drained record set, and a partition with parked records is never fetched again: the
-    partition stalls for good. Emptying a drained slot before each poll lets them back in.
-    Call before ``poll`` on a consumer that pauses partitions.
-    """
-    fetcher = getattr(consumer, "_fetcher", None)
-    slot = getattr(fetcher, "_next_partition_records", None)
-    if slot is not None and not slot and getattr(fetcher, "_paused_partition_records", None):
-        fetcher._next_partition_records = None  # type: ignore[union-attr]
 
 
 def ensure_topics(k: KafkaConfig) -> None:
@@ -682,8 +668,9 @@ class DetectService:
         return False
 
     def poll_once(self, timeout_ms: int = 200) -> int:
-        unpark_resumed(self.consumer)
-        recs = self.consumer.poll(timeout_ms=timeout_ms)
+        recs = poll_group(
+            self.consumer, timeout_ms, self.cfg.kafka.session_timeout_ms + 5000, pauses=True
+        )
         batches: list[wire.Decoded] = []
         rows = 0
         n = 0

@@ -67,9 +67,9 @@ from rocewatch.kafka_io import (
     parse_record,
     send_dead_letter,
     send_events,
-    unpark_resumed,
     wait_for_partitions,
 )
+from rocewatch.kafka_poll import poll_group
 from rocewatch.pipeline import Output, Pipeline
 from rocewatch.runtime import reclaim
 from rocewatch.stats import Stats
@@ -375,8 +375,8 @@ class Aggregator:
 
     # --- the loop --------------------------------------------------------------------------------
     def poll_once(self, timeout_ms: int) -> int:
-        unpark_resumed(self.consumer)  # _balance pauses partitions
-        recs = self.consumer.poll(timeout_ms=timeout_ms)
+        # (_balance pauses partitions)
+        recs = poll_group(self.consumer, timeout_ms, self.k.session_timeout_ms + 5000, pauses=True)
         now = time.monotonic()
         n = 0
         for tp, msgs in recs.items():
@@ -694,7 +694,7 @@ class Detector:
 
     # --- the loop --------------------------------------------------------------------------------
     def poll_once(self, timeout_ms: int) -> int:
-        recs = self.consumer.poll(timeout_ms=timeout_ms)
+        recs = poll_group(self.consumer, timeout_ms, self.k.session_timeout_ms + 5000)
         st = self.state
         if st is None or not self.active:
             return 0

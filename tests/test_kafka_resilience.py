@@ -280,7 +280,7 @@ def test_a_detector_behind_its_topic_keeps_partitions_together_and_reads_everyth
     """A backlog: fetches fill by bytes per partition, so partitions whose devices send less run
     ahead in telemetry time and what they deliver waits for the slowest one (memory). The
     detector pauses the ones more than MAX_SKEW_S ahead and resumes them: every sample is still
-    read (kafka-python 3.0 stalled a resumed partition for good; kafka_io.unpark_resumed)."""
+    read (kafka-python 3.0 stalled a resumed partition for good; kafka_poll.unpark_resumed)."""
     from rocewatch.kafka_io import MAX_SKEW_S
     from rocewatch.sim import Simulator
 

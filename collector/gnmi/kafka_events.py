@@ -20,6 +20,7 @@ from collector.decode import GnmicEventDecoder
 from rocewatch.config import Config
 from rocewatch.errors import RetryableError
 from rocewatch.kafka_io import TelemetryPublisher, ensure_topics
+from rocewatch.kafka_poll import poll_group
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
 
@@ -57,7 +58,7 @@ class GnmicKafkaBridge:
 
     def poll_once(self, timeout_ms: int = 500) -> int:
         """One poll: decode, publish, flush, commit. Returns the messages read."""
-        polled = self.consumer.poll(timeout_ms=timeout_ms)
+        polled = poll_group(self.consumer, timeout_ms)
         values = [m.value for recs in polled.values() for m in recs if m.value is not None]
         n = sum(len(recs) for recs in polled.values())
         if not n:

@@ -24,6 +24,7 @@ from collector.gnmi.client import Collector
 from collector.gnmi.config import TargetConfig
 from rocewatch.config import KafkaConfig
 from rocewatch.errors import RetryableError
+from rocewatch.kafka_poll import poll_group
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class KafkaSharding:
     ) -> None:
         self.collector = collector
         self.partitions = partitions
+        self.session_timeout_ms = session_timeout_ms
         self.by_partition: dict[int, list[TargetConfig]] = {}
         for t in targets:
             self.by_partition.setdefault(partition_of(t.name, partitions), []).append(t)
@@ -111,7 +113,7 @@ class KafkaSharding:
 
     def poll(self, timeout_ms: int = 500) -> None:
         """Keep the membership alive (rebalances run inside the poll)."""
-        self.consumer.poll(timeout_ms=timeout_ms)
+        poll_group(self.consumer, timeout_ms, self.session_timeout_ms + 5000)
 
     def run(self, stop: threading.Event) -> None:
         try:
