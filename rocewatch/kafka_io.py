@@ -668,9 +668,7 @@ class DetectService:
         return False
 
     def poll_once(self, timeout_ms: int = 200) -> int:
-        recs = poll_group(
-            self.consumer, timeout_ms, self.cfg.kafka.session_timeout_ms + 5000, pauses=True
-        )
+        recs = poll_group(self.consumer, timeout_ms, pauses=True)
         batches: list[wire.Decoded] = []
         rows = 0
         n = 0

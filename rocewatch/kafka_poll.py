@@ -10,13 +10,13 @@ wrong when the join finishes after the poll gave up:
   the member stays REBALANCING with heartbeats off, the broker expires it a session later, and
   it reads nothing more (seen in CI: a detector assigned nothing for a minute);
 - a finished task found on the next poll is replaced by a new JoinGroup, and its assignment is
-  thrown away: one more rebalance for nothing.
+  thrown away: one more rebalance, and under load one after another.
 
-``poll_group`` polls as usual and then, if a join task is left over, asks for the rejoin and
-waits for the join to finish in one call, so kafka-python's own completion path runs: the
-assignment is applied, the rebalance listener runs, heartbeats resume. A join waits for every
-member of the group, up to a dead member's session timeout, so ``join_timeout_ms`` should be
-longer than that; a join still unfinished then is picked up by the next call.
+``poll_group`` never waits longer than the caller's timeout (a service polls several consumers
+in one loop, and its idle and watermark clocks assume short polls). Before and after each poll
+it collects a join task that has finished, the way kafka-python does when it awaits one: the
+member becomes STABLE, heartbeats resume, and the assignment and the rebalance listener are
+applied. A join still in flight is marked as needed, so the next poll goes on waiting for it.
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kafka.errors import KafkaTimeoutError
+from kafka.structs import MemberState
 
 log = logging.getLogger(__name__)
-
-DEFAULT_JOIN_TIMEOUT_MS = 15_000
 
 
 def unpark_resumed(consumer: Any) -> None:
@@ -46,35 +44,41 @@ def unpark_resumed(consumer: Any) -> None:
         fetcher._next_partition_records = None  # type: ignore[union-attr]
 
 
-def join_left_over(consumer: Any) -> bool:
-    """True when a group join started by an earlier poll has not been collected yet."""
+def collect_finished_join(consumer: Any) -> bool:
+    """If a join task has finished without being collected, collect it now (see the module
+    doc); True when a join completed here. A failed one is dropped and the next poll joins
+    again. Does nothing on a kafka-python without join tasks (2.x)."""
     coord = getattr(consumer, "_coordinator", None)
-    return getattr(coord, "_join_task", None) is not None
-
-
-def finish_join(consumer: Any, timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS) -> bool:
-    """Collect a left-over group join (see the module doc). True when the member is joined."""
-    coord = consumer._coordinator
-    log.debug("finishing a group join left over by a timed-out poll")
-    coord.request_rejoin()
-    try:
-        return bool(coord.ensure_active_group(timeout_ms=timeout_ms))
-    except KafkaTimeoutError:  # the coordinator is out of reach: the next poll goes on
+    task = getattr(coord, "_join_task", None)
+    if task is None or not task.is_done:
         return False
+    coord._join_task = None
+    if task.failed():
+        log.debug("a group join left over by a timed-out poll failed (%s)", task.exception)
+        coord.request_rejoin()
+        return False
+    gen = coord._generation
+    with coord._lock:
+        coord.rejoining = False
+        coord.rejoin_needed = False
+        coord.state = MemberState.STABLE
+        coord._enable_heartbeat()
+    log.debug("collected a group join left over by a timed-out poll (%s)", gen)
+    coord._net.run(
+        coord._on_join_complete_async, gen.generation_id, gen.member_id, gen.protocol, task.value
+    )
+    return True
 
 
-def poll_group(
-    consumer: Any,
-    timeout_ms: int,
-    join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS,
-    pauses: bool = False,
-) -> dict[Any, list[Any]]:
-    """``consumer.poll(timeout_ms)`` for a group member, then finish any join it left over.
+def poll_group(consumer: Any, timeout_ms: int, pauses: bool = False) -> dict[Any, list[Any]]:
+    """``consumer.poll(timeout_ms)`` for a group member that never strands it mid-join.
 
     ``pauses``: the caller pauses and resumes partitions (see ``unpark_resumed``)."""
     if pauses:
         unpark_resumed(consumer)
+    collect_finished_join(consumer)
     recs: dict[Any, list[Any]] = consumer.poll(timeout_ms=timeout_ms)
-    if join_left_over(consumer):
-        finish_join(consumer, join_timeout_ms)
+    coord = getattr(consumer, "_coordinator", None)
+    if getattr(coord, "_join_task", None) is not None and not collect_finished_join(consumer):
+        coord.request_rejoin()  # still in flight: the next poll waits for it again
     return recs

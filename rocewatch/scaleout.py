@@ -387,7 +387,7 @@ class Aggregator:
     # --- the loop --------------------------------------------------------------------------------
     def poll_once(self, timeout_ms: int) -> int:
         # (_balance pauses partitions)
-        recs = poll_group(self.consumer, timeout_ms, self.k.session_timeout_ms + 5000, pauses=True)
+        recs = poll_group(self.consumer, timeout_ms, pauses=True)
         now = time.monotonic()
         n = 0
         for tp, msgs in recs.items():
@@ -719,7 +719,7 @@ class Detector:
 
     # --- the loop --------------------------------------------------------------------------------
     def poll_once(self, timeout_ms: int) -> int:
-        recs = poll_group(self.consumer, timeout_ms, self.k.session_timeout_ms + 5000)
+        recs = poll_group(self.consumer, timeout_ms)
         st = self.state
         if st is None or not self.active:
             return 0

@@ -59,7 +59,6 @@ class KafkaSharding:
     ) -> None:
         self.collector = collector
         self.partitions = partitions
-        self.session_timeout_ms = session_timeout_ms
         self.by_partition: dict[int, list[TargetConfig]] = {}
         for t in targets:
             self.by_partition.setdefault(partition_of(t.name, partitions), []).append(t)
@@ -113,7 +112,7 @@ class KafkaSharding:
 
     def poll(self, timeout_ms: int = 500) -> None:
         """Keep the membership alive (rebalances run inside the poll)."""
-        poll_group(self.consumer, timeout_ms, self.session_timeout_ms + 5000)
+        poll_group(self.consumer, timeout_ms)
 
     def run(self, stop: threading.Event) -> None:
         try:
