@@ -48,7 +48,7 @@ def collect_finished_join(consumer: Any) -> bool:
     """If a join task has finished without being collected, collect it now (see the module
     doc); True when a join completed here. A failed one is dropped and the next poll joins
     again. Does nothing on a kafka-python without join tasks (2.x)."""
-    coord = getattr(consumer, "_coordinator", None)
+    coord: Any = getattr(consumer, "_coordinator", None)
     task = getattr(coord, "_join_task", None)
     if task is None or not task.is_done:
         return False
@@ -78,7 +78,7 @@ def poll_group(consumer: Any, timeout_ms: int, pauses: bool = False) -> dict[Any
         unpark_resumed(consumer)
     collect_finished_join(consumer)
     recs: dict[Any, list[Any]] = consumer.poll(timeout_ms=timeout_ms)
-    coord = getattr(consumer, "_coordinator", None)
+    coord: Any = getattr(consumer, "_coordinator", None)
     if getattr(coord, "_join_task", None) is not None and not collect_finished_join(consumer):
         coord.request_rejoin()  # still in flight: the next poll waits for it again
     return recs
