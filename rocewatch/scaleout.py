@@ -82,6 +82,10 @@ MAGIC = b"RWS1"
 MAX_MESSAGE_BYTES = 64 << 20  # steps and state topics; the producer's request limit matches
 ROWS_PER_STEPS_MESSAGE = 200_000
 HEARTBEAT_S = 1.0  # an owned partition reports at least this often
+# stage 2 leaves an idle partition out of its watermark only while the idle report is this
+# recent (by the report's Kafka timestamp): a report read back after a takeover, from an owner
+# that has since died, must not let steps close without that partition
+IDLE_TRUST_S = 5 * HEARTBEAT_S
 MAX_SKEW_S = 2.0  # how far one owned partition may run ahead of the slowest
 STEP_SCHEMA: dict[str, pl.DataType] = {"step": pl.Int64(), **AGG_SCHEMA}
 
@@ -599,6 +603,7 @@ class Detector:
         self.group_changed = time.monotonic()  # the last (re)assignment, for --max-idle
         self.state: DetectState | None = None
         self.seen: dict[int, float] = {}
+        self.idle_wall: dict[int, float] = {}  # the newest idle report's timestamp, per partition
         self.started = time.monotonic()
         self.stall_s = max(20.0, 3 * self.k.session_timeout_ms / 1000.0)
         self.published = Published()
@@ -708,6 +713,8 @@ class Detector:
                 except BadInput as e:
                     self.stats.inc("bad_steps_message", detail=str(e)[:80])
                     continue
+                if msg.idle:
+                    self.idle_wall[msg.partition] = m.timestamp / 1000.0
                 n += self._take(st, msg, now)
         self._advance(st, now)
         return n
@@ -756,7 +763,7 @@ class Detector:
             self.seen = {p: now for p in self.seen}
             self.started = now
         for p in range(self.n_parts):
-            if st.part_idle.get(p):
+            if st.part_idle.get(p) and time.time() - self.idle_wall.get(p, 0.0) < IDLE_TRUST_S:
                 continue
             if now - self.seen.get(p, self.started) >= self.stall_s:
                 if p in st.part_closed or p in self.seen:
