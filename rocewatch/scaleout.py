@@ -19,9 +19,11 @@ progress, partial steps, the steps-topic offset, the output topics' end offsets)
 to the last partition of the state topic; after a takeover, events already published after that
 checkpoint are read back and not sent again, as in :class:`rocewatch.kafka_io.DetectService`.
 
-A partition is left out of the stage-2 watermark when its owner reports it idle (caught up, no
-records for ``idle_flush_s``), or when nobody has reported it for ``stall_s`` (no owner: longer
-than a failover takes, so a failover does not drop a partition's steps).
+A partition is left out of the stage-2 watermark while its owner reports it idle (caught up, no
+records for ``idle_flush_s``; the report counts for ``IDLE_TRUST_S`` by its Kafka timestamp, so
+a dead owner's last report, read back after a takeover, soon stops counting), or when nobody
+has reported it for ``stall_s`` (no owner: longer than a failover takes, so a failover does not
+drop a partition's steps).
 """
 
 from __future__ import annotations
@@ -379,8 +381,7 @@ class Aggregator:
 
     # --- the loop --------------------------------------------------------------------------------
     def poll_once(self, timeout_ms: int) -> int:
-        # (_balance pauses partitions)
-        recs = poll_group(self.consumer, timeout_ms, pauses=True)
+        recs = poll_group(self.consumer, timeout_ms, pauses=True)  # _balance pauses partitions
         now = time.monotonic()
         n = 0
         for tp, msgs in recs.items():
