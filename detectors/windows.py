@@ -181,6 +181,17 @@ class SeriesTable:
         ids = self._sids[np.concatenate(pos)] if pos else None
         return ids if ids is not None and len(ids) == step.frame.height else None
 
+    def metric_ids(self, step: Step, metric: str) -> np.ndarray | None:
+        """The series id of every row of ``step.by_metric[metric]``, where this table made the
+        step (else None)."""
+        known = step.positions
+        if known is None or known[0] != self.epoch:
+            return None
+        pos = known[1].get(metric)
+        if pos is None or len(pos) != step.by_metric[metric].height:
+            return None
+        return self._sids[pos]
+
     def positions(self, sid: np.ndarray, samples: pl.DataFrame, row: np.ndarray) -> np.ndarray:
         """The table position of every series id; new ones take their key from ``samples``
         at ``row``."""

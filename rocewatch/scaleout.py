@@ -20,10 +20,12 @@ to the last partition of the state topic; after a takeover, events already publi
 checkpoint are read back and not sent again, as in :class:`rocewatch.kafka_io.DetectService`.
 
 A partition is left out of the stage-2 watermark while its owner reports it idle (caught up, no
-records for ``idle_flush_s``; the report counts for ``IDLE_TRUST_S`` by its Kafka timestamp, so
-a dead owner's last report, read back after a takeover, soon stops counting), or when nobody
-has reported it for ``stall_s`` (no owner: longer than a failover takes, so a failover does not
-drop a partition's steps).
+records for ``idle_flush_s``, and no stalled input in this instance for ``partition_idle_s``:
+after a broker outage, read to the end is not the end until publishers have had time to resend;
+the report counts for ``IDLE_TRUST_S`` by its Kafka timestamp, so a dead owner's last report,
+read back after a takeover, soon stops counting), or when nobody has reported it for
+``stall_s`` (no owner: longer than a failover takes, so a failover does not drop a partition's
+steps).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from actions.routing import RoutingExecutor
-from detectors.windows import AGG_SCHEMA, Step, WindowEngine
+from detectors.rates import series_ids
+from detectors.windows import AGG_SCHEMA, SeriesTable, Step, WindowEngine
 from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
 from rocewatch.errors import BadInput, ConfigError, RetryableError
@@ -193,30 +196,35 @@ def decode_steps(data: bytes) -> StepsMessage:
         raise BadInput(f"bad steps rows: {e}") from e
 
 
-def steps_rows(steps: list[Step], step_ns: int) -> pl.DataFrame | None:
-    """Closed steps -> one frame with a step index, in a canonical row order."""
+def steps_rows(
+    steps: list[Step], step_ns: int, series: SeriesTable | None = None
+) -> pl.DataFrame | None:
+    """Closed steps -> one frame with a step index, in a canonical row order: by step, metric
+    name, then series id. The ids are the ones the engine's series table (``series``) holds
+    when it made the steps, else hashed from the keys; the same either way, so steps re-emitted
+    after a restore (whose table is rebuilt and sets its own order) come out the same. The
+    engine's own order is usually that already: then nothing is gathered."""
     parts: list[pl.DataFrame] = []
     idx: list[int] = []
     lens: list[int] = []
     for s in steps:
-        for f in s.by_metric.values():
-            if f.height:
-                parts.append(f)
-                idx.append(s.start // step_ns)
-                lens.append(f.height)
+        for metric in sorted(s.by_metric):
+            f = s.by_metric[metric]
+            if not f.height:
+                continue
+            sid = series.metric_ids(s, metric) if series is not None else None
+            if sid is None:
+                sid = series_ids(f)
+            if len(sid) > 1 and not bool(np.all(sid[1:] > sid[:-1])):
+                f = f[pl.Series(np.argsort(sid, kind="stable"), dtype=pl.UInt32)]
+            parts.append(f)
+            idx.append(s.start // step_ns)
+            lens.append(f.height)
     if not parts:
         return None
     rows = pl.concat(parts, how="vertical", rechunk=True).select(list(AGG_SCHEMA))
     step = pl.Series("step", np.repeat(np.array(idx, dtype=np.int64), lens))
-    # a canonical order (step, then a fixed hash of the series key; 3x cheaper than sorting the
-    # strings) makes re-emitted steps the same after a restore: the engine's series table,
-    # which sets its own order, is a cache rebuilt after a restore
-    key = pl.struct(["metric", "device", "port", "qual"]).hash(seed=0).alias("_key")
-    return (
-        rows.with_columns(step, key)
-        .sort(["step", "_key"], multithreaded=False)
-        .select(list(STEP_SCHEMA))
-    )
+    return rows.with_columns(step).select(list(STEP_SCHEMA))
 
 
 # --- the state topic -----------------------------------------------------------------------------
@@ -321,6 +329,9 @@ class Aggregator:
         self.retired: dict[int, _Part] = {}
         self.closing = False
         self.group_changed = time.monotonic()  # the last (re)assignment, for --max-idle
+        # when a silent partition last turned out not to be read to its end (a broker outage,
+        # a stalled fetch): no partition is reported idle within partition_idle_s of that
+        self.disrupted_at = -float("inf")
         self.samples = 0
         self.consumer = KafkaConsumer(
             **self.k.client_kwargs(),
@@ -415,12 +426,21 @@ class Aggregator:
         for p, part in self.parts.items():
             if now - part.reported >= HEARTBEAT_S:  # stage 2 tells a quiet owner from none
                 self._publish(p, part, [], idle=part.idle, heartbeat=True)
-            if part.idle or now - part.seen < self.k.idle_flush_s or not self._caught_up(p, part):
+            if (
+                part.idle
+                or now - part.seen < self.k.idle_flush_s
+                or not self._caught_up(p, part)
+                or now - self.disrupted_at < self.k.partition_idle_s
+            ):
                 continue
             self._publish(p, part, part.engine.finish(), idle=True)
             part.idle = True
             part.dirty = True
         return n
+
+    def all_idle(self) -> bool:
+        """True when every partition this instance owns has been reported idle."""
+        return all(part.idle for part in self.parts.values())
 
     def _balance(self) -> None:
         """Pause partitions far ahead of the slowest one this instance owns: stage 2 waits for
@@ -456,9 +476,10 @@ class Aggregator:
             return False
         if part.offset is None:
             return True
-        if part.offset < hw:
-            return False
         now = time.monotonic()
+        if part.offset < hw:  # silent with records to read: a stalled fetch
+            self.disrupted_at = now
+            return False
         if now - part.end_checked < 1.0:
             return False
         part.end_checked = now
@@ -466,8 +487,12 @@ class Aggregator:
             end = self.consumer.end_offsets([tp], timeout_ms=2000).get(tp)
         except KafkaError as e:
             log.info("end offset of partition %d unknown (%s); not idle yet", p, e)
+            self.disrupted_at = now
             return False
-        return end is not None and part.offset >= end
+        if end is not None and part.offset < end:
+            self.disrupted_at = now
+            return False
+        return end is not None
 
     def _publish(
         self, p: int, part: _Part, steps: list[Step], idle: bool, heartbeat: bool = False
@@ -478,7 +503,7 @@ class Aggregator:
         part.reported = time.monotonic()
         step_ns = part.engine.step_ns
         closed_from = steps[0].start if steps else to
-        rows = steps_rows(steps, step_ns)
+        rows = steps_rows(steps, step_ns, part.engine.series)
         sent = part.sent.closed(to) if to is not None else []
         # very large closes go out in several messages, each ending on a whole step
         chunks: list[tuple[pl.DataFrame | None, int | None]] = [(rows, to)]
@@ -904,7 +929,14 @@ class ScaleOutService:
                 if now - last_commit >= k.commit_interval_s:
                     self.checkpoint()
                     last_commit = now
-                if max_idle_s and now - last_input >= max_idle_s:
+                # (and not before this instance's partitions are reported idle: their last
+                # steps are closed then, which a recent stall can put off by partition_idle_s)
+                quiet = now - last_input
+                if (
+                    max_idle_s
+                    and quiet >= max_idle_s
+                    and (self.agg.all_idle() or quiet >= max_idle_s + k.partition_idle_s + 5)
+                ):
                     break
             self.checkpoint()
         finally:

@@ -258,3 +258,37 @@ def test_kill_one_of_two_instances_loses_and_doubles_nothing(
     drains = Counter(x["node"] for x in actions if x["action"] == "drain")
     assert drains and all(c == 1 for c in drains.values()), drains
     assert sorted_actions(actions) == sorted_actions(replay_result.actions)
+
+
+def test_steps_rows_order_is_canonical() -> None:
+    """Steps re-emitted by another engine (a restore, another instance: its series table sets
+    its own order) must come out row for row the same, or stage 2 would see two versions."""
+    import polars as pl
+
+    from detectors.windows import WindowEngine
+    from rocewatch.scaleout import steps_rows
+    from rocewatch.sim import Simulator
+    from rocewatch.stats import Stats
+
+    frames = list(Simulator(default_scenario(nodes=2, duration_s=3.0, seed=5)).ticks())
+    cfg = Config().window
+    a, b = WindowEngine(cfg, Stats()), WindowEngine(cfg, Stats())
+    for i, f in enumerate(frames):
+        a.add(f)
+        b.add(f.sample(fraction=1.0, shuffle=True, seed=i))  # rows in another order
+    until = int(pl.concat(frames)["ts"].max()) - a.lateness_ns()
+    sa, sb = a.close_until(until), b.close_until(until)
+    assert len(sa) > 5
+    ra = steps_rows(sa, a.step_ns, a.series)  # ids from the engine's own table
+    rb = steps_rows(sb, b.step_ns)  # ids hashed from the keys
+    assert ra is not None and rb is not None and ra.height > 1000
+    assert ra.equals(rb)
+    assert ra["step"].is_sorted()
+    # a step whose rows come in another order (metrics and series) is put back in order
+    one = sa[0]
+    shuffled = {m: f.reverse() for m, f in reversed(one.by_metric.items())}
+    from detectors.windows import Step
+
+    again = steps_rows([Step(one.start, one.end, by_metric=shuffled)], a.step_ns)
+    first = steps_rows([one], a.step_ns, a.series)
+    assert again is not None and first is not None and again.equals(first)
