@@ -95,6 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit after this many seconds with nothing to deliver (0: run forever)",
     )
 
+    sk = sub.add_parser(
+        "sink",
+        help="store the alerts and actions topics (scale-out) and queue their notifications",
+    )
+    sk.add_argument("--config", type=Path, required=True)
+    sk.add_argument(
+        "--max-idle",
+        type=float,
+        default=0.0,
+        help="exit after this many seconds with nothing read (0: run forever)",
+    )
+
     ev = sub.add_parser(
         "evaluate",
         help="score the detectors on labelled simulated scenarios "
@@ -322,6 +334,13 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         cfg = load_config(args.config)
         return run_notify(cfg, max_idle_s=args.max_idle)
+    if args.command == "sink":
+        from rocewatch.event_sink import EventSink
+
+        sink = EventSink(load_config(args.config))
+        sink.run(max_idle_s=args.max_idle)
+        log.info("sink: %s", sink.summary())
+        return 0
     if args.command == "evaluate":
         from rocewatch.evaluate import run_evaluate
 

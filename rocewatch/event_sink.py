@@ -1,0 +1,230 @@
+"""`rocewatch sink`: the alerts and actions topics into storage and the notify outbox.
+
+The single-instance ``detect`` writes its alerts and actions to storage and queues them for
+notification itself. Scale-out instances (``detect --scale-out``) only publish them to Kafka;
+this consumer group (``<group_id>-sink`` on ``kafka.topics.alerts`` and ``kafka.topics.actions``)
+does the rest, so Grafana and the webhooks see what a single instance would give them:
+
+- alert events are upserted by (fingerprint, startsAt) and a resolved event stays resolved;
+  actions are inserted once per (time, action, node, fingerprint); each alert event is queued
+  once per configured sink. All three are idempotent, so the order is: write a batch, then commit
+  its offsets. A crash or a rebalance between the two re-reads the batch and changes nothing.
+- a record that is not an alert or action event (bad JSON, missing fields) is counted by reason,
+  logged once per reason, and skipped; the stream goes on.
+- when the database is unreachable the batch is kept, the partitions are paused (the group
+  membership stays alive, nothing more is read) and the write is retried with capped backoff;
+  nothing read is lost and the consumer lag shows the backlog.
+- with ``notify`` configured, a sender thread delivers the outbox as in ``detect`` (or run
+  ``rocewatch notify`` beside it).
+
+Run one or several (they split the partitions); the alerts topic is keyed by fingerprint, so an
+alert's firing and resolved events stay in order on one partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from kafka import KafkaConsumer
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+from rocewatch.config import Config
+from rocewatch.errors import ConfigError, PermanentError, RetryableError
+from rocewatch.kafka_io import GROUP_METADATA_MAX_AGE_MS, ensure_topics, wait_for_partitions
+from rocewatch.kafka_poll import poll_group
+from rocewatch.model import Action, Alert
+from rocewatch.stats import Stats
+
+log = logging.getLogger(__name__)
+
+RETRY_MIN_S = 0.5
+RETRY_MAX_S = 30.0
+
+
+@dataclass
+class Batch:
+    alerts: list[Alert] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+    offsets: dict[TopicPartition, int] = field(default_factory=dict)  # next offset to commit
+
+    def __bool__(self) -> bool:
+        return bool(self.offsets)
+
+
+class EventSink:
+    def __init__(self, cfg: Config) -> None:
+        if not cfg.storage_url and not cfg.notify.enabled:
+            raise ConfigError("sink: set storage.url or notify sinks: it has nowhere to write")
+        self.cfg = cfg
+        k = cfg.kafka
+        self.topics = [k.topics.alerts, k.topics.actions]
+        self.stats = Stats()
+        self.stop_event = threading.Event()
+        self.store: Any = None
+        if cfg.storage_url:
+            from storage.store import Store
+
+            self.store = Store(cfg.storage_url)
+            self.store.create_schema()
+        from rocewatch.notify.service import open_dispatcher
+
+        self.notifier = open_dispatcher(cfg, self.store)
+        ensure_topics(k)
+        self.consumer = KafkaConsumer(
+            **k.client_kwargs(),
+            group_id=k.group_id + "-sink",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=2000,
+            session_timeout_ms=k.session_timeout_ms,
+            heartbeat_interval_ms=max(1000, k.session_timeout_ms // 4),
+            metadata_max_age_ms=GROUP_METADATA_MAX_AGE_MS,
+        )
+        self.pending = Batch()
+        self.retry_at = 0.0
+        self.retry_s = RETRY_MIN_S
+        self.alerts_written = 0
+        self.actions_written = 0
+        self.queued = 0
+
+    # --- input -----------------------------------------------------------------------------------
+    def _parse(self, m: Any) -> Alert | Action | None:
+        try:
+            d = orjson.loads(m.value or b"")
+            if not isinstance(d, dict):
+                raise TypeError("not a JSON object")
+            return Alert.from_json(d) if m.topic == self.topics[0] else Action.from_json(d)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            reason = "bad_alert_event" if m.topic == self.topics[0] else "bad_action_event"
+            if not self.stats.get(reason):
+                where = f"{m.topic}/{m.partition}@{m.offset}"
+                log.warning("%s skipped: %s (counted as %s)", where, e, reason)
+            self.stats.inc(reason, detail=f"{m.topic}/{m.partition}@{m.offset}")
+            return None
+
+    def poll_once(self, timeout_ms: int = 500) -> int:
+        """Read what is there, then write and commit it. While a batch waits to retry the
+        database every partition stays paused (one assigned meanwhile too): the poll only keeps
+        the group membership alive."""
+        waiting = bool(self.pending) and time.monotonic() < self.retry_at
+        if waiting:
+            self._pause(True)
+        recs = poll_group(
+            self.consumer, min(timeout_ms, 200) if waiting else timeout_ms, pauses=True
+        )
+        got = 0
+        for tp, msgs in recs.items():  # whatever a poll returns joins the batch: never dropped
+            for m in msgs:
+                ev = self._parse(m)
+                if isinstance(ev, Alert):
+                    self.pending.alerts.append(ev)
+                elif isinstance(ev, Action):
+                    self.pending.actions.append(ev)
+                self.pending.offsets[tp] = m.offset + 1
+                got += 1
+        if self.pending and time.monotonic() >= self.retry_at:
+            self._flush()
+        return got
+
+    # --- output ----------------------------------------------------------------------------------
+    def _flush(self) -> None:
+        b = self.pending
+        try:
+            if self.notifier is not None and b.alerts:
+                self.queued += self.notifier.enqueue(b.alerts)
+            if self.store is not None:
+                if b.alerts:
+                    self.alerts_written += self.store.write_alerts(b.alerts)
+                if b.actions:
+                    self.actions_written += self.store.write_actions(b.actions)
+        except RetryableError as e:
+            if self.retry_s == RETRY_MIN_S:
+                log.warning(
+                    "sink: %s; holding %d events, retrying", e, len(b.alerts) + len(b.actions)
+                )
+            self.stats.inc("storage_retries")
+            self._pause(True)
+            self.retry_at = time.monotonic() + self.retry_s
+            self.retry_s = min(RETRY_MAX_S, self.retry_s * 2)
+            return
+        if self.retry_s != RETRY_MIN_S:
+            log.info("sink: storage is back; the held events are written")
+            self._pause(False)
+            self.retry_s = RETRY_MIN_S
+        self.pending = Batch()
+        self._commit(b.offsets)
+
+    def _pause(self, on: bool) -> None:
+        tps = list(self.consumer.assignment())
+        if on and tps:
+            self.consumer.pause(*tps)
+        elif not on:
+            self.consumer.resume(*self.consumer.paused())
+
+    def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        mine = self.consumer.assignment()
+        todo = {tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items() if tp in mine}
+        if not todo:
+            return
+        try:
+            self.consumer.commit(todo)
+        except KafkaError as e:  # written, not committed: a re-read writes nothing new
+            log.warning("sink: offset commit failed (%s); those events may be read again", e)
+
+    # --- the loop --------------------------------------------------------------------------------
+    def run(self, max_idle_s: float = 0.0) -> None:
+        for topic in self.topics:  # else the first assignment could miss a topic
+            wait_for_partitions(self.consumer, topic)
+        self.consumer.subscribe(self.topics)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
+        if self.notifier is not None:
+            self.notifier.start()
+        log.info("sink: %s -> %s", ", ".join(self.topics), self._where())
+        last = time.monotonic()
+        try:
+            while not self.stop_event.is_set():
+                if self.poll_once() or self.pending or not self.consumer.assignment():
+                    last = time.monotonic()
+                if max_idle_s and time.monotonic() - last >= max_idle_s:
+                    break
+        finally:
+            self.close()
+
+    def _where(self) -> str:
+        out = []
+        if self.store is not None:
+            out.append(f"storage {self.store.url}")
+        if self.notifier is not None:
+            out.append("notify " + ", ".join(self.notifier.sink_names))
+        return " and ".join(out)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "alerts_written": self.alerts_written,
+            "actions_written": self.actions_written,
+            "notifications_queued": self.queued,
+            "stats": self.stats.as_dict(),
+        }
+
+    def close(self) -> None:
+        try:
+            if self.notifier is not None:
+                self.notifier.stop()
+                try:
+                    self.notifier.drain(self.cfg.notify.drain_timeout_s)
+                except (RetryableError, PermanentError) as e:
+                    log.warning("notify: final delivery skipped: %s", e)
+                if self.notifier.outbox.store is not self.store:
+                    self.notifier.outbox.store.close()
+        finally:
+            self.consumer.close(autocommit=False)
+            if self.store is not None:
+                self.store.close()

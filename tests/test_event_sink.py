@@ -1,0 +1,209 @@
+"""`rocewatch sink` over a real Kafka broker: the alerts and actions a scale-out detect stage
+publishes reach storage and the webhooks once each, bad records are skipped and counted, and a
+database outage holds the events until it is back (real PostgreSQL when the tests have one)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from kafka import KafkaProducer
+from sqlalchemy.engine import make_url
+
+from rocewatch.config import Config, KafkaConfig, TopicsConfig
+from rocewatch.event_sink import EventSink
+from rocewatch.kafka_io import Published, send_events
+from rocewatch.model import Action, Alert
+from rocewatch.notify.base import NotifyConfig, RetryConfig, WebhookConfig
+from rocewatch.pipeline import Output
+from rocewatch.replay import replay
+from rocewatch.sim import write_scenario
+from rocewatch.sim.scenarios import default_scenario
+from storage.store import Store
+from tests.notify_receiver import Receiver, free_port
+from tests.pg_fresh import fresh_database
+from tests.test_notify import SECRET, check_signed, events
+
+pytestmark = pytest.mark.kafka
+
+PG_URL = os.environ.get("ROCEWATCH_TEST_PG_URL", "")
+
+
+@dataclasses.dataclass
+class Events:
+    alerts: list[Alert]
+    actions: list[Action]
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    d = tmp_path_factory.mktemp("scenario")
+    write_scenario(default_scenario(nodes=8, duration_s=30.0, seed=3), d)
+    res = replay(d, tmp_path_factory.mktemp("replay"))
+    assert res.alerts and res.actions
+    return Events(
+        [a if isinstance(a, Alert) else Alert.from_json(a) for a in res.alerts],
+        [a if isinstance(a, Action) else Action.from_json(a) for a in res.actions],
+    )
+
+
+@contextlib.contextmanager
+def database(tmp_path: Path) -> Iterator[str]:
+    """Real PostgreSQL when the test services run (CI), else a SQLite file."""
+    if PG_URL:
+        with fresh_database(PG_URL, prefix="rw_sink") as url:
+            yield url
+    else:
+        yield f"sqlite:///{tmp_path / 'rocewatch.db'}"
+
+
+def sink_cfg(bootstrap: str, kafka_topics: Any, db: str, hook_port: int | None) -> Config:
+    topics = TopicsConfig(
+        **{n: kafka_topics(n) for n in ("telemetry", "alerts", "actions", "dead_letter")}
+    )
+    k = KafkaConfig(
+        bootstrap_servers=bootstrap,
+        topics=topics,
+        group_id=kafka_topics("group"),
+        session_timeout_ms=6000,
+    )
+    notify = NotifyConfig()
+    if hook_port is not None:
+        hook = WebhookConfig(name="ops", url=f"http://127.0.0.1:{hook_port}/", secret=SECRET)
+        notify = NotifyConfig(
+            webhooks=(hook,), retry=RetryConfig(initial_s=0.2, max_s=1.0), poll_s=0.2
+        )
+    return Config(storage_url=db, kafka=k, notify=notify)
+
+
+def publish(cfg: Config, alerts: list[Alert], actions: list[Action], junk: bool = False) -> None:
+    """As the detect stage publishes (send_events), plus records that are no events."""
+    p = KafkaProducer(bootstrap_servers=cfg.kafka.bootstrap_servers)
+    try:
+        send_events(p, cfg, Output(alerts=alerts, actions=actions), Published())
+        if junk:
+            t = cfg.kafka.topics
+            p.send(t.alerts, key=b"x", value=b"{not json")
+            p.send(t.alerts, key=b"y", value=b'{"labels": {"alertname": "X"}}')  # no startsAt
+            p.send(t.actions, key=b"z", value=b"[1, 2]")
+        p.flush(30)
+    finally:
+        p.close()
+
+
+def final_states(alerts: list[Alert]) -> dict[tuple[str, int], tuple[str, int]]:
+    out: dict[tuple[str, int], tuple[str, int]] = {}
+    for a in alerts:  # in event order: the last event of an alert is its state
+        out[(a.fingerprint, a.starts_at)] = (a.status, a.ends_at)
+    return out
+
+
+def stored(db: str) -> tuple[dict[tuple[str, int], tuple[str, int]], list[Action]]:
+    with Store(db) as s:
+        return final_states(s.alerts()), s.actions()
+
+
+def test_sink_stores_and_notifies_every_event_once(
+    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path, replayed: Events
+) -> None:
+    kafka_topics.create("alerts", partitions=3)
+    rx = Receiver(free_port()).start()
+    try:
+        with database(tmp_path) as db:
+            cfg = sink_cfg(kafka_bootstrap, kafka_topics, db, rx.port)
+            publish(cfg, replayed.alerts, replayed.actions, junk=True)
+            # the same events again, as an upstream writer that retried would send them
+            publish(cfg, replayed.alerts, replayed.actions)
+            sink = EventSink(cfg)
+            sink.run(max_idle_s=4.0)
+            stats = sink.stats.as_dict()
+            assert stats.get("bad_alert_event") == 2, stats
+            assert stats.get("bad_action_event") == 1, stats
+
+            alerts, actions = stored(db)
+            assert alerts == final_states(replayed.alerts)
+            assert sorted(actions, key=repr) == sorted(set(replayed.actions), key=repr)
+            want = Counter(a.event_key() for a in replayed.alerts)
+            assert max(want.values()) == 1
+            got: Counter[tuple[str, str, str]] = Counter()
+            for req in rx.requests:
+                check_signed(req)
+                got.update(events(req))
+            assert got == Counter(
+                (a.fingerprint, a.to_json()["startsAt"], a.status) for a in replayed.alerts
+            )
+
+            # a second sink group reads everything again: nothing changes, nothing is re-sent
+            sent = len(rx.requests)
+            again = dataclasses.replace(
+                cfg, kafka=dataclasses.replace(cfg.kafka, group_id=kafka_topics("group2"))
+            )
+            EventSink(again).run(max_idle_s=4.0)
+            assert stored(db) == (alerts, actions)
+            assert len(rx.requests) == sent
+    finally:
+        rx.stop()
+
+
+def _connections(server: str, dbname: str, allow: bool) -> None:
+    dsn = (
+        make_url(server)
+        .set(drivername="postgresql", database="postgres")
+        .render_as_string(hide_password=False)
+    )
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS {"true" if allow else "false"}')
+        if not allow:
+            c.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (dbname,),
+            )
+
+
+@pytest.mark.skipif(not PG_URL, reason="ROCEWATCH_TEST_PG_URL is not set")
+def test_sink_holds_events_while_the_database_is_down(
+    kafka_bootstrap: str, kafka_topics: Any, replayed: Events
+) -> None:
+    with fresh_database(PG_URL, prefix="rw_sink") as db:
+        name = make_url(db).database
+        assert name
+        cfg = sink_cfg(kafka_bootstrap, kafka_topics, db, None)
+        sink = EventSink(cfg)  # creates the schema while the database is up
+        t = threading.Thread(target=sink.run, daemon=True)
+        try:
+            _connections(PG_URL, name, allow=False)
+            t.start()
+            half = len(replayed.alerts) // 2
+            publish(cfg, replayed.alerts[:half], [])
+            deadline = time.monotonic() + 60
+            while sink.stats.get("storage_retries") < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert sink.stats.get("storage_retries") >= 2, "the sink never tried to write"
+            held = len(sink.pending.alerts)
+            assert held == half
+            # more events while the database is down stay in Kafka, not in the sink's memory
+            publish(cfg, replayed.alerts[half:], replayed.actions)
+            time.sleep(3.0)
+            assert len(sink.pending.alerts) == held and not sink.pending.actions
+            assert sink.alerts_written == 0
+            _connections(PG_URL, name, allow=True)
+            deadline = time.monotonic() + 90
+            while not sink.alerts_written and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            _connections(PG_URL, name, allow=True)
+            sink.stop_event.set()
+            t.join(60)
+        assert not t.is_alive()
+        alerts, actions = stored(db)
+        assert alerts == final_states(replayed.alerts)
+        assert sorted(actions, key=repr) == sorted(set(replayed.actions), key=repr)
