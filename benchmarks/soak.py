@@ -160,7 +160,7 @@ def _write_config(
 ) -> Path:
     import yaml
 
-    names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state")
+    names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state", "rollups")
     conf = tmp / "soak.yaml"
     conf.write_text(
         yaml.safe_dump(

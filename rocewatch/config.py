@@ -54,6 +54,7 @@ class TopicsConfig:
     dead_letter: str = "rocewatch.dlq"
     steps: str = "rocewatch.steps"  # scale-out: closed steps per telemetry partition
     state: str = "rocewatch.state"  # scale-out: compacted per-partition and detect state
+    rollups: str = "rocewatch.rollups"  # scale-out with storage: metric rollups for the sink
 
 
 @dataclass(frozen=True)

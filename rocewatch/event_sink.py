@@ -7,8 +7,11 @@ does the rest, so Grafana and the webhooks see what a single instance would give
 
 - alert events are upserted by (fingerprint, startsAt) and a resolved event stays resolved;
   actions are inserted once per (time, action, node, fingerprint); each alert event is queued
-  once per configured sink. All three are idempotent, so the order is: write a batch, then commit
-  its offsets. A crash or a rebalance between the two re-reads the batch and changes nothing.
+  once per configured sink; with storage, the metric rollups stage 1 computes
+  (``kafka.topics.rollups``) are upserted by bucket and series, so a complete bucket replaces
+  the provisional one sent when its partition went idle. All are idempotent, so the order is:
+  write a batch, then commit its offsets. A crash or a rebalance between the two re-reads the
+  batch and changes nothing. Times are those of the published events (milliseconds).
 - a record that is not an alert or action event (bad JSON, missing fields) is counted by reason,
   logged once per reason, and skipped; the stream goes on.
 - when the database is unreachable the batch is kept, the partitions are paused (the group
@@ -31,15 +34,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import polars as pl
 from kafka import KafkaConsumer
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from rocewatch.config import Config
-from rocewatch.errors import ConfigError, PermanentError, RetryableError
+from rocewatch.errors import BadInput, ConfigError, PermanentError, RetryableError
 from rocewatch.kafka_io import GROUP_METADATA_MAX_AGE_MS, ensure_topics, wait_for_partitions
 from rocewatch.kafka_poll import poll_group
 from rocewatch.model import Action, Alert
+from rocewatch.scaleout import decode_rollups, rollups_topic
 from rocewatch.stats import Stats
 
 log = logging.getLogger(__name__)
@@ -52,6 +57,7 @@ RETRY_MAX_S = 30.0
 class Batch:
     alerts: list[Alert] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
+    rollups: list[pl.DataFrame] = field(default_factory=list)
     offsets: dict[TopicPartition, int] = field(default_factory=dict)  # next offset to commit
 
     def __bool__(self) -> bool:
@@ -65,6 +71,10 @@ class EventSink:
         self.cfg = cfg
         k = cfg.kafka
         self.topics = [k.topics.alerts, k.topics.actions]
+        extra = []
+        if cfg.storage_url:  # scale-out instances with storage send their metric rollups
+            self.topics.append(k.topics.rollups)
+            extra.append(rollups_topic(k))
         self.stats = Stats()
         self.stop_event = threading.Event()
         self.store: Any = None
@@ -76,13 +86,15 @@ class EventSink:
         from rocewatch.notify.service import open_dispatcher
 
         self.notifier = open_dispatcher(cfg, self.store)
-        ensure_topics(k)
+        ensure_topics(k, extra)
         self.consumer = KafkaConsumer(
             **k.client_kwargs(),
             group_id=k.group_id + "-sink",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=2000,
+            fetch_max_bytes=32 << 20,  # rollups records are large: what one poll may hold
+            max_partition_fetch_bytes=8 << 20,
             session_timeout_ms=k.session_timeout_ms,
             heartbeat_interval_ms=max(1000, k.session_timeout_ms // 4),
             metadata_max_age_ms=GROUP_METADATA_MAX_AGE_MS,
@@ -92,22 +104,31 @@ class EventSink:
         self.retry_s = RETRY_MIN_S
         self.alerts_written = 0
         self.actions_written = 0
+        self.rollups_written = 0
         self.queued = 0
 
     # --- input -----------------------------------------------------------------------------------
-    def _parse(self, m: Any) -> Alert | Action | None:
+    def _parse(self, m: Any) -> Alert | Action | pl.DataFrame | None:
+        if m.topic == self.cfg.kafka.topics.rollups:
+            try:
+                return decode_rollups(m.value or b"")
+            except BadInput as e:
+                self._skip(m, "bad_rollups", e)
+                return None
         try:
             d = orjson.loads(m.value or b"")
             if not isinstance(d, dict):
                 raise TypeError("not a JSON object")
             return Alert.from_json(d) if m.topic == self.topics[0] else Action.from_json(d)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            reason = "bad_alert_event" if m.topic == self.topics[0] else "bad_action_event"
-            if not self.stats.get(reason):
-                where = f"{m.topic}/{m.partition}@{m.offset}"
-                log.warning("%s skipped: %s (counted as %s)", where, e, reason)
-            self.stats.inc(reason, detail=f"{m.topic}/{m.partition}@{m.offset}")
+            self._skip(m, "bad_alert_event" if m.topic == self.topics[0] else "bad_action_event", e)
             return None
+
+    def _skip(self, m: Any, reason: str, e: Exception) -> None:
+        where = f"{m.topic}/{m.partition}@{m.offset}"
+        if not self.stats.get(reason):
+            log.warning("%s skipped: %s (counted as %s)", where, e, reason)
+        self.stats.inc(reason, detail=where)
 
     def poll_once(self, timeout_ms: int = 500) -> int:
         """Read what is there, then write and commit it. While a batch waits to retry the
@@ -127,6 +148,8 @@ class EventSink:
                     self.pending.alerts.append(ev)
                 elif isinstance(ev, Action):
                     self.pending.actions.append(ev)
+                elif isinstance(ev, pl.DataFrame):
+                    self.pending.rollups.append(ev)
                 self.pending.offsets[tp] = m.offset + 1
                 got += 1
         if self.pending and time.monotonic() >= self.retry_at:
@@ -144,6 +167,8 @@ class EventSink:
                     self.alerts_written += self.store.write_alerts(b.alerts)
                 if b.actions:
                     self.actions_written += self.store.write_actions(b.actions)
+                if b.rollups:  # in the order read: a complete bucket replaces a provisional one
+                    self.rollups_written += self.store.write_rollups(pl.concat(b.rollups))
         except RetryableError as e:
             if self.retry_s == RETRY_MIN_S:
                 log.warning(
@@ -210,6 +235,7 @@ class EventSink:
         return {
             "alerts_written": self.alerts_written,
             "actions_written": self.actions_written,
+            "rollups_written": self.rollups_written,
             "notifications_queued": self.queued,
             "stats": self.stats.as_dict(),
         }

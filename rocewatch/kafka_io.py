@@ -22,6 +22,7 @@ import signal
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ from rocewatch.errors import BadInput, ConfigError, RetryableError
 from rocewatch.kafka_check import preflight
 from rocewatch.kafka_poll import poll_group
 from rocewatch.model import Action, Alert, rfc3339
-from rocewatch.pipeline import Output, Pipeline
+from rocewatch.pipeline import ROLLUP_S, Output, Pipeline
 from rocewatch.runtime import reclaim
 from rocewatch.sources import merged, scenario_sources
 from rocewatch.stats import Stats
@@ -85,8 +86,9 @@ def wait_for_partitions(consumer: Any, topic: str, timeout_s: float = 30.0) -> b
     return True
 
 
-def ensure_topics(k: KafkaConfig) -> None:
-    """Create rocewatch's topics if the broker lacks them (telemetry with k.partitions).
+def ensure_topics(k: KafkaConfig, extra: Sequence[NewTopic] = ()) -> None:
+    """Create rocewatch's topics (and ``extra``) if the broker lacks them (telemetry with
+    k.partitions).
 
     First checks TLS and SASL against the broker (kafka_check.preflight), so an untrusted
     certificate or a refused password fails at once with a clear error.
@@ -104,6 +106,7 @@ def ensure_topics(k: KafkaConfig) -> None:
             NewTopic(t.alerts, 1, 1),
             NewTopic(t.actions, 1, 1),
             NewTopic(t.dead_letter, 1, 1),
+            *extra,
         ]
         missing = [n for n in want if n.name not in existing]
         if missing:
@@ -465,7 +468,7 @@ class DetectService:
         executor = RoutingExecutor(cfg.executors)
         # metric rollups only when there is a store to keep them (they cost a quarter of
         # the detector's CPU)
-        rollup_s = 10 if cfg.storage_url else None
+        rollup_s = ROLLUP_S if cfg.storage_url else None
         if restored is None:  # a fresh start; otherwise the checkpoint brought its pipeline
             self.pipeline = Pipeline(
                 topology, cfg, executor=executor, stats=self.stats, rollup_s=rollup_s, retain=False

@@ -42,6 +42,7 @@ ROLLUP_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
+ROLLUP_S = 10  # the rollups the services store, when they have storage
 COARSE_ROLLUP_S = 60
 
 
@@ -132,11 +133,17 @@ class Rollups:
         return out
 
     def flush(self) -> pl.DataFrame | None:
+        df = self.peek()
+        self.parts = []
+        return df
+
+    def peek(self) -> pl.DataFrame | None:
+        """The open bucket's rollups so far, kept open: a provisional row that the complete
+        bucket replaces when it is written later (storage upserts by bucket and series)."""
         if self.bucket is None or not self.parts:
-            self.parts = []
             return None
         df = (
-            self._fold(self.parts)
+            self._fold(self.parts)  # into a new frame: the parts stay as they are
             .with_columns(
                 (pl.col("sum") / pl.col("count")).alias("mean"),
                 pl.lit(self.bucket * self.resolution_ns, dtype=pl.Int64).alias("bucket_start_ns"),
@@ -144,7 +151,6 @@ class Rollups:
             )
             .select(list(ROLLUP_SCHEMA))
         )
-        self.parts = []
         return df
 
 

@@ -13,7 +13,7 @@ import orjson
 
 from rocewatch.config import Config
 from rocewatch.errors import ConfigError
-from rocewatch.pipeline import Output, Pipeline
+from rocewatch.pipeline import ROLLUP_S, Output, Pipeline
 from rocewatch.progress import Progress
 from rocewatch.sources import merged, scenario_sources
 from rocewatch.stats import Stats
@@ -69,7 +69,9 @@ def replay(
     if not sources:
         raise ConfigError(f"{scenario}: no telemetry (switch.jsonl, nic.jsonl or int.pcap)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    pipeline = Pipeline(topology, config, stats=stats, rollup_s=10 if store is not None else None)
+    pipeline = Pipeline(
+        topology, config, stats=stats, rollup_s=ROLLUP_S if store is not None else None
+    )
     total = sum(s.bytes_total for s in sources)
     bar = Progress("replay", total, unit="B", enabled=show_progress)
     t0 = time.perf_counter()

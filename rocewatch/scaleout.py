@@ -75,7 +75,14 @@ from rocewatch.kafka_io import (
     wait_for_partitions,
 )
 from rocewatch.kafka_poll import poll_group
-from rocewatch.pipeline import Output, Pipeline
+from rocewatch.pipeline import (
+    COARSE_ROLLUP_S,
+    ROLLUP_S,
+    ROLLUP_SCHEMA,
+    Output,
+    Pipeline,
+    Rollups,
+)
 from rocewatch.runtime import reclaim
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
@@ -84,6 +91,7 @@ log = logging.getLogger(__name__)
 
 STATE_VERSION = 1
 MAGIC = b"RWS1"
+ROLLUPS_MAGIC = b"RWR1"
 MAX_MESSAGE_BYTES = 64 << 20  # steps and state topics; the producer's request limit matches
 ROWS_PER_STEPS_MESSAGE = 200_000
 HEARTBEAT_S = 1.0  # an owned partition reports at least this often
@@ -122,7 +130,7 @@ def ensure_scaleout_topics(k: KafkaConfig) -> int:
                 time.sleep(0.2)
         have_state = count(k.topics.state)
         big = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
-        want = []
+        want = [rollups_topic(k)] if k.topics.rollups not in existing else []
         if k.topics.steps not in existing:
             want.append(
                 NewTopic(k.topics.steps, 1, 1, topic_configs={**big, "retention.ms": "86400000"})
@@ -147,6 +155,36 @@ def ensure_scaleout_topics(k: KafkaConfig) -> int:
         return n
     finally:
         admin.close()
+
+
+def rollups_topic(k: KafkaConfig) -> NewTopic:
+    """The metric rollups stage 1 computes when storage is configured (``rocewatch sink``
+    stores them): keyed by telemetry partition, a day's retention, records up to 64 MB."""
+    return NewTopic(
+        k.topics.rollups,
+        k.partitions,
+        1,
+        topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES), "retention.ms": "86400000"},
+    )
+
+
+def encode_rollups(df: pl.DataFrame) -> bytes:
+    buf = io.BytesIO()
+    df.write_ipc(buf, compression="zstd")
+    return ROLLUPS_MAGIC + buf.getvalue()
+
+
+def decode_rollups(data: bytes) -> pl.DataFrame:
+    if data[:4] != ROLLUPS_MAGIC:
+        raise BadInput("not a rollups message")
+    try:
+        df = pl.read_ipc(io.BytesIO(data[4:]))
+    except (OSError, pl.exceptions.PolarsError) as e:
+        raise BadInput(f"bad rollups message: {e}") from e
+    missing = [c for c in ROLLUP_SCHEMA if c not in df.columns]
+    if missing:
+        raise BadInput(f"rollups message lacks columns {missing}")
+    return df
 
 
 # --- wire format of the steps topic -----------------------------------------------------------
@@ -300,6 +338,7 @@ class AggState:
     engine: WindowEngine
     offset: int  # next telemetry offset to read
     hi: int  # newest sample time seen
+    rollups: list[Rollups] | None = None  # open buckets (with storage configured)
 
 
 @dataclass
@@ -313,6 +352,7 @@ class _Part:
     end_checked: float = 0.0  # when the broker was last asked for its end offset
     dirty: bool = True
     sent: SendTimes = field(default_factory=SendTimes)  # records waiting for their step
+    rollups: list[Rollups] = field(default_factory=list)  # empty: no storage, none computed
 
 
 class Aggregator:
@@ -349,6 +389,13 @@ class Aggregator:
     def _new_engine(self) -> WindowEngine:
         return WindowEngine(self.cfg.window, self.stats)
 
+    def _new_rollups(self) -> list[Rollups]:
+        """Rollup levels as the single-instance service keeps them, when storage is set: each
+        partition's series are its own, so a partition's rollups are whole."""
+        if not self.cfg.storage_url:
+            return []
+        return [Rollups(ROLLUP_S), Rollups(COARSE_ROLLUP_S)]
+
     # --- assignment ------------------------------------------------------------------------------
     def assigned(self, tps: list[TopicPartition]) -> None:
         self.group_changed = time.monotonic()
@@ -375,11 +422,14 @@ class Aggregator:
                     st.engine.stats = self.stats
                     st.engine.rates.stats = self.stats
                     log.info("partition %d resumes at offset %d", p, st.offset)
-                    return _Part(st.engine, st.offset, st.hi, dirty=False)
+                    rollups = getattr(st, "rollups", None)
+                    if rollups is None or bool(rollups) != bool(self.cfg.storage_url):
+                        rollups = self._new_rollups()
+                    return _Part(st.engine, st.offset, st.hi, dirty=False, rollups=rollups)
                 log.error("state of partition %d has another version; starting it afresh", p)
             except Exception as e:  # a foreign record: start the partition clean, say so
                 log.error("state of partition %d unreadable (%s); starting it afresh", p, e)
-        return _Part(self._new_engine(), None)
+        return _Part(self._new_engine(), None, rollups=self._new_rollups())
 
     def revoked(self, tps: list[TopicPartition]) -> None:
         if self.closing:
@@ -501,6 +551,8 @@ class Aggregator:
         if not steps and not idle and not heartbeat:
             return
         part.reported = time.monotonic()
+        if part.rollups and (steps or (idle and not heartbeat)):
+            self._rollups(p, part, steps, idle and not heartbeat)
         step_ns = part.engine.step_ns
         closed_from = steps[0].start if steps else to
         rows = steps_rows(steps, step_ns, part.engine.series)
@@ -531,6 +583,31 @@ class Aggregator:
             )
             closed_from = chunk_to
 
+    def _rollups(self, p: int, part: _Part, steps: list[Step], idle: bool) -> None:
+        """Fold closed steps into the rollup levels; send each bucket that completes and, when
+        the partition goes idle (once, not with every heartbeat), the open buckets so far: the
+        complete ones replace them in storage."""
+        out: list[pl.DataFrame] = []
+        for step in steps:
+            partial = (
+                Rollups._partial(step.frame, part.engine.series.ids(step))
+                if step.frame.height
+                else None
+            )
+            for level in part.rollups:
+                done = level.add(step, partial)
+                if done is not None:
+                    out.append(done)
+        if idle:
+            out += [df for level in part.rollups if (df := level.peek()) is not None]
+        for df in out:
+            if df.height:
+                self.producer.send(
+                    self.k.topics.rollups,
+                    key=str(p).encode(),
+                    value=encode_rollups(df),
+                )  # keyed by partition: its buckets stay in order on one rollups partition
+
     def _dead_letter(self, m: Any, err: Exception) -> None:
         send_dead_letter(self.producer, self.k.topics.dead_letter, m, err, self.stats)
 
@@ -549,7 +626,7 @@ class Aggregator:
         for p in todo:
             part = self.parts[p]
             assert part.offset is not None
-            st = AggState(STATE_VERSION, p, part.engine, part.offset, part.hi)
+            st = AggState(STATE_VERSION, p, part.engine, part.offset, part.hi, part.rollups)
             blob = _dumps(st)
             if len(blob) > MAX_MESSAGE_BYTES:  # the stream goes on; a restart re-reads more
                 self.stats.inc("state_too_large", detail=f"agg-{p}")

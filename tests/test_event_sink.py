@@ -17,21 +17,24 @@ from typing import Any
 import psycopg
 import pytest
 from kafka import KafkaProducer
+from polars.testing import assert_frame_equal
 from sqlalchemy.engine import make_url
 
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
 from rocewatch.event_sink import EventSink
-from rocewatch.kafka_io import Published, send_events
+from rocewatch.kafka_io import Published, publish_scenario, send_events
 from rocewatch.model import Action, Alert
 from rocewatch.notify.base import NotifyConfig, RetryConfig, WebhookConfig
 from rocewatch.pipeline import Output
 from rocewatch.replay import replay
+from rocewatch.scaleout import ScaleOutService
 from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import default_scenario
 from storage.store import Store
 from tests.notify_receiver import Receiver, free_port
 from tests.pg_fresh import fresh_database
 from tests.test_notify import SECRET, check_signed, events
+from tests.test_scaleout import PARTITIONS, so_cfg
 
 pytestmark = pytest.mark.kafka
 
@@ -45,10 +48,15 @@ class Events:
 
 
 @pytest.fixture(scope="module")
-def replayed(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("scenario")
     write_scenario(default_scenario(nodes=8, duration_s=30.0, seed=3), d)
-    res = replay(d, tmp_path_factory.mktemp("replay"))
+    return d
+
+
+@pytest.fixture(scope="module")
+def replayed(scenario: Path, tmp_path_factory: pytest.TempPathFactory) -> Events:
+    res = replay(scenario, tmp_path_factory.mktemp("replay"))
     assert res.alerts and res.actions
     return Events(
         [a if isinstance(a, Alert) else Alert.from_json(a) for a in res.alerts],
@@ -63,12 +71,13 @@ def database(tmp_path: Path) -> Iterator[str]:
         with fresh_database(PG_URL, prefix="rw_sink") as url:
             yield url
     else:
+        tmp_path.mkdir(parents=True, exist_ok=True)
         yield f"sqlite:///{tmp_path / 'rocewatch.db'}"
 
 
 def sink_cfg(bootstrap: str, kafka_topics: Any, db: str, hook_port: int | None) -> Config:
     topics = TopicsConfig(
-        **{n: kafka_topics(n) for n in ("telemetry", "alerts", "actions", "dead_letter")}
+        **{n: kafka_topics(n) for n in ("telemetry", "alerts", "actions", "dead_letter", "rollups")}
     )
     k = KafkaConfig(
         bootstrap_servers=bootstrap,
@@ -207,3 +216,50 @@ def test_sink_holds_events_while_the_database_is_down(
         alerts, actions = stored(db)
         assert alerts == final_states(replayed.alerts)
         assert sorted(actions, key=repr) == sorted(set(replayed.actions), key=repr)
+
+
+def ms(ns: int) -> int:
+    return ns - ns % 1_000_000
+
+
+ROLLUP_KEY = ["bucket_start_ns", "resolution_s", "device", "port", "qual", "metric"]
+
+
+def test_scale_out_and_sink_store_what_replay_stores(
+    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path, scenario: Path
+) -> None:
+    """Four telemetry partitions aggregated apart, their rollups, alerts and actions stored by
+    the sink: the database holds what a replay writes to its own."""
+    with database(tmp_path / "ref") as ref_db, database(tmp_path / "so") as db:
+        with Store(ref_db) as ref:
+            ref.create_schema()
+            replay(scenario, tmp_path / "replay", store=ref)
+            # events cross Kafka as JSON with millisecond times (CONTRACTS.md), replay stores
+            # microseconds: the sink's rows carry the published times
+            want_alerts = {
+                (fp, ms(start)): (status, ms(end))
+                for (fp, start), (status, end) in final_states(ref.alerts()).items()
+            }
+            want_actions = [dataclasses.replace(a, time=ms(a.time)) for a in ref.actions()]
+            want_rollups = ref.rollups().sort(ROLLUP_KEY)
+        assert want_rollups.height and want_actions
+
+        cfg = dataclasses.replace(
+            so_cfg(kafka_bootstrap, kafka_topics, "so", tmp_path, scenario), storage_url=db
+        )
+        kafka_topics.create("so.telemetry", partitions=PARTITIONS)
+        n = publish_scenario(scenario, cfg)
+        svc = ScaleOutService(cfg)
+        svc.run(max_idle_s=4.0)
+        assert svc.agg.samples == n
+        sink = EventSink(cfg)
+        sink.run(max_idle_s=4.0)
+        assert not sink.stats.as_dict(), sink.stats.as_dict()
+
+        alerts, actions = stored(db)
+        assert alerts == want_alerts
+        assert sorted(actions, key=repr) == sorted(want_actions, key=repr)
+        with Store(db) as s:
+            got_rollups = s.rollups().sort(ROLLUP_KEY)
+        assert got_rollups.select(ROLLUP_KEY).equals(want_rollups.select(ROLLUP_KEY))
+        assert_frame_equal(got_rollups, want_rollups, check_exact=False, rel_tol=1e-9)

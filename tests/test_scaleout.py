@@ -48,7 +48,7 @@ def replay_result(scenario: Path, tmp_path_factory: pytest.TempPathFactory) -> A
 
 
 def so_cfg(bootstrap: str, kafka_topics: Any, run: str, tmp: Path, scenario: Path) -> Config:
-    names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state")
+    names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state", "rollups")
     topics = TopicsConfig(**{n: kafka_topics(f"{run}.{n}") for n in names})
     k = KafkaConfig(
         bootstrap_servers=bootstrap,
