@@ -479,7 +479,7 @@ class DetectService:
         self.live_jobs = build_live_jobs(
             self.pipeline.topology,
             cfg.membership,
-            _kube_api(cfg),
+            kube_api(cfg),
             static=list(topology.jobs.values()),
         )
         ensure_topics(k)
@@ -885,7 +885,7 @@ class DetectService:
                 self.store.close()
 
 
-def _kube_api(cfg: Config) -> Any:
+def kube_api(cfg: Config) -> Any:
     """A CoreV1Api factory when Kubernetes is configured (built only when first needed)."""
     kcfg = cfg.executors.kubernetes
     if kcfg is None:

@@ -54,6 +54,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from actions.membership import LiveJobs, build_live_jobs
 from actions.routing import RoutingExecutor
 from detectors.rates import series_ids
 from detectors.windows import AGG_SCHEMA, SeriesTable, Step, WindowEngine
@@ -67,6 +68,7 @@ from rocewatch.kafka_io import (
     _frame_from_ipc,
     _StatePickler,
     ensure_topics,
+    kube_api,
     make_producer,
     output_partitions,
     parse_record,
@@ -712,6 +714,10 @@ class Detector:
         self.published = Published()
         self.latencies: deque[float] = deque(maxlen=100_000)
         self.lat_pending: list[tuple[int, list[int]]] = []  # a heap on closed time
+        # live job membership (squeue, pods) while this instance runs the detect stage; the
+        # topology file's jobs are the fallback
+        self.static_jobs = list(topology.jobs.values())
+        self.live_jobs: LiveJobs | None = None
         self.steps_evaluated = 0
         self.alerts_sent = 0
         self.actions_sent = 0
@@ -756,6 +762,9 @@ class Detector:
             self.consumer.seek(tps[0], st.offset)
             self._load_suppressions(st)
         self.state = st
+        self.live_jobs = build_live_jobs(
+            st.pipeline.topology, self.cfg.membership, kube_api(self.cfg), static=self.static_jobs
+        )
         self.active = True
         self.started = time.monotonic()
         self.seen = {p: self.started for p in st.part_closed}
@@ -780,6 +789,7 @@ class Detector:
             self.checkpoint(commit=False)
             self.active = False
             self.state = None
+            self.live_jobs = None
             log.info("detect stage handed over")
 
     def _output_tps(self) -> list[TopicPartition]:
@@ -806,6 +816,8 @@ class Detector:
         st = self.state
         if st is None or not self.active:
             return 0
+        if self.live_jobs is not None:  # answers are applied here, in the loop's thread
+            self.live_jobs.maybe_refresh()
         n = 0
         now = time.monotonic()
         for msgs in recs.values():

@@ -292,3 +292,63 @@ def test_steps_rows_order_is_canonical() -> None:
     again = steps_rows([Step(one.start, one.end, by_metric=shuffled)], a.step_ns)
     first = steps_rows([one], a.step_ns, a.series)
     assert again is not None and first is not None and again.equals(first)
+
+
+SLURMD_NODE = os.environ.get("ROCEWATCH_TEST_SLURMD_NODE", "")
+
+
+@pytest.mark.skipif(not SLURMD_NODE, reason="needs the test Slurm cluster (scripts/services.sh)")
+def test_detect_stage_follows_live_slurm_jobs(kafka_bootstrap, kafka_topics, tmp_path):
+    """The instance running the detect stage refreshes job membership from the real slurmctld:
+    a submitted job shows in its topology (peers, job caps) and goes when it ends."""
+    topo = {
+        "switches": [{"name": "leaf-0"}],
+        "nodes": [
+            {"name": n, "scheduler": "slurm", "nics": [{"nic": "mlx5_0"}]}
+            for n in ("rwnode1", "rwnode2")
+        ],
+    }
+    (tmp_path / "topology.yaml").write_text(yaml.safe_dump(topo))
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, "jobs", tmp_path, tmp_path)
+    cfg = dataclasses.replace(
+        cfg, membership=dataclasses.replace(cfg.membership, slurm=True, interval_s=0.5)
+    )
+    svc = ScaleOutService(cfg)
+    t = threading.Thread(target=svc.run, daemon=True)
+    t.start()
+    jobid = ""
+    try:
+        deadline = time.monotonic() + 60
+        while not svc.det.active and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert svc.det.active, "the detect stage never started"
+        sub = subprocess.run(
+            [
+                "sbatch", "--parsable", "-w", SLURMD_NODE, "-J", "rw-scaleout",
+                "--account=tenant-a", "--output=/dev/null", "--chdir=/tmp", "--wrap", "sleep 120",
+            ],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        jobid = sub.stdout.strip().split(";")[0]
+        name = f"rw-scaleout-{jobid}"
+
+        def jobs() -> list[str]:
+            st = svc.det.state
+            return [] if st is None else list(st.pipeline.topology.node_jobs.get(SLURMD_NODE, []))
+
+        deadline = time.monotonic() + 60
+        while name not in jobs() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert jobs() == [name]
+        subprocess.run(["scancel", jobid], check=False)
+        jobid = ""
+        deadline = time.monotonic() + 60
+        while jobs() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert jobs() == []
+    finally:
+        if jobid:
+            subprocess.run(["scancel", jobid], check=False)
+        svc.stop_event.set()
+        t.join(60)
+    assert not t.is_alive()
