@@ -55,6 +55,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from actions.membership import LiveJobs, build_live_jobs
+from actions.operator import apply_pending
 from actions.routing import RoutingExecutor
 from detectors.rates import series_ids
 from detectors.windows import AGG_SCHEMA, SeriesTable, Step, WindowEngine
@@ -718,6 +719,14 @@ class Detector:
         # topology file's jobs are the fallback
         self.static_jobs = list(topology.jobs.values())
         self.live_jobs: LiveJobs | None = None
+        # operators' commands (`rocewatch approve`, `undrain`) arrive in the storage database;
+        # the instance running the detect stage carries them out
+        self.db: Any = None
+        if cfg.storage_url:
+            from storage.store import Store
+
+            self.db = Store(cfg.storage_url)
+            self.db.create_schema()
         self.steps_evaluated = 0
         self.alerts_sent = 0
         self.actions_sent = 0
@@ -922,6 +931,23 @@ class Detector:
             for sent in heapq.heappop(self.lat_pending)[1]:
                 self.latencies.append((t - sent) / 1e9)
 
+    def apply_operator_commands(self) -> int:
+        """Carry out the operators' pending commands (while this instance runs the detect
+        stage), publish what they decided, and checkpoint at once: a takeover then finds the
+        policy as the commands, already marked done, left it."""
+        st = self.state
+        if st is None or not self.active or self.db is None:
+            return 0
+        try:
+            n = apply_pending(st.pipeline.policy, [self.db])
+        except RetryableError as e:
+            log.warning("operator commands: %s; trying again later", e)
+            return 0
+        if n:
+            self._emit(st.pipeline.operator_tick())
+            self.checkpoint()
+        return n
+
     def _emit(self, out: Output) -> None:
         n_alerts, n_actions = send_events(self.producer, self.cfg, out, self.published)
         self.alerts_sent += n_alerts
@@ -996,21 +1022,26 @@ class ScaleOutService:
         self.agg = Aggregator(cfg, self.n_parts, self.producer, self.store)
         self.det = Detector(cfg, topology, self.n_parts, self.producer, self.store)
         self.stop_event = threading.Event()
+        self.subscribed = False
         self.summary_path = Path(cfg.state_dir) / f"scaleout-{os.getpid()}.json"
 
     def run(self, max_idle_s: float = 0.0) -> None:
         k = self.cfg.kafka
-        self.subscribe()
+        if not self.subscribed:
+            self.subscribe()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
         log.info("scale-out detect on %s as groups %s-agg/-detect", k.topics.telemetry, k.group_id)
         last_input = time.monotonic()
-        last_commit = time.monotonic()
+        last_commit = next_commands = time.monotonic()
         try:
             while not self.stop_event.is_set():
                 n = self.agg.poll_once(100)
                 n += self.det.poll_once(20 if n else 100)
                 now = time.monotonic()
+                if now >= next_commands:
+                    next_commands = now + 0.5
+                    self.det.apply_operator_commands()
                 if n or not self.agg.consumer.assignment():
                     last_input = now  # idle time counts from the group join, not before it
                 # a rebalance is activity: a member joining or leaving restarts the idle clock
@@ -1035,6 +1066,7 @@ class ScaleOutService:
         """Join both groups once the topics' partitions are known (else the first assignment
         would be empty until the next metadata refresh)."""
         k = self.cfg.kafka
+        self.subscribed = True
         wait_for_partitions(self.agg.consumer, k.topics.telemetry)
         wait_for_partitions(self.det.consumer, k.topics.steps)
         self.agg.consumer.subscribe([k.topics.telemetry], listener=_AggListener(self.agg))
@@ -1072,3 +1104,5 @@ class ScaleOutService:
                 self.producer.flush(timeout=30)
                 self.producer.close(timeout=10)
                 self.store.close()
+                if self.det.db is not None:
+                    self.det.db.close()

@@ -317,3 +317,75 @@ def test_detect_service_serves_the_api_and_carries_out_approvals(
     assert [(x["node"], x["outcome"]) for x in published][-1:] == [("gpu-02", "done")]
     with Store(f"sqlite:///{tmp_path}/svc.db") as store:
         assert [(x.node, x.outcome) for x in store.actions()][-1] == ("gpu-02", "done")
+
+
+def test_scale_out_detect_stage_carries_out_cli_approvals(
+    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path
+) -> None:
+    """Scale-out (real broker): the instance running the detect stage picks up an approval
+    given with `rocewatch approve NODE` (stored in the database), drains, marks the command
+    done and publishes the drain."""
+    import threading
+
+    import yaml
+
+    from rocewatch.config import config_from_dict
+    from rocewatch.pipeline import Output
+    from rocewatch.scaleout import ScaleOutService
+    from tests.test_kafka_pipeline import read_topic
+
+    topo_file = tmp_path / "topology.yaml"
+    topo_file.write_text(yaml.safe_dump(topo().to_dict()))
+    db = f"sqlite:///{tmp_path}/so.db"
+    names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state", "rollups")
+    cfg = config_from_dict(
+        {
+            "topology": str(topo_file),
+            "state_dir": str(tmp_path / "state"),
+            "storage": {"url": db},
+            "kafka": {
+                "bootstrap_servers": kafka_bootstrap,
+                "group_id": kafka_topics("group"),
+                "topics": {k: kafka_topics(k) for k in names},
+                "scale_out": True,
+                "session_timeout_ms": 6000,
+            },
+            "actions": {"mode": "approval"},
+        }
+    )
+    svc = ScaleOutService(cfg)
+    svc.subscribe()
+    deadline = time.monotonic() + 60
+    while not svc.det.active and time.monotonic() < deadline:
+        svc.agg.poll_once(100)
+        svc.det.poll_once(100)
+    assert svc.det.active and svc.det.state is not None
+    policy = svc.det.state.pipeline.policy
+    ex = Recorder()
+    policy.executor = ex
+    policy.on_alert(storm("gpu-02", T0), T0)  # as if the detectors had just raised it
+    svc.det._emit(svc.det.state.pipeline.operator_tick())
+    acts, _ = policy.tick(T0 + 3 * S)
+    svc.det._emit(Output(actions=acts))
+    assert policy.pending() == ["gpu-02"] and ex.calls == []
+
+    r = cli("approve", "gpu-02", "--db", db, "--wait", "0")
+    assert r.returncode == 0, r.stderr
+    t = threading.Thread(target=svc.run, kwargs={"max_idle_s": 6.0})
+    t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while ex.calls == [] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ex.calls == [("drain", "gpu-02")]
+    finally:
+        t.join(60)
+    assert not t.is_alive()
+    with Store(db) as store:
+        (cmd,) = store.commands()
+        assert (cmd["command"], cmd["node"], cmd["status"]) == ("approve", "gpu-02", "done")
+    published = [json.loads(m.value) for m in read_topic(kafka_bootstrap, cfg.kafka.topics.actions)]
+    outcomes = [(x["node"], x["outcome"]) for x in published]
+    assert outcomes[-1] == ("gpu-02", "done")
+    assert ("gpu-02", "pending-approval") in outcomes[:-1]
+    assert outcomes.count(("gpu-02", "done")) == 1
