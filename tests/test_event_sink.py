@@ -28,15 +28,16 @@ from rocewatch.notify.base import NotifyConfig, RetryConfig, WebhookConfig
 from rocewatch.pipeline import Output
 from rocewatch.replay import replay
 from rocewatch.scaleout import ScaleOutService
-from rocewatch.sim import write_scenario
-from rocewatch.sim.scenarios import default_scenario
 from storage.store import Store
 from tests.notify_receiver import Receiver, free_port
 from tests.pg_fresh import fresh_database
 from tests.test_notify import SECRET, check_signed, events
 from tests.test_scaleout import PARTITIONS, so_cfg
+from tests.test_scaleout import scenario as scaleout_scenario
 
 pytestmark = pytest.mark.kafka
+
+scenario = scaleout_scenario  # the same scenario fixture (nodes=8, 30 s, seed 3)
 
 PG_URL = os.environ.get("ROCEWATCH_TEST_PG_URL", "")
 
@@ -45,13 +46,6 @@ PG_URL = os.environ.get("ROCEWATCH_TEST_PG_URL", "")
 class Events:
     alerts: list[Alert]
     actions: list[Action]
-
-
-@pytest.fixture(scope="module")
-def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("scenario")
-    write_scenario(default_scenario(nodes=8, duration_s=30.0, seed=3), d)
-    return d
 
 
 @pytest.fixture(scope="module")

@@ -104,19 +104,24 @@ def test_live_jobs_refresh_fallback_and_last_good_answer() -> None:
 SLURMD_NODE = os.environ.get("ROCEWATCH_TEST_SLURMD_NODE", "")
 
 
+def submit_job(name: str) -> str:
+    """A two-minute batch job on the test slurmd, account tenant-a; its job id."""
+    sub = subprocess.run(
+        [
+            "sbatch", "--parsable", "-w", SLURMD_NODE, "-J", name,
+            "--account=tenant-a", "--output=/dev/null", "--chdir=/tmp", "--wrap", "sleep 120",
+        ],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return sub.stdout.strip().split(";")[0]
+
+
 @pytest.mark.skipif(
     not SLURMD_NODE, reason="ROCEWATCH_TEST_SLURMD_NODE (a node with a live slurmd) unset"
 )
 def test_membership_from_a_real_slurm_job() -> None:
     """Submit a real batch job to the real slurmctld; its slurmd runs it; squeue names it."""
-    sub = subprocess.run(
-        [
-            "sbatch", "--parsable", "-w", SLURMD_NODE, "-J", "rw-membership",
-            "--account=tenant-a", "--output=/dev/null", "--chdir=/tmp", "--wrap", "sleep 120",
-        ],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    jobid = sub.stdout.strip().split(";")[0]
+    jobid = submit_job("rw-membership")
     try:
         t = topo(["rwnode1", "rwnode2", "rwnode3", "rwnode4"])
         live = LiveJobs(t, [SlurmJobs()], interval_s=0.1)

@@ -27,6 +27,7 @@ from rocewatch.scaleout import ScaleOutService, StepsMessage, decode_steps, enco
 from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import default_scenario
 from tests.test_kafka_pipeline import comparable, read_topic, sorted_actions
+from tests.test_membership import SLURMD_NODE, submit_job
 
 pytestmark = pytest.mark.kafka
 
@@ -294,9 +295,6 @@ def test_steps_rows_order_is_canonical() -> None:
     assert again is not None and first is not None and again.equals(first)
 
 
-SLURMD_NODE = os.environ.get("ROCEWATCH_TEST_SLURMD_NODE", "")
-
-
 @pytest.mark.skipif(not SLURMD_NODE, reason="needs the test Slurm cluster (scripts/services.sh)")
 def test_detect_stage_follows_live_slurm_jobs(kafka_bootstrap, kafka_topics, tmp_path):
     """The instance running the detect stage refreshes job membership from the real slurmctld:
@@ -322,14 +320,7 @@ def test_detect_stage_follows_live_slurm_jobs(kafka_bootstrap, kafka_topics, tmp
         while not svc.det.active and time.monotonic() < deadline:
             time.sleep(0.2)
         assert svc.det.active, "the detect stage never started"
-        sub = subprocess.run(
-            [
-                "sbatch", "--parsable", "-w", SLURMD_NODE, "-J", "rw-scaleout",
-                "--account=tenant-a", "--output=/dev/null", "--chdir=/tmp", "--wrap", "sleep 120",
-            ],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        jobid = sub.stdout.strip().split(";")[0]
+        jobid = submit_job("rw-scaleout")
         name = f"rw-scaleout-{jobid}"
 
         def jobs() -> list[str]:
