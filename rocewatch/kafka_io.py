@@ -463,6 +463,11 @@ class DetectService:
         self.offsets: dict[tuple[str, int], int] = {}
         self.part_hi: dict[tuple[str, int], int] = {}
         self.part_seen_wall: dict[tuple[str, int], float] = {}
+        # when the broker last said a partition was read to its end; the last end-offset
+        # check; when the input last stalled with records still to come (see _read_to_end)
+        self.end_ok: dict[tuple[str, int], float] = {}
+        self.end_checked = -float("inf")
+        self.disrupted_at = -float("inf")
         self.published = Published()
         restored = self._restore()
         executor = RoutingExecutor(cfg.executors)
@@ -639,16 +644,69 @@ class DetectService:
         now = time.monotonic()
         idle_s = max(self.cfg.kafka.partition_idle_s, 3 * self.cfg.kafka.idle_flush_s)
         paused = {(tp.topic, tp.partition) for tp in self.consumer.paused()}
-        live = [
-            hi
-            for key, hi in self.part_hi.items()
-            if now - self.part_seen_wall.get(key, now) < idle_s
-            or key in paused
-            or self._has_unread(key)
-        ]
+        live: list[int] = []
+        silent: list[tuple[str, int]] = []
+        for key, hi in self.part_hi.items():
+            quiet = now - self.part_seen_wall.get(key, now) >= idle_s
+            if not quiet or key in paused or self._has_unread(key):
+                live.append(hi)
+            else:
+                silent.append(key)
+        if silent:
+            done = self._read_to_end(silent, now)
+            live += [self.part_hi[key] for key in silent if key not in done]
         if not live:
             return None
         return min(live) - self.pipeline.engine.lateness_ns()
+
+    def _read_to_end(self, keys: list[tuple[str, int]], now: float) -> set[tuple[str, int]]:
+        """Of these silent partitions, those that may be left out of the watermark: the broker
+        said, after the partition's last record, that it is read to its end, and no input has
+        stalled for partition_idle_s.
+
+        Silence alone is not enough, nor is the fetcher's highwater: after a broker restart a
+        partition's fetches may stall while its records wait (its highwater then looks read),
+        and publishers resend what they buffered during the outage for a while. So the end
+        offsets are asked for (at most once a second, one request for all); a partition
+        found behind is sought to its position, which starts its fetches again, and counts as
+        a stall."""
+        if now - self.disrupted_at < self.cfg.kafka.partition_idle_s:
+            return set()
+        done = {k for k in keys if self.end_ok.get(k, -1.0) > self.part_seen_wall.get(k, now)}
+        todo = [k for k in keys if k not in done]
+        if not todo or now - self.end_checked < 1.0:
+            return done
+        self.end_checked = now
+        tps = [TopicPartition(*k) for k in todo]
+        try:
+            ends = self.consumer.end_offsets(tps, timeout_ms=2000)
+        except KafkaError as e:
+            log.info("end offsets unknown (%s): silent partitions stay in the watermark", e)
+            self.disrupted_at = now
+            return set()
+        behind = []
+        for tp in tps:
+            key = (tp.topic, tp.partition)
+            off = self.offsets.get(key)
+            end = ends.get(tp)
+            if end is None or off is None:
+                continue
+            if off >= end:
+                self.end_ok[key] = now
+                done.add(key)
+            else:
+                behind.append(tp)
+                with contextlib.suppress(KafkaError, AssertionError, ValueError):
+                    self.consumer.seek(tp, off)  # the fetcher starts over from here
+        if behind:
+            log.warning(
+                "partitions %s silent with records to read: fetching them again, not idle",
+                sorted(tp.partition for tp in behind),
+            )
+            self.stats.inc("stalled_partition", len(behind))
+            self.disrupted_at = now
+            return set()
+        return done
 
     def _has_unread(self, key: tuple[str, int]) -> bool:
         """True when the broker last said this partition holds records not read yet. Such a
@@ -791,7 +849,6 @@ class DetectService:
         last_input = time.monotonic()
         last_commit = time.monotonic()
         last_prune = 0.0
-        disrupted_at = -float("inf")  # when the input last stalled with records still to come
         flushed = True
         log.info(
             "detecting on %s as group %s", self.cfg.kafka.topics.telemetry, self.cfg.kafka.group_id
@@ -815,7 +872,7 @@ class DetectService:
                 elif (
                     not flushed
                     and now - last_input >= self.cfg.kafka.idle_flush_s
-                    and now - disrupted_at >= self.cfg.kafka.partition_idle_s
+                    and now - self.disrupted_at >= self.cfg.kafka.partition_idle_s
                 ):
                     # (after a broker outage, publishers may take a while to resend: "read to
                     # the end" is not "the end" until partition_idle_s has passed)
@@ -827,7 +884,7 @@ class DetectService:
                     else:
                         # a broker outage or a stalled fetch, not a quiet stream: closing every
                         # window now would make the backlog late; partitions stay live meanwhile
-                        last_input = disrupted_at = time.monotonic()
+                        last_input = self.disrupted_at = time.monotonic()
                         for key in self.part_seen_wall:
                             self.part_seen_wall[key] = last_input
                 if now - last_commit >= self.cfg.kafka.commit_interval_s:
