@@ -85,6 +85,13 @@ class ServiceMetrics:
             "records behind the log end, all assigned partitions together",
             registry=r,
         )
+        # scale-out only: how far the detect stage is behind the steps topic (-1: another
+        # instance runs it)
+        self.steps_lag = Gauge(
+            "rocewatch_steps_lag_records",
+            "scale-out: steps messages the detect stage has not read (-1: not this instance)",
+            registry=r,
+        )
         self._samples_seen = 0
         self._detector_seen = 0.0
         self._notify_seen: dict[tuple[str, str], int] = {}
@@ -120,6 +127,43 @@ class ServiceMetrics:
             self.lag_total.set(total)
         if getattr(svc, "notifier", None) is not None:
             self.update_notify(svc.notifier)
+
+    def update_scaleout(self, svc: Any) -> None:
+        """Refresh from a ScaleOutService: lag on the telemetry partitions this instance
+        aggregates (partitions it no longer owns drop out), the detect stage's lag on the
+        steps topic, and the detectors' figures while it runs the detect stage."""
+        from kafka.structs import TopicPartition
+
+        agg, det = svc.agg, svc.det
+        if agg.samples > self._samples_seen:
+            self.samples.inc(agg.samples - self._samples_seen)
+            self._samples_seen = agg.samples
+        for stats in (agg.stats, det.stats):
+            for k, v in stats.counts.items():
+                self.skipped.labels(reason=k).set(v)
+        self.lag.clear()
+        total = 0
+        topic = svc.cfg.kafka.topics.telemetry
+        for p, part in list(agg.parts.items()):
+            hw = agg.consumer.highwater(TopicPartition(topic, p))
+            if hw is not None and part.offset is not None:
+                self.lag.labels(partition=str(p)).set(max(0, hw - part.offset))
+                total += max(0, hw - part.offset)
+        self.lag_total.set(total)
+        st = det.state
+        if st is None or not det.active:
+            self.steps_lag.set(-1)
+            self.firing.set(0)
+            return
+        hw = det.consumer.highwater(TopicPartition(svc.cfg.kafka.topics.steps, 0))
+        self.steps_lag.set(max(0, hw - st.offset) if hw is not None else 0)
+        pipe = st.pipeline
+        spent = pipe.detector_seconds - self._detector_seen
+        if spent > 0:
+            self.batch_s.observe(spent)
+        self._detector_seen = pipe.detector_seconds
+        self.detector_s.set(pipe.detector_seconds)
+        self.firing.set(len(pipe.lifecycle.firing))
 
     def update_notify(self, d: Any, depth: dict[str, int] | None = None) -> None:
         """Refresh from a notify Dispatcher; the outbox depth is read at most every few

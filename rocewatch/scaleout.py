@@ -1023,6 +1023,11 @@ class ScaleOutService:
         self.det = Detector(cfg, topology, self.n_parts, self.producer, self.store)
         self.stop_event = threading.Event()
         self.subscribed = False
+        self.metrics: Any = None
+        if cfg.metrics_port:
+            from rocewatch.metrics import ServiceMetrics
+
+            self.metrics = ServiceMetrics(cfg.metrics_port)
         self.summary_path = Path(cfg.state_dir) / f"scaleout-{os.getpid()}.json"
 
     def run(self, max_idle_s: float = 0.0) -> None:
@@ -1042,6 +1047,8 @@ class ScaleOutService:
                 if now >= next_commands:
                     next_commands = now + 0.5
                     self.det.apply_operator_commands()
+                    if self.metrics is not None:
+                        self.metrics.update_scaleout(self)
                 if n or not self.agg.consumer.assignment():
                     last_input = now  # idle time counts from the group join, not before it
                 # a rebalance is activity: a member joining or leaving restarts the idle clock
@@ -1059,6 +1066,8 @@ class ScaleOutService:
                 ):
                     break
             self.checkpoint()
+            if self.metrics is not None:
+                self.metrics.update_scaleout(self)
         finally:
             self.close()
 
@@ -1093,6 +1102,8 @@ class ScaleOutService:
     def close(self) -> None:
         # the final checkpoint is done: leaving the groups must not write state again
         self.agg.closing = self.det.closing = True
+        if self.metrics is not None:
+            self.metrics.close()
         try:
             self.summary_path.parent.mkdir(parents=True, exist_ok=True)
             self.summary_path.write_text(json.dumps(self.summary()))

@@ -19,6 +19,8 @@ from typing import Any
 import orjson
 import pytest
 import yaml
+from kafka import KafkaConsumer
+from kafka.structs import TopicPartition
 
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
 from rocewatch.kafka_io import publish_scenario
@@ -26,7 +28,9 @@ from rocewatch.replay import replay
 from rocewatch.scaleout import ScaleOutService, StepsMessage, decode_steps, encode_steps
 from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import default_scenario
+from tests.notify_receiver import free_port
 from tests.test_kafka_pipeline import comparable, read_topic, sorted_actions
+from tests.test_kafka_resilience import scrape
 from tests.test_membership import SLURMD_NODE, submit_job
 
 pytestmark = pytest.mark.kafka
@@ -343,3 +347,50 @@ def test_detect_stage_follows_live_slurm_jobs(kafka_bootstrap, kafka_topics, tmp
         svc.stop_event.set()
         t.join(60)
     assert not t.is_alive()
+
+
+def test_scale_out_consumer_lag_is_a_prometheus_metric(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario
+):
+    """A scale-out instance behind its topic exports its lag per telemetry partition (the
+    broker's end offsets less what it has read) and the detect stage's lag on the steps topic;
+    at the end of the stream both are caught up and every sample is counted."""
+    port = free_port()
+    cfg = dataclasses.replace(
+        so_cfg(kafka_bootstrap, kafka_topics, "lag", tmp_path, scenario), metrics_port=port
+    )
+    kafka_topics.create("lag.telemetry", partitions=PARTITIONS)
+    n = publish_scenario(scenario, cfg)  # a backlog before the instance starts
+    svc = ScaleOutService(cfg)
+    svc.subscribe()
+    topic = cfg.kafka.topics.telemetry
+
+    def read() -> dict[int, int]:
+        return {p: part.offset for p, part in svc.agg.parts.items() if part.offset is not None}
+
+    deadline = time.monotonic() + 60
+    while not read() and time.monotonic() < deadline:
+        svc.agg.poll_once(500)
+        svc.det.poll_once(20)
+    offsets = read()
+    assert offsets, "the instance read nothing"
+    svc.metrics.update_scaleout(svc)
+    got = scrape(port)
+    probe = KafkaConsumer(bootstrap_servers=[kafka_bootstrap], group_id=None)
+    ends = probe.end_offsets([TopicPartition(topic, p) for p in offsets])
+    probe.close()
+    behind = {tp.partition: end - offsets[tp.partition] for tp, end in ends.items()}
+    assert sum(behind.values()) > 0, "one poll read everything: the test needs more data"
+    for p, lag in behind.items():
+        assert got[f'rocewatch_consumer_lag_records{{partition="{p}"}}'] == lag
+    assert got["rocewatch_consumer_lag_records_total"] == sum(behind.values())
+
+    svc.run(max_idle_s=4.0)
+    reg = svc.metrics.registry
+    assert reg.get_sample_value("rocewatch_samples_ingested_total") == n
+    assert reg.get_sample_value("rocewatch_consumer_lag_records_total") == 0
+    for p in range(PARTITIONS):
+        assert reg.get_sample_value("rocewatch_consumer_lag_records", {"partition": str(p)}) == 0
+    # this instance ran the detect stage; at most the last round of heartbeats is unread
+    steps_lag = reg.get_sample_value("rocewatch_steps_lag_records")
+    assert steps_lag is not None and 0 <= steps_lag <= 2 * PARTITIONS
