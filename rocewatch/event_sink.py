@@ -86,6 +86,11 @@ class EventSink:
         from rocewatch.notify.service import open_dispatcher
 
         self.notifier = open_dispatcher(cfg, self.store)
+        self.metrics: Any = None
+        if cfg.metrics_port:
+            from rocewatch.metrics import ServiceMetrics
+
+            self.metrics = ServiceMetrics(cfg.metrics_port)
         ensure_topics(k, extra)
         self.consumer = KafkaConsumer(
             **k.client_kwargs(),
@@ -100,11 +105,13 @@ class EventSink:
             metadata_max_age_ms=GROUP_METADATA_MAX_AGE_MS,
         )
         self.pending = Batch()
+        self.positions: dict[TopicPartition, int] = {}  # next offset to read, per partition
         self.retry_at = 0.0
         self.retry_s = RETRY_MIN_S
         self.alerts_written = 0
         self.actions_written = 0
         self.rollups_written = 0
+        self.storage_retries = 0  # failed writes, each retried later
         self.queued = 0
 
     # --- input -----------------------------------------------------------------------------------
@@ -151,6 +158,7 @@ class EventSink:
                 elif isinstance(ev, pl.DataFrame):
                     self.pending.rollups.append(ev)
                 self.pending.offsets[tp] = m.offset + 1
+                self.positions[tp] = m.offset + 1
                 got += 1
         if self.pending and time.monotonic() >= self.retry_at:
             self._flush()
@@ -174,7 +182,7 @@ class EventSink:
                 log.warning(
                     "sink: %s; holding %d events, retrying", e, len(b.alerts) + len(b.actions)
                 )
-            self.stats.inc("storage_retries")
+            self.storage_retries += 1
             self._pause(True)
             self.retry_at = time.monotonic() + self.retry_s
             self.retry_s = min(RETRY_MAX_S, self.retry_s * 2)
@@ -218,6 +226,8 @@ class EventSink:
             while not self.stop_event.is_set():
                 if self.poll_once() or self.pending or not self.consumer.assignment():
                     last = time.monotonic()
+                if self.metrics is not None:
+                    self.metrics.update_sink(self)
                 if max_idle_s and time.monotonic() - last >= max_idle_s:
                     break
         finally:
@@ -236,12 +246,16 @@ class EventSink:
             "alerts_written": self.alerts_written,
             "actions_written": self.actions_written,
             "rollups_written": self.rollups_written,
+            "storage_retries": self.storage_retries,
             "notifications_queued": self.queued,
             "stats": self.stats.as_dict(),
         }
 
     def close(self) -> None:
         try:
+            if self.metrics is not None:
+                self.metrics.update_sink(self)
+                self.metrics.close()
             if self.notifier is not None:
                 self.notifier.stop()
                 try:

@@ -12,6 +12,12 @@ serve them on ``metrics_port``. What they export:
   (failed requests, e.g. webhook failures), ``rocewatch_notify_dead_total{sink}`` (events a
   receiver refused for good), ``rocewatch_notify_outbox_depth{sink}`` (events waiting).
 
+Scale-out instances (``detect --scale-out``) serve the same ingest and detection metrics, lag
+per telemetry partition they aggregate, and ``rocewatch_steps_lag_records``; ``rocewatch sink``
+serves ``rocewatch_sink_written_rows{kind}``, ``rocewatch_sink_held_events``,
+``rocewatch_sink_storage_retries``, ``rocewatch_sink_lag_records{topic,partition}`` and, with
+notify, the delivery metrics.
+
 The collectors that are not Kafka consumers serve theirs through :class:`ReadingsEndpoint`,
 read at scrape time: ``rocewatch agent`` (``rocewatch_agent_*``: snapshots taken and sent, spool
 depth in snapshots and bytes, snapshots dropped from a full spool, send failures) and
@@ -85,6 +91,27 @@ class ServiceMetrics:
             "records behind the log end, all assigned partitions together",
             registry=r,
         )
+        # rocewatch sink: rows written (alerts, actions, rollups), events held while the
+        # database is away, lag per topic and partition
+        self.sink_written = Gauge(
+            "rocewatch_sink_written_rows", "rows the sink wrote, by kind", ["kind"], registry=r
+        )
+        self.sink_held = Gauge(
+            "rocewatch_sink_held_events",
+            "events read and not yet written (the database is away while this stays up)",
+            registry=r,
+        )
+        self.sink_retries = Gauge(
+            "rocewatch_sink_storage_retries",
+            "writes to the database that failed and were retried later",
+            registry=r,
+        )
+        self.sink_lag = Gauge(
+            "rocewatch_sink_lag_records",
+            "records the sink has not read, by topic and partition",
+            ["topic", "partition"],
+            registry=r,
+        )
         # scale-out only: how far the detect stage is behind the steps topic (-1: another
         # instance runs it)
         self.steps_lag = Gauge(
@@ -100,14 +127,19 @@ class ServiceMetrics:
         self.server, self._thread = start_http_server(port, addr=addr, registry=r)
         self.port = int(self.server.server_port)
 
+    def _count(self, samples: int, *stats: Stats) -> None:
+        """Samples ingested so far (a running total) and the skipped-input counts."""
+        if samples > self._samples_seen:
+            self.samples.inc(samples - self._samples_seen)
+            self._samples_seen = samples
+        for st in stats:
+            for k, v in st.counts.items():
+                self.skipped.labels(reason=k).set(v)
+
     def update(self, svc: Any) -> None:
         """Refresh from a DetectService after one poll."""
         p = svc.pipeline
-        if p.samples_in > self._samples_seen:
-            self.samples.inc(p.samples_in - self._samples_seen)
-            self._samples_seen = p.samples_in
-        for k, v in svc.stats.counts.items():
-            self.skipped.labels(reason=k).set(v)
+        self._count(p.samples_in, svc.stats)
         spent = p.detector_seconds - self._detector_seen
         if spent > 0:
             self.batch_s.observe(spent)
@@ -135,12 +167,7 @@ class ServiceMetrics:
         from kafka.structs import TopicPartition
 
         agg, det = svc.agg, svc.det
-        if agg.samples > self._samples_seen:
-            self.samples.inc(agg.samples - self._samples_seen)
-            self._samples_seen = agg.samples
-        for stats in (agg.stats, det.stats):
-            for k, v in stats.counts.items():
-                self.skipped.labels(reason=k).set(v)
+        self._count(agg.samples, agg.stats, det.stats)
         self.lag.clear()
         total = 0
         topic = svc.cfg.kafka.topics.telemetry
@@ -164,6 +191,25 @@ class ServiceMetrics:
         self._detector_seen = pipe.detector_seconds
         self.detector_s.set(pipe.detector_seconds)
         self.firing.set(len(pipe.lifecycle.firing))
+
+    def update_sink(self, sink: Any) -> None:
+        """Refresh from an EventSink: rows written by kind, events held while the database is
+        away, its lag per topic and partition, skipped input (and delivery, with notify)."""
+        for kind in ("alerts", "actions", "rollups"):
+            self.sink_written.labels(kind=kind).set(getattr(sink, f"{kind}_written"))
+        held = sink.pending
+        self.sink_held.set(len(held.alerts) + len(held.actions) + len(held.rollups))
+        self.sink_retries.set(sink.storage_retries)
+        self._count(0, sink.stats)
+        self.sink_lag.clear()
+        for tp in sink.consumer.assignment():
+            hw = sink.consumer.highwater(tp)
+            pos = sink.positions.get(tp)
+            if hw is not None and pos is not None:
+                lag = max(0, hw - pos)
+                self.sink_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(lag)
+        if sink.notifier is not None:
+            self.update_notify(sink.notifier)
 
     def update_notify(self, d: Any, depth: dict[str, int] | None = None) -> None:
         """Refresh from a notify Dispatcher; the outbox depth is read at most every few

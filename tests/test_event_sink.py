@@ -31,6 +31,7 @@ from rocewatch.scaleout import ScaleOutService
 from storage.store import Store
 from tests.notify_receiver import Receiver, free_port
 from tests.pg_fresh import fresh_database
+from tests.test_kafka_resilience import scrape
 from tests.test_notify import SECRET, check_signed, events
 from tests.test_scaleout import PARTITIONS, so_cfg
 from tests.test_scaleout import scenario as scaleout_scenario
@@ -179,37 +180,54 @@ def test_sink_holds_events_while_the_database_is_down(
     with fresh_database(PG_URL, prefix="rw_sink") as db:
         name = make_url(db).database
         assert name
-        cfg = sink_cfg(kafka_bootstrap, kafka_topics, db, None)
+        port = free_port()
+        cfg = dataclasses.replace(
+            sink_cfg(kafka_bootstrap, kafka_topics, db, None), metrics_port=port
+        )
         sink = EventSink(cfg)  # creates the schema while the database is up
         t = threading.Thread(target=sink.run, daemon=True)
+        want = (final_states(replayed.alerts), sorted(set(replayed.actions), key=repr))
         try:
             _connections(PG_URL, name, allow=False)
             t.start()
             half = len(replayed.alerts) // 2
             publish(cfg, replayed.alerts[:half], [])
             deadline = time.monotonic() + 60
-            while sink.stats.get("storage_retries") < 2 and time.monotonic() < deadline:
+            while sink.storage_retries < 2 and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert sink.stats.get("storage_retries") >= 2, "the sink never tried to write"
-            held = len(sink.pending.alerts)
-            assert held == half
+            assert sink.storage_retries >= 2, "the sink never tried to write"
+            held = len(sink.pending.alerts)  # what its polls had read when the write failed
+            assert 0 < held <= half
             # more events while the database is down stay in Kafka, not in the sink's memory
             publish(cfg, replayed.alerts[half:], replayed.actions)
             time.sleep(3.0)
             assert len(sink.pending.alerts) == held and not sink.pending.actions
             assert sink.alerts_written == 0
+            # what an operator sees meanwhile: events held, retries counted, nothing written
+            got = scrape(port)
+            assert got["rocewatch_sink_held_events"] == held
+            assert got["rocewatch_sink_storage_retries"] >= 2
+            assert got['rocewatch_sink_written_rows{kind="alerts"}'] == 0
             _connections(PG_URL, name, allow=True)
             deadline = time.monotonic() + 90
-            while not sink.alerts_written and time.monotonic() < deadline:
-                time.sleep(0.2)
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
+                alerts, actions = stored(db)
+                if (alerts, sorted(actions, key=repr)) == want:
+                    break
         finally:
             _connections(PG_URL, name, allow=True)
             sink.stop_event.set()
             t.join(60)
         assert not t.is_alive()
         alerts, actions = stored(db)
-        assert alerts == final_states(replayed.alerts)
-        assert sorted(actions, key=repr) == sorted(set(replayed.actions), key=repr)
+        assert (alerts, sorted(actions, key=repr)) == want
+        reg = sink.metrics.registry
+        assert reg.get_sample_value("rocewatch_sink_held_events") == 0
+        assert reg.get_sample_value("rocewatch_sink_written_rows", {"kind": "alerts"}) > 0
+        for tp in sink.positions:
+            labels = {"topic": tp.topic, "partition": str(tp.partition)}
+            assert reg.get_sample_value("rocewatch_sink_lag_records", labels) == 0
 
 
 def ms(ns: int) -> int:
