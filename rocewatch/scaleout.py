@@ -102,6 +102,7 @@ HEARTBEAT_S = 1.0  # an owned partition reports at least this often
 # recent (by the report's Kafka timestamp): a report read back after a takeover, from an owner
 # that has since died, must not let steps close without that partition
 IDLE_TRUST_S = 5 * HEARTBEAT_S
+END_EVERY_S = 0.2  # how stale the telemetry end offsets behind an idle report may be
 MAX_SKEW_S = 2.0  # how far one owned partition may run ahead of the slowest
 STEP_SCHEMA: dict[str, pl.DataType] = {"step": pl.Int64(), **AGG_SCHEMA}
 
@@ -201,6 +202,9 @@ class StepsMessage:
     idle: bool  # the owner has caught up and the partition is quiet
     sent: list[int]  # CreateTime (ns) of the telemetry records these steps complete
     rows: pl.DataFrame | None  # STEP_SCHEMA, in steps_rows' canonical order
+    # the owner's next telemetry offset when it sent this (-1: unknown): an idle partition is
+    # idle only while the broker holds nothing past it
+    offset: int = -1
 
 
 def encode_steps(m: StepsMessage) -> bytes:
@@ -211,6 +215,7 @@ def encode_steps(m: StepsMessage) -> bytes:
             "to": m.closed_to,
             "idle": m.idle,
             "sent": m.sent,
+            "off": m.offset,
         }
     )
     body = b""
@@ -229,7 +234,13 @@ def decode_steps(data: bytes) -> StepsMessage:
         h = orjson.loads(data[8 : 8 + n])
         rows = pl.read_ipc(io.BytesIO(data[8 + n :])) if len(data) > 8 + n else None
         return StepsMessage(
-            int(h["p"]), h["from"], h["to"], bool(h["idle"]), [int(x) for x in h["sent"]], rows
+            int(h["p"]),
+            h["from"],
+            h["to"],
+            bool(h["idle"]),
+            [int(x) for x in h["sent"]],
+            rows,
+            int(h.get("off", -1)),
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, OSError) as e:
         raise BadInput(f"bad steps message: {e}") from e
@@ -560,6 +571,10 @@ class Aggregator:
         closed_from = steps[0].start if steps else to
         rows = steps_rows(steps, step_ns, part.engine.series)
         sent = part.sent.closed(to) if to is not None else []
+        offset = part.offset
+        if offset is None:  # nothing read: the partition's end as the fetcher last saw it
+            hw = self.consumer.highwater(TopicPartition(self.k.topics.telemetry, p))
+            offset = -1 if hw is None else int(hw)
         # very large closes go out in several messages, each ending on a whole step
         chunks: list[tuple[pl.DataFrame | None, int | None]] = [(rows, to)]
         if rows is not None and rows.height > ROWS_PER_STEPS_MESSAGE:
@@ -580,7 +595,9 @@ class Aggregator:
             chunks[-1] = (chunks[-1][0], to)
         for i, (chunk, chunk_to) in enumerate(chunks):
             last = i == len(chunks) - 1
-            msg = StepsMessage(p, closed_from, chunk_to, idle and last, sent if last else [], chunk)
+            msg = StepsMessage(
+                p, closed_from, chunk_to, idle and last, sent if last else [], chunk, offset
+            )
             self.producer.send(
                 self.k.topics.steps, key=str(p).encode(), value=encode_steps(msg), partition=0
             )
@@ -710,6 +727,9 @@ class Detector:
         self.state: DetectState | None = None
         self.seen: dict[int, float] = {}
         self.idle_wall: dict[int, float] = {}  # the newest idle report's timestamp, per partition
+        self.idle_offset: dict[int, int] = {}  # and the owner's read offset in it
+        self.ends: dict[int, int] = {}  # telemetry end offsets, asked at most every END_EVERY_S
+        self.ends_at = -float("inf")
         self.started = time.monotonic()
         self.stall_s = max(20.0, 3 * self.k.session_timeout_ms / 1000.0)
         self.published = Published()
@@ -839,6 +859,7 @@ class Detector:
                     continue
                 if msg.idle:
                     self.idle_wall[msg.partition] = m.timestamp / 1000.0
+                    self.idle_offset[msg.partition] = msg.offset
                 n += self._take(st, msg, now)
         self._advance(st, now)
         return n
@@ -886,8 +907,14 @@ class Detector:
         if behind:
             self.seen = {p: now for p in self.seen}
             self.started = now
+        idle = [
+            p
+            for p in range(self.n_parts)
+            if st.part_idle.get(p) and time.time() - self.idle_wall.get(p, 0.0) < IDLE_TRUST_S
+        ]
+        quiet = set(self._still_quiet(idle, now)) if idle else set()
         for p in range(self.n_parts):
-            if st.part_idle.get(p) and time.time() - self.idle_wall.get(p, 0.0) < IDLE_TRUST_S:
+            if p in quiet:
                 continue
             if now - self.seen.get(p, self.started) >= self.stall_s:
                 if p in st.part_closed or p in self.seen:
@@ -899,6 +926,30 @@ class Detector:
         if live:
             return min(live)
         return max(st.part_closed.values()) if st.part_closed else None
+
+    def _still_quiet(self, idle: list[int], now: float) -> list[int]:
+        """Of the partitions reported idle, those the broker holds nothing new for.
+
+        An idle report is old news once records arrive: the owner says so with its next
+        message, but that can come after other partitions have closed steps past the new
+        records (an owner busy with the detect stage reads late). So the telemetry end offsets
+        are asked for (at most every END_EVERY_S, one request): a partition with records past
+        the offset of its idle report holds the watermark again. Unknown ends trust no report.
+        """
+        if now - self.ends_at >= END_EVERY_S:
+            tps = [TopicPartition(self.k.topics.telemetry, p) for p in range(self.n_parts)]
+            try:
+                got = self.store.reader.end_offsets(tps, timeout_ms=2000)
+            except KafkaError as e:
+                log.info("telemetry end offsets unknown (%s): idle reports not trusted", e)
+                return []
+            self.ends = {tp.partition: int(off) for tp, off in got.items()}
+            self.ends_at = now
+        return [
+            p
+            for p in idle
+            if self.idle_offset.get(p, -1) >= 0 and self.ends.get(p, 1 << 62) <= self.idle_offset[p]
+        ]
 
     def _advance(self, st: DetectState, now: float) -> None:
         target = self._target(st, now)

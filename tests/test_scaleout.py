@@ -165,10 +165,10 @@ def test_steps_message_round_trip() -> None:
             if c not in ("device", "port", "qual", "metric")
         ]
     )
-    msg = StepsMessage(3, 100, 800, False, [5, 6], rows)
+    msg = StepsMessage(3, 100, 800, False, [5, 6], rows, offset=42)
     back = decode_steps(encode_steps(msg))
     assert (back.partition, back.closed_from, back.closed_to, back.idle) == (3, 100, 800, False)
-    assert back.sent == [5, 6]
+    assert back.sent == [5, 6] and back.offset == 42
     assert back.rows is not None and back.rows.equals(rows)
     from rocewatch.errors import BadInput
 
