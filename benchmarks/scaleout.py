@@ -9,8 +9,16 @@ the moment the fabric starts talking until it exits. Prints one JSON object (--j
   one_instance_cpu_s_per_msample    detector CPU seconds per million samples, one instance
   two_instances_cpu_s_per_msample   the same, both instances together
   efficiency                        the first divided by the second (1.0: splitting is free)
-  latency_p99_s                     publish -> evaluated by the detectors, two instances
+  latency_p99_s                     publish -> evaluated by the detectors, two instances, over
+                                    the live stream (see below)
   latency_p99_one_instance_s        the same, one instance
+  latency_p99_incl_drain_s          two instances, every record, the stream's last ones included
+
+The recording ends; a fabric does not. A step closes when a sample newer than its end plus the
+allowed lateness arrives, so the records of the final lateness + one step + one tick (0.7 s) can
+only be closed by the idle flush, ``idle_flush_s`` after the stream stops: that is the drain, not
+the pipeline's latency, and at 20 s it is 3 % of the records, enough to own the p99. The live
+figures leave those records out; ``latency_p99_incl_drain_s`` keeps them.
 
 Starts its own Kafka broker unless --bootstrap. Two cores shared with the broker and the
 publisher cannot show a wall-clock speed-up; the CPU figures are what scaling costs.
@@ -64,6 +72,20 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def held_partitions(log_text: str) -> list[int]:
+    """The telemetry partitions an instance's log says it aggregates now."""
+    tail = log_text.rsplit("aggregating telemetry partitions", 1)
+    if len(tail) < 2:
+        return []
+    listed = tail[1].split("\n")[0].strip().strip("[]")
+    return [int(x) for x in listed.split(",") if x.strip()]
+
+
+def pct(xs: list[float], q: float) -> float:
+    """The q-quantile of sorted values (nearest rank), NaN for none."""
+    return xs[min(len(xs) - 1, int(len(xs) * q))] if xs else float("nan")
+
+
 def run(
     k: int,
     bench: Any,
@@ -79,6 +101,8 @@ def run(
     goes with ``interval_s`` 0); their CPU and latencies."""
     import yaml
     from kafka.admin import KafkaAdminClient, NewTopic
+
+    from detectors.windows import WindowConfig
 
     prefix = f"bench.so{k}.{'live' if interval_s else 'burst'}.{os.getpid()}"
     topics = {
@@ -120,13 +144,17 @@ def run(
             subprocess.Popen(cmd, env=env, stdout=logs[i].open("wb"), stderr=subprocess.STDOUT)
         )
         time.sleep(1.0)
-    # the clock starts once every instance holds telemetry partitions and one the detect stage
+    # the clock starts once the instances' latest assignments split the telemetry partitions
+    # between them (a member still rejoining the group shows its old, overlapping set) and one
+    # runs the detect stage: a rebalance inside the measured stream would be timed as latency
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         texts = [p.read_text(errors="replace") for p in logs]
-        held = [t.rsplit("aggregating telemetry partitions", 1)[-1].split("\n")[0] for t in texts]
-        if all("[" in h and "[]" not in h for h in held) and any(
-            "detect stage active" in t for t in texts
+        held = [held_partitions(t) for t in texts]
+        if (
+            all(held)
+            and sorted(p for h in held for p in h) == list(range(PARTITIONS))
+            and any(t.rfind("detect stage active") > t.rfind("detect stage handed") for t in texts)
         ):
             break
         for p, lf in zip(procs, logs, strict=True):
@@ -154,14 +182,19 @@ def run(
     pub.join(60)
     summaries = [json.loads(f.read_text()) for f in state.glob("scaleout-*.json")]
     samples = sum(s["samples"] for s in summaries)
-    lat = sorted(x for s in summaries for x in s["latencies_s"])
     if samples < total:
         raise RuntimeError(f"the instances aggregated {samples:,} of {total:,} samples")
-    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan")
-    p50 = lat[len(lat) // 2] if lat else float("nan")
+    pairs = [(int(t), float(x)) for s in summaries for t, x in s["latencies"]]
+    end = max((t for t, _ in pairs), default=0)
+    w = WindowConfig()
+    drain_ns = int((w.lateness_s + w.step_s + interval_s) * 1e9)
+    live = sorted(x for t, x in pairs if t <= end - drain_ns)
+    p50, p99 = pct(live, 0.5), pct(live, 0.99)
+    p99_all = pct(sorted(x for _, x in pairs), 0.99)
     log(
         f"{k} instance(s): {cpu:.1f} s CPU for {total:,} samples "
-        f"({cpu / (total / 1e6):.2f} s per million), latency p50 {p50:.3f} s p99 {p99:.3f} s, "
+        f"({cpu / (total / 1e6):.2f} s per million), live latency p50 {p50:.3f} s "
+        f"p99 {p99:.3f} s ({len(live):,} records; p99 {p99_all:.3f} s with the drain), "
         f"samples per instance {[s['samples'] for s in summaries]}"
     )
     return {
@@ -169,6 +202,7 @@ def run(
         "per_msample": cpu / (total / 1e6),
         "p50": p50,
         "p99": p99,
+        "p99_all": p99_all,
         "wall_s": wall,
         "per_instance_samples": [s["samples"] for s in summaries],
         "alerts": sum(s["alerts_sent"] for s in summaries),
@@ -209,6 +243,7 @@ def main() -> int:
                 "latency_p99_s": round(two["p99"], 3),
                 "latency_p50_s": round(two["p50"], 3),
                 "latency_p99_one_instance_s": round(one["p99"], 3),
+                "latency_p99_incl_drain_s": round(two["p99_all"], 3),
                 "burst_one_instance_cpu_s_per_msample": round(one_b["per_msample"], 3),
                 "burst_two_instances_cpu_s_per_msample": round(two_b["per_msample"], 3),
                 "burst_efficiency": round(one_b["per_msample"] / two_b["per_msample"], 3),
@@ -226,7 +261,9 @@ def main() -> int:
                 "load_average_1m": round(os.getloadavg()[0], 2),
                 "note": "CPU counted per instance process from the first published record to its "
                 "exit (includes Kafka decode, aggregation, steps encode/decode, state checkpoints "
-                "and 6 s of idle polling); latency includes the 0.5 s allowed lateness",
+                "and 6 s of idle polling); latency includes the 0.5 s allowed lateness; the live "
+                "latencies leave out the records of the stream's last 0.7 s, which only the "
+                "idle flush can close",
             }
             print(json.dumps(result) if args.json else json.dumps(result, indent=2))
             return 0

@@ -733,7 +733,8 @@ class Detector:
         self.started = time.monotonic()
         self.stall_s = max(20.0, 3 * self.k.session_timeout_ms / 1000.0)
         self.published = Published()
-        self.latencies: deque[float] = deque(maxlen=100_000)
+        # (CreateTime ns, seconds to evaluation) of telemetry records, for the benchmark
+        self.latencies: deque[tuple[int, float]] = deque(maxlen=100_000)
         self.lat_pending: list[tuple[int, list[int]]] = []  # a heap on closed time
         # live job membership (squeue, pods) while this instance runs the detect stage; the
         # topology file's jobs are the fallback
@@ -980,7 +981,7 @@ class Detector:
         t = time.time_ns()
         while self.lat_pending and self.lat_pending[0][0] <= boundary:
             for sent in heapq.heappop(self.lat_pending)[1]:
-                self.latencies.append((t - sent) / 1e9)
+                self.latencies.append((sent, (t - sent) / 1e9))
 
     def apply_operator_commands(self) -> int:
         """Carry out the operators' pending commands (while this instance runs the detect
@@ -1092,8 +1093,11 @@ class ScaleOutService:
         last_commit = next_commands = time.monotonic()
         try:
             while not self.stop_event.is_set():
-                n = self.agg.poll_once(100)
-                n += self.det.poll_once(20 if n else 100)
+                # each consumer waits on its own sockets: while this instance runs the detect
+                # stage, neither may block long, or steps wait for telemetry that is not coming
+                wait = 20 if self.det.active else 100
+                n = self.agg.poll_once(wait)
+                n += self.det.poll_once(20 if n else wait)
                 now = time.monotonic()
                 if now >= next_commands:
                     next_commands = now + 0.5
@@ -1146,7 +1150,7 @@ class ScaleOutService:
             "steps_evaluated": self.det.steps_evaluated,
             "alerts_sent": self.det.alerts_sent,
             "actions_sent": self.det.actions_sent,
-            "latencies_s": lat,
+            "latencies": lat,  # [CreateTime ns, seconds to evaluation], by CreateTime
             "stats": {**self.agg.stats.as_dict(), **self.det.stats.as_dict()},
         }
 
