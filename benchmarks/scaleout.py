@@ -13,6 +13,9 @@ the moment the fabric starts talking until it exits. Prints one JSON object (--j
                                     the live stream (see below)
   latency_p99_one_instance_s        the same, one instance
   latency_p99_incl_drain_s          two instances, every record, the stream's last ones included
+  live_cores_*                      CPU seconds per telemetry second of the instances, the
+                                    publisher (this process) and the broker: above ~1.8 cores
+                                    together, 2 cores fall behind and latency grows with the run
 
 The recording ends; a fabric does not. A step closes when a sample newer than its end plus the
 allowed lateness arrives, so the records of the final lateness + one step + one tick (0.7 s) can
@@ -96,6 +99,7 @@ def run(
     total: int,
     seconds: float,
     interval_s: float = 0.1,
+    broker_pid: int | None = None,
 ) -> dict[str, Any]:
     """Publish the recording to ``k`` fresh instances (in real time, or as fast as the producer
     goes with ``interval_s`` 0); their CPU and latencies."""
@@ -164,6 +168,8 @@ def run(
     else:
         raise RuntimeError("instances did not take their partitions in time")
     cpu0 = [proc_cpu_s(p.pid) for p in procs]
+    broker0 = proc_cpu_s(broker_pid) if broker_pid else 0.0
+    pub0 = time.process_time()  # this process: the publisher and its Kafka client threads
     how = "in real time" if interval_s else "as fast as the producer goes"
     log(f"{k} instance(s) ready; publishing {seconds:.0f} s of telemetry {how}")
     pub = threading.Thread(
@@ -180,6 +186,8 @@ def run(
         cpu += ru.ru_utime + ru.ru_stime - c0
     wall = time.monotonic() - t0
     pub.join(60)
+    pub_cpu = time.process_time() - pub0
+    broker_cpu = proc_cpu_s(broker_pid) - broker0 if broker_pid else float("nan")
     summaries = [json.loads(f.read_text()) for f in state.glob("scaleout-*.json")]
     samples = sum(s["samples"] for s in summaries)
     if samples < total:
@@ -203,6 +211,12 @@ def run(
         "p50": p50,
         "p99": p99,
         "p99_all": p99_all,
+        # CPU seconds per second of telemetry: what each party asks of the 2 cores
+        "cores": {
+            "instances": round(cpu / seconds, 2),
+            "publisher": round(pub_cpu / seconds, 2),
+            "broker": round(broker_cpu / seconds, 2),
+        },
         "wall_s": wall,
         "per_instance_samples": [s["samples"] for s in summaries],
         "alerts": sum(s["alerts_sent"] for s in summaries),
@@ -230,12 +244,14 @@ def main() -> int:
             topology_file = tmp / "topology.yaml"
             topology_file.write_text(yaml.safe_dump(topology.to_dict()))
             log(f"{total:,} samples in {msgs:,} messages ({total / args.seconds:,.0f} samples/s)")
-            one = run(1, bench, bootstrap, data, topology_file, tmp, total, args.seconds)
-            two = run(2, bench, bootstrap, data, topology_file, tmp, total, args.seconds)
+            broker_pid = None if args.bootstrap else kafka_broker.Broker.from_dir(tmp / "kafka").pid
+            common = (bench, bootstrap, data, topology_file, tmp, total, args.seconds)
+            one = run(1, *common, broker_pid=broker_pid)
+            two = run(2, *common, broker_pid=broker_pid)
             # the same without pacing: both runs work through large batches, so the comparison
             # shows what splitting costs apart from how far behind one instance falls
-            one_b = run(1, bench, bootstrap, data, topology_file, tmp, total, args.seconds, 0.0)
-            two_b = run(2, bench, bootstrap, data, topology_file, tmp, total, args.seconds, 0.0)
+            one_b = run(1, *common, 0.0)
+            two_b = run(2, *common, 0.0)
             result = {
                 "one_instance_cpu_s_per_msample": round(one["per_msample"], 3),
                 "two_instances_cpu_s_per_msample": round(two["per_msample"], 3),
@@ -244,6 +260,8 @@ def main() -> int:
                 "latency_p50_s": round(two["p50"], 3),
                 "latency_p99_one_instance_s": round(one["p99"], 3),
                 "latency_p99_incl_drain_s": round(two["p99_all"], 3),
+                "live_cores_two_instances": two["cores"],
+                "live_cores_one_instance": one["cores"],
                 "burst_one_instance_cpu_s_per_msample": round(one_b["per_msample"], 3),
                 "burst_two_instances_cpu_s_per_msample": round(two_b["per_msample"], 3),
                 "burst_efficiency": round(one_b["per_msample"] / two_b["per_msample"], 3),

@@ -139,6 +139,11 @@ class SeriesTable:
         self.metric_code = np.empty(0, dtype=np.int32)
         self.metrics: list[str] = []
         self._codes: dict[str, int] = {}
+        # the key as codes, one column per SERIES_KEY string, into that column's value table
+        # (``key_values``): what crosses a topic in place of the strings (rocewatch.scaleout)
+        self.key_codes = np.empty((0, len(SERIES_KEY)), dtype=np.uint32)
+        self.key_values: list[list[str]] = [[] for _ in SERIES_KEY]
+        self._key_index: list[dict[str, int]] = [{} for _ in SERIES_KEY]
         self._sids = np.empty(0, dtype=np.uint64)
         self._sorted = np.empty(0, dtype=np.uint64)
         self._order = np.empty(0, dtype=np.int64)
@@ -174,22 +179,35 @@ class SeriesTable:
 
     def ids(self, step: Step) -> np.ndarray | None:
         """The series id of every row of ``step.frame``, where this table made the step."""
+        pos = self.step_positions(step)
+        return None if pos is None or not len(pos) else self._sids[pos]
+
+    def step_positions(self, step: Step) -> np.ndarray | None:
+        """This table's position of every row of ``step.frame``, where this table made the
+        step (else None)."""
         known = step.positions
         if known is None or known[0] != self.epoch or len(step.by_metric) != len(known[1]):
             return None
-        pos = [known[1][m] for m in step.by_metric]  # the frame's rows: its parts in order
-        ids = self._sids[np.concatenate(pos)] if pos else None
-        return ids if ids is not None and len(ids) == step.frame.height else None
+        parts = [known[1][m] for m in step.by_metric]  # the frame's rows: its parts in order
+        pos = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        return pos if len(pos) == step.frame.height else None
 
     def metric_ids(self, step: Step, metric: str) -> np.ndarray | None:
         """The series id of every row of ``step.by_metric[metric]``, where this table made the
         step (else None)."""
+        pos = self.metric_positions(step, metric)
+        return None if pos is None else self._sids[pos]
+
+    def metric_positions(self, step: Step, metric: str) -> np.ndarray | None:
+        """This table's position of every row of ``step.by_metric[metric]``, where this table
+        made the step (else None)."""
         known = step.positions
         if known is None or known[0] != self.epoch:
             return None
         pos = known[1].get(metric)
-        if pos is None or len(pos) != step.by_metric[metric].height:
-            return None
+        return pos if pos is not None and len(pos) == step.by_metric[metric].height else None
+
+    def sids_at(self, pos: np.ndarray) -> np.ndarray:
         return self._sids[pos]
 
     def positions(self, sid: np.ndarray, samples: pl.DataFrame, row: np.ndarray) -> np.ndarray:
@@ -216,6 +234,17 @@ class SeriesTable:
                     self.metrics.append(m)
                 codes.append(self._codes[m])
             self.keys = pl.concat([self.keys, new], how="vertical").rechunk()
+            key_codes = np.empty((new.height, len(SERIES_KEY)), dtype=np.uint32)
+            for j, (c, index, values) in enumerate(
+                zip(SERIES_KEY, self._key_index, self.key_values, strict=True)
+            ):
+                for i, v in enumerate(new.get_column(c).to_list()):  # new series only
+                    code = index.get(v)
+                    if code is None:
+                        code = index[v] = len(values)
+                        values.append(v)
+                    key_codes[i, j] = code
+            self.key_codes = np.concatenate([self.key_codes, key_codes])
             self.metric_code = np.concatenate([self.metric_code, np.array(codes, np.int32)])
             self._sids = np.concatenate([self._sids, new_sid])
             self._order = np.argsort(self._sids, kind="stable").astype(np.int64)

@@ -4,6 +4,7 @@ of one of them loses and doubles nothing."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import re
@@ -151,6 +152,47 @@ def wait_for_split(a: Instance, b: Instance, timeout: float = 90.0) -> None:
     raise AssertionError(f"no split: {a.text()[-1500:]}\n---\n{b.text()[-1500:]}")
 
 
+def test_idle_report_stops_counting_once_records_arrive(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario
+):
+    """Stage 2 leaves a partition reported idle out of its watermark only while the broker
+    holds nothing past the offset in the report: once a record arrives there, the other
+    partitions' closed steps must not move the watermark past it (its owner may say so late)."""
+    from kafka import KafkaProducer
+
+    from rocewatch.scaleout import END_EVERY_S
+
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, "quiet", tmp_path, scenario)
+    kafka_topics.create("quiet.telemetry", partitions=PARTITIONS)
+    svc = ScaleOutService(cfg)
+    producer = KafkaProducer(bootstrap_servers=[kafka_bootstrap])
+    try:
+        det = svc.det
+        steps_tp = TopicPartition(cfg.kafka.topics.steps, 0)
+        det.consumer.assign([steps_tp])
+        det.assigned([steps_tp])
+        st = det.state
+        assert st is not None and det.active
+        closed = 1000 * det.step_ns
+        now = time.monotonic()
+        for p in range(PARTITIONS - 1):  # three partitions stream and have closed to `closed`
+            assert det._take(st, StepsMessage(p, None, closed, False, [], None, 7), now)
+        # the last is read to its end (offset 0, nothing published) and reported idle
+        quiet = PARTITIONS - 1
+        det.idle_wall[quiet], det.idle_offset[quiet] = time.time(), 0
+        det._take(st, StepsMessage(quiet, None, None, True, [], None, 0), now)
+        assert det._target(st, now) == closed  # left out: the others set the watermark
+        producer.send(cfg.kafka.topics.telemetry, b"sample", partition=quiet).get(timeout=10)
+        time.sleep(END_EVERY_S + 0.1)
+        # a record past the report: the partition holds the watermark until its owner closes
+        assert det._target(st, time.monotonic()) is None
+        det._take(st, StepsMessage(quiet, None, closed - det.step_ns, False, [], None, 1), now)
+        assert det._target(st, time.monotonic()) == closed - det.step_ns
+    finally:
+        producer.close()
+        svc.close()
+
+
 def test_steps_message_round_trip() -> None:
     import polars as pl
 
@@ -174,6 +216,21 @@ def test_steps_message_round_trip() -> None:
 
     with pytest.raises(BadInput):
         decode_steps(b"RWS1\xff\xff\xff\x00{")
+    # the key crosses as codes into tables in the header: a code past its table is bad input
+    data = encode_steps(msg)
+    n = int.from_bytes(data[4:8], "little")
+    head = orjson.loads(data[8 : 8 + n])
+    assert head["keys"] == [["sw1"], ["p1"], [""], ["m"]]
+    head["keys"][0] = []
+    forged = orjson.dumps(head)
+    with pytest.raises(BadInput, match="device code"):
+        decode_steps(b"RWS2" + len(forged).to_bytes(4, "little") + forged + data[8 + n :])
+    # a message written before the codes (strings in the rows) is still read
+    buf = io.BytesIO()
+    rows.write_ipc(buf, compression="zstd")
+    old = orjson.dumps({"p": 3, "from": 100, "to": 800, "idle": False, "sent": [5]})
+    back = decode_steps(b"RWS1" + len(old).to_bytes(4, "little") + old + buf.getvalue())
+    assert back.rows is not None and back.rows.equals(rows) and back.offset == -1
 
 
 def test_two_instances_produce_what_one_produces(
@@ -271,7 +328,7 @@ def test_steps_rows_order_is_canonical() -> None:
     import polars as pl
 
     from detectors.windows import WindowEngine
-    from rocewatch.scaleout import steps_rows
+    from rocewatch.scaleout import steps_coded, steps_rows
     from rocewatch.sim import Simulator
     from rocewatch.stats import Stats
 
@@ -289,6 +346,18 @@ def test_steps_rows_order_is_canonical() -> None:
     assert ra is not None and rb is not None and ra.height > 1000
     assert ra.equals(rb)
     assert ra["step"].is_sorted()
+    # what stage 1 sends: the key as the engine's codes, the same rows once decoded, from
+    # either engine (each table numbers the strings its own way)
+    cache: list[Any] = []
+    ca, cb = steps_coded(sa, a.step_ns, a.series, cache), steps_coded(sb, b.step_ns, b.series)
+    assert ca is not None and cb is not None and len(cache) == 2
+    again_a = steps_coded(sa, a.step_ns, a.series, cache)  # the order from the cache
+    assert again_a is not None and again_a.frame.equals(ca.frame)
+    assert ca.frame.schema["device"] == pl.UInt32
+    assert ca.decoded().equals(ra) and cb.decoded().equals(ra)
+    split = ca.slice_steps()  # how a close too large for one message is cut
+    assert [i for i, _ in split] == sorted(set(ra["step"].to_list()))
+    assert pl.concat([c.decoded() for _, c in split]).equals(ra)
     # a step whose rows come in another order (metrics and series) is put back in order
     one = sa[0]
     shuffled = {m: f.reverse() for m, f in reversed(one.by_metric.items())}
