@@ -21,11 +21,11 @@ checkpoint are read back and not sent again, as in :class:`rocewatch.kafka_io.De
 
 A partition is left out of the stage-2 watermark while its owner reports it idle (caught up, no
 records for ``idle_flush_s``, and no stalled input in this instance for ``partition_idle_s``:
-after a broker outage, read to the end is not the end until publishers have had time to resend;
-the report counts for ``IDLE_TRUST_S`` by its Kafka timestamp, so a dead owner's last report,
-read back after a takeover, soon stops counting), or when nobody has reported it for
-``stall_s`` (no owner: longer than a failover takes, so a failover does not drop a partition's
-steps).
+after a broker outage, read to the end is not the end until publishers have had time to resend)
+and the broker holds no record past the owner's read offset in the report (a report read back
+after a takeover, or one a busy owner has not yet replaced, stops counting the moment a record
+arrives), or when nobody has reported it for ``stall_s`` (no owner: longer than a failover takes,
+so a failover does not drop a partition's steps).
 """
 
 from __future__ import annotations
@@ -102,10 +102,6 @@ ROLLUPS_MAGIC = b"RWR1"
 MAX_MESSAGE_BYTES = 64 << 20  # steps and state topics; the producer's request limit matches
 ROWS_PER_STEPS_MESSAGE = 200_000
 HEARTBEAT_S = 1.0  # an owned partition reports at least this often
-# stage 2 leaves an idle partition out of its watermark only while the idle report is this
-# recent (by the report's Kafka timestamp): a report read back after a takeover, from an owner
-# that has since died, must not let steps close without that partition
-IDLE_TRUST_S = 5 * HEARTBEAT_S
 END_EVERY_S = 0.2  # how stale the telemetry end offsets behind an idle report may be
 MAX_SKEW_S = 2.0  # how far one owned partition may run ahead of the slowest
 STEP_SCHEMA: dict[str, pl.DataType] = {"step": pl.Int64(), **AGG_SCHEMA}
@@ -855,8 +851,7 @@ class Detector:
         self.group_changed = time.monotonic()  # the last (re)assignment, for --max-idle
         self.state: DetectState | None = None
         self.seen: dict[int, float] = {}
-        self.idle_wall: dict[int, float] = {}  # the newest idle report's timestamp, per partition
-        self.idle_offset: dict[int, int] = {}  # and the owner's read offset in it
+        self.idle_offset: dict[int, int] = {}  # the owner's read offset in its idle report
         self.ends: dict[int, int] = {}  # telemetry end offsets, asked at most every END_EVERY_S
         self.ends_at = -float("inf")
         self.started = time.monotonic()
@@ -988,7 +983,6 @@ class Detector:
                     self.stats.inc("bad_steps_message", detail=str(e)[:80])
                     continue
                 if msg.idle:
-                    self.idle_wall[msg.partition] = m.timestamp / 1000.0
                     self.idle_offset[msg.partition] = msg.offset
                 n += self._take(st, msg, now)
         self._advance(st, now)
@@ -1039,11 +1033,7 @@ class Detector:
         if behind:
             self.seen = {p: now for p in self.seen}
             self.started = now
-        idle = [
-            p
-            for p in range(self.n_parts)
-            if st.part_idle.get(p) and time.time() - self.idle_wall.get(p, 0.0) < IDLE_TRUST_S
-        ]
+        idle = [p for p in range(self.n_parts) if st.part_idle.get(p)]
         quiet = set(self._still_quiet(idle, now)) if idle else set()
         for p in range(self.n_parts):
             if p in quiet:

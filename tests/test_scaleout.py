@@ -179,7 +179,7 @@ def test_idle_report_stops_counting_once_records_arrive(
             assert det._take(st, StepsMessage(p, None, closed, False, [], None, 7), now)
         # the last is read to its end (offset 0, nothing published) and reported idle
         quiet = PARTITIONS - 1
-        det.idle_wall[quiet], det.idle_offset[quiet] = time.time(), 0
+        det.idle_offset[quiet] = 0
         det._take(st, StepsMessage(quiet, None, None, True, [], None, 0), now)
         assert det._target(st, now) == closed  # left out: the others set the watermark
         producer.send(cfg.kafka.topics.telemetry, b"sample", partition=quiet).get(timeout=10)
