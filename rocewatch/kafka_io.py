@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import logging
 import os
 import pickle
@@ -54,6 +55,7 @@ from rocewatch.topology import Topology
 log = logging.getLogger(__name__)
 
 MAX_ROWS_PER_MESSAGE = 8192
+PUBLISH_SLICE_NS = 100_000_000  # a message holds one device's samples of at most this span
 # The pipeline takes a poll's records in slices of about this many samples: its working memory
 # grows with the rows it handles at once, and a detector behind its topic gets full polls
 # (max_poll_records of records of up to MAX_ROWS_PER_MESSAGE rows) on every call.
@@ -186,7 +188,7 @@ class TelemetryPublisher:
         fut = self.producer.send(self.k.topics.telemetry, key=key, value=value)
         fut.add_both(self._acked, size)
 
-    def publish(self, df: pl.DataFrame, slice_ns: int = 100_000_000) -> None:
+    def publish(self, df: pl.DataFrame, slice_ns: int = PUBLISH_SLICE_NS) -> None:
         """Send a frame as one message per device and time slice, in time order.
 
         Slicing keeps each partition close to time order when a frame spans a long stretch of
@@ -232,6 +234,17 @@ class TelemetryPublisher:
         self.producer.close()
 
 
+def _time_slices(df: pl.DataFrame, slice_ns: int = PUBLISH_SLICE_NS) -> list[pl.DataFrame]:
+    """A frame's rows per time slice, in time order (a frame with unknown times: itself)."""
+    ts = df.get_column("ts")
+    if ts.null_count():
+        return [df]
+    df = df.sort("ts", maintain_order=True)
+    b = df.get_column("ts").to_numpy() // slice_ns
+    bounds = [0, *(np.flatnonzero(b[1:] != b[:-1]) + 1).tolist(), df.height]
+    return [df.slice(a, z - a) for a, z in itertools.pairwise(bounds)]
+
+
 def publish_scenario(scenario: Path, cfg: Config, rate: float = 0.0) -> int:
     """Send a scenario directory's recorded telemetry to Kafka (the collectors' side)."""
     topology = Topology.load(scenario / "topology.yaml")
@@ -247,13 +260,19 @@ def publish_scenario(scenario: Path, cfg: Config, rate: float = 0.0) -> int:
         for df, _wm in merged(sources, 0):
             if df.height == 0:
                 continue
-            if rate > 0:
-                lo = int(df["ts"].min())  # type: ignore[arg-type]
+            if rate <= 0:
+                pub.publish(df)
+                continue
+            # paced one time slice at a time, as collectors send: a whole read-ahead batch
+            # (seconds of telemetry) at once, then silence, would let partitions go idle and
+            # flush between batches, and the next batch's first samples would come late
+            for part in _time_slices(df):
+                lo = int(part["ts"].min())  # type: ignore[arg-type]
                 t_tel0 = lo if t_tel0 is None else t_tel0
                 ahead = (lo - t_tel0) / 1e9 / rate - (time.monotonic() - t_wall0)
                 if ahead > 0:
                     time.sleep(ahead)
-            pub.publish(df)
+                pub.publish(part)
         pub.close()
     finally:
         for s in sources:

@@ -313,6 +313,11 @@ def test_kill_one_of_two_instances_loses_and_doubles_nothing(
     assert survivor.partitions() == list(range(PARTITIONS)), log[-2000:]
     assert survivor.detecting(), log[-2000:]
     assert "resumes at offset" in log, "the survivor did not resume the victim's partitions"
+    # the survivor resumed the victim's partitions where their state left off: no sample was
+    # dropped as late (records read twice, from before the state's offset, would be)
+    (summary,) = [json.loads(f.read_text()) for f in Path(cfg.state_dir).glob("scaleout-*.json")]
+    late = {k: v for k, v in summary["stats"].items() if k.startswith("late")}
+    assert not late, late
     alerts, actions = outputs(kafka_bootstrap, cfg)
     doubled = [k for k, c in event_keys(alerts).items() if c > 1]
     assert not doubled, f"published twice: {doubled}"
