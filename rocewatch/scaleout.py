@@ -236,14 +236,15 @@ class CodedRows:
 
 
 def code_rows(rows: pl.DataFrame) -> CodedRows:
-    """A frame of STEP_SCHEMA (key strings) -> CodedRows: the general, slower path."""
+    """A frame of STEP_SCHEMA (key strings) -> CodedRows: the general path, for steps no
+    series table made. Each column's table is its distinct strings in sorted order, so a
+    string's code is its dense rank (a null key stays a null code, and decodes to null)."""
     values: list[list[str | None]] = []
     cols = []
     for c in SERIES_KEY:
-        index: dict[str | None, int] = {}
-        codes = [index.setdefault(v, len(index)) for v in rows.get_column(c).to_list()]
-        values.append(list(index))
-        cols.append(pl.Series(c, codes, dtype=pl.UInt32))
+        col = rows.get_column(c)
+        values.append(col.drop_nulls().unique().sort().to_list())
+        cols.append((col.rank("dense") - 1).cast(pl.UInt32).alias(c))
     return CodedRows(rows.with_columns(cols), values)
 
 
@@ -1007,8 +1008,7 @@ class Detector:
         rows = msg.rows
         if rows is None or rows.height == 0:
             return True
-        if isinstance(rows, CodedRows):  # a message made in this process, not decoded
-            rows = rows.decoded()
+        assert isinstance(rows, pl.DataFrame)  # decode_steps gives the key as strings
         step = pl.col("step")
         if prev is not None:
             rows = rows.filter(step >= prev // self.step_ns)  # steps sent before a restart

@@ -225,6 +225,10 @@ def test_steps_message_round_trip() -> None:
     forged = orjson.dumps(head)
     with pytest.raises(BadInput, match="device code"):
         decode_steps(b"RWS2" + len(forged).to_bytes(4, "little") + forged + data[8 + n :])
+    # a null key string crosses as a null code and comes back null
+    gaps = pl.concat([rows, rows.with_columns(pl.lit(None, dtype=pl.String).alias("port"))])
+    back = decode_steps(encode_steps(StepsMessage(3, 100, 800, False, [], gaps, offset=1)))
+    assert back.rows is not None and back.rows.equals(gaps)
     # a message written before the codes (strings in the rows) is still read
     buf = io.BytesIO()
     rows.write_ipc(buf, compression="zstd")
