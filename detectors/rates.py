@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from rocewatch.keys import KEYS, mix, string_hashes
 from rocewatch.model import SERIES_KEY
 from rocewatch.stats import Stats
 
@@ -53,32 +54,18 @@ _WRAP_FLOOR = np.uint64(3 << 62)  # a predecessor above 0.75 * 2^64 may have wra
 _WRAP_MAX_DELTA = np.uint64(1 << 62)
 
 
-_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplying by it permutes 64-bit words
-_FMIX1 = np.uint64(0xFF51AFD7ED558CCD)
-_FMIX2 = np.uint64(0xC4CEB9FE1A85EC53)
-_S33 = np.uint64(33)
-
-
 def series_ids(samples: pl.DataFrame) -> np.ndarray:
     """The 64-bit series id of every row: the series key's four strings (``SERIES_KEY``, in that
-    order) hashed one column at a time by Polars, then combined in NumPy.
+    order) hashed one column at a time by Polars, then combined in NumPy (``keys.mix``). A
+    frame whose key is coded (``rocewatch.keys``) carries the same ids in its ``sid`` column.
 
-    Hashing four narrow columns costs about a third of hashing their struct; the combination
-    depends on the order of the columns (a device name in ``port`` gives another id) and ends
-    with a 64-bit finaliser so that ids spread over the whole range (they are sorted and
-    searched). The rate state in a checkpoint is keyed by these ids, so a checkpoint written with
-    another id function (before this one) restores as unknown series: each counter restarts
-    once (one interval without a rate), as after a counter clear."""
-    h = np.zeros(samples.height, dtype=np.uint64)
-    for k in SERIES_KEY:
-        h *= _MIX
-        h += samples.get_column(k).hash(seed=0).to_numpy()
-    h ^= h >> _S33
-    h *= _FMIX1
-    h ^= h >> _S33
-    h *= _FMIX2
-    h ^= h >> _S33
-    return h
+    Hashing four narrow columns costs about a third of hashing their struct. The rate state in a
+    checkpoint is keyed by these ids, so a checkpoint written with another id function (before
+    this one) restores as unknown series: each counter restarts once (one interval without a
+    rate), as after a counter clear."""
+    if "sid" in samples.columns:
+        return samples.get_column("sid").to_numpy()
+    return mix([string_hashes(samples.get_column(k)) for k in SERIES_KEY])
 
 
 @dataclass(frozen=True)
@@ -99,7 +86,7 @@ class RateEngine:
     def apply(self, samples: pl.DataFrame) -> pl.DataFrame:
         """Samples (SAMPLE_SCHEMA, any order) -> rows of RATE_SCHEMA, sorted by series and time."""
         r = self.apply_narrow(samples)
-        keys = samples.select(SERIES_KEY)[r.get_column("i")]
+        keys = KEYS.decode(samples.select(SERIES_KEY)[r.get_column("i")])
         return pl.concat([r.select("ts"), keys, r.select(RATE_SCHEMA_NUMERIC)], how="horizontal")
 
     def apply_narrow(self, samples: pl.DataFrame) -> pl.DataFrame:

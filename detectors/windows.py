@@ -17,6 +17,7 @@ import numpy as np
 import polars as pl
 
 from detectors.rates import RateEngine
+from rocewatch.keys import KEYS, is_coded
 from rocewatch.model import SERIES_KEY
 from rocewatch.stats import Stats
 
@@ -226,7 +227,7 @@ class SeriesTable:
         if len(missing):
             new_sid, first = np.unique(sid[missing], return_index=True)
             rows = row[missing[first]]
-            new = samples.select(SERIES_KEY)[pl.Series(rows, dtype=pl.UInt32)]
+            new = KEYS.decode(samples.select(SERIES_KEY)[pl.Series(rows, dtype=pl.UInt32)])
             codes = []
             for m in new.get_column("metric").to_list():  # new series only
                 if m not in self._codes:
@@ -287,8 +288,16 @@ class WindowEngine:
             maxlen=max(2, int(self.config.history_s / self.config.step_s))
         )
 
+    def __getstate__(self) -> dict[str, object]:
+        # buffered samples with coded keys (rocewatch.keys) keep their strings in a checkpoint:
+        # codes mean something only in the process that made them
+        d = dict(self.__dict__)
+        d["pending"] = [(KEYS.decode(f), lo, hi) for f, lo, hi in self.pending]
+        return d
+
     # --- input -----------------------------------------------------------------------------------
     def add(self, samples: pl.DataFrame) -> None:
+        """Buffer samples (SAMPLE_SCHEMA, or with the key coded: ``wire.coded_frames``)."""
         if samples.height == 0:
             return
         ts_col = samples.get_column("ts")
@@ -364,6 +373,8 @@ class WindowEngine:
                 later = frame.filter(t >= boundary)
                 rest.append((later, int(later["ts"].min()), hi))  # type: ignore[arg-type]
         self.pending = rest
+        if len({is_coded(f) for f in parts}) > 1:  # restored strings meet coded samples
+            parts = [KEYS.decode(f) for f in parts]
         ready = pl.concat(parts, how="vertical", rechunk=False) if parts else None
         steps, positions, frames = (
             self._aggregate(ready) if ready is not None and ready.height else ({}, {}, {})

@@ -818,7 +818,7 @@ class DetectService:
         """Run the pipeline on some decoded records, then close what the watermark allows."""
         n = 0
         if batches:
-            df = wire.frames(batches)
+            df = wire.coded_frames(batches)
             n = df.height
             self.pipeline.ingest(df)
         wm = self._watermark()

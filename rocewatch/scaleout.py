@@ -611,7 +611,7 @@ class Aggregator:
             part.idle = False
             part.dirty = True
             if batches:
-                df = wire.frames(batches)
+                df = wire.coded_frames(batches)
                 n += df.height
                 part.engine.add(df)
             if part.hi >= 0:

@@ -101,3 +101,38 @@ def test_encode_rows_gives_each_group_its_own_exact_message():
         assert wire.frames([d]).equals(df[rows])
     assert [wire.parse(m).seq for m in msgs] == [41, 42, 43]
     assert list(wire.encode_rows(df, [])) == []
+
+
+def test_coded_frames_carry_the_same_samples_and_series_ids():
+    """The Kafka readers' path: the key as codes into the process's key table, and each row's
+    series id; decoding the codes gives exactly ``frames``, and the ids are the strings' ids."""
+    from detectors.rates import series_ids
+    from rocewatch.keys import KEYS, is_coded
+
+    a, b = sample_frame(1000), sample_frame(10).with_columns(pl.lit("spine-9").alias("device"))
+    batches = [wire.parse(wire.encode(a)), wire.parse(wire.encode(b))]
+    coded = wire.coded_frames(batches)
+    strings = wire.frames(batches)
+    assert is_coded(coded) and not is_coded(strings)
+    assert coded["device"].dtype == pl.UInt32
+    assert (coded["sid"].to_numpy() == series_ids(strings)).all()
+    assert series_ids(coded).tolist() == coded["sid"].to_list()  # the column is the id
+    assert KEYS.decode(coded).equals(strings)
+    assert coded["raw"].null_count() == strings["raw"].null_count() == 505  # gauges stay null
+    assert wire.coded_frames([]).height == 0
+    with pytest.raises(ValueError, match="past the table"):
+        KEYS.column("device", pl.Series([len(KEYS) + 5], dtype=pl.UInt32))
+
+
+def test_a_frame_gives_the_same_dictionary_whatever_its_row_order():
+    """Senders sort each message's dictionary: a reader looks a repeated one up once."""
+    df = sample_frame(200)
+    shuffled = df.sample(fraction=1.0, shuffle=True, seed=3)
+    d1, d2 = wire.parse(wire.encode(df)), wire.parse(wire.encode(shuffled))
+    assert d1.dict == d2.dict == sorted(d1.dict)
+    import numpy as np
+
+    rows = np.arange(200)
+    m1 = wire.parse(next(wire.encode_rows(df, [rows])))
+    m2 = wire.parse(next(wire.encode_rows(shuffled, [rows])))
+    assert m1.dict == m2.dict == sorted(m1.dict)

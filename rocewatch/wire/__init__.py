@@ -18,7 +18,8 @@ import polars as pl
 from google.protobuf.message import DecodeError
 
 from rocewatch.errors import BadInput
-from rocewatch.model import empty_samples
+from rocewatch.keys import KEYS, mix
+from rocewatch.model import SAMPLE_SCHEMA, SERIES_KEY, empty_samples
 from rocewatch.wire.telemetry_pb2 import TelemetryBatch
 
 SCHEMA_VERSION = 1
@@ -34,7 +35,8 @@ def encode(df: pl.DataFrame, source: str = "", seq: int = 0) -> bytes:
         rows=df.height,
         produced_ns=time.time_ns(),
     )
-    strings = pl.concat([df[c].unique() for c in _STR_COLS]).unique(maintain_order=True)
+    # sorted: the same strings give the same dictionary, which a reader looks up once
+    strings = pl.concat([df[c].unique() for c in _STR_COLS]).unique().sort()
     enum = pl.Enum(strings)
     msg.dict.extend(strings.to_list())
     idx = {c: df[c].cast(enum).to_physical().cast(pl.UInt32).to_numpy() for c in _STR_COLS}
@@ -62,7 +64,9 @@ def encode_rows(
     """
     if not groups:
         return
-    strings = pl.concat([df[c] for c in _STR_COLS]).unique(maintain_order=True)
+    # sorted, so each message's dictionary (its codes' strings, in code order) is too: the same
+    # strings give the same dictionary, which a reader looks up once (``coded_frames``)
+    strings = pl.concat([df[c] for c in _STR_COLS]).unique().sort()
     table = np.array(strings.to_list(), dtype=object)
     enum = pl.Enum(strings)
     # views of the frame's own buffers where Polars allows (no copy per frame)
@@ -169,6 +173,48 @@ def frames(batches: list[Decoded]) -> pl.DataFrame:
     return df.with_columns(
         pl.when(pl.col("valid")).then(pl.col("raw")).otherwise(None).alias("raw")
     ).drop("valid")
+
+
+def coded_frames(batches: list[Decoded]) -> pl.DataFrame:
+    """Like ``frames``, but the key as codes into the process's key table (``rocewatch.keys``)
+    with each row's series id (``sid``): no string is gathered per sample, and each message's
+    dictionary is looked up once (a collector sends the same one again and again)."""
+    if not batches:
+        return empty_coded()
+    tables = [KEYS.codes(b.dict) for b in batches]
+    offsets = np.cumsum([0] + [len(t) for t in tables[:-1]], dtype=np.uint32)
+    table = np.concatenate(tables)
+
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([b.cols[name] for b in batches])
+
+    key = {
+        c: table[np.concatenate([b.cols[c] + off for b, off in zip(batches, offsets, strict=True)])]
+        for c in _STR_COLS
+    }
+    sid = mix([KEYS.hashes[key[c]] for c in SERIES_KEY])
+    raw = pl.Series("raw", cat("raw"), dtype=pl.UInt64)
+    valid = cat("raw_valid").astype(bool)
+    if not valid.all():
+        raw = pl.select(pl.when(pl.Series(valid)).then(raw).otherwise(None)).to_series()
+    return pl.DataFrame(
+        [
+            pl.Series("ts", cat("ts"), dtype=pl.Int64),
+            *(pl.Series(c, key[c], dtype=pl.UInt32) for c in SERIES_KEY),
+            pl.Series("value", cat("value"), dtype=pl.Float64),
+            raw.alias("raw"),
+            pl.Series("sid", sid, dtype=pl.UInt64),
+        ]
+    )
+
+
+def empty_coded() -> pl.DataFrame:
+    return pl.DataFrame(
+        schema={
+            **{c: (pl.UInt32() if c in SERIES_KEY else t) for c, t in SAMPLE_SCHEMA.items()},
+            "sid": pl.UInt64(),
+        }
+    )
 
 
 def decode(data: bytes) -> pl.DataFrame:
