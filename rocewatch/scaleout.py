@@ -78,6 +78,7 @@ from rocewatch.kafka_io import (
     wait_for_partitions,
 )
 from rocewatch.kafka_poll import poll_group
+from rocewatch.keys import KEYS, KeyTable, is_coded, mix
 from rocewatch.model import SERIES_KEY
 from rocewatch.pipeline import (
     COARSE_ROLLUP_S,
@@ -225,6 +226,26 @@ class CodedRows:
             cols.append(pl.Series(c, vals, dtype=pl.String).gather(codes))
         return self.frame.with_columns(cols)
 
+    def in_table(self, keys: KeyTable) -> pl.DataFrame:
+        """The rows with their key as codes into ``keys`` (the process's key table) and each
+        row's series id (``sid``): the form the detect stage assembles steps from without
+        gathering a string (``coded_step``). Rows with a null key string come back decoded
+        (strings: the general path). BadInput for a code past its table."""
+        cols = []
+        hashes = []
+        for c, vals in zip(SERIES_KEY, self.values, strict=True):
+            codes = self.frame.get_column(c)
+            if codes.null_count() or any(v is None for v in vals):
+                return self.decoded()
+            idx = codes.to_numpy()
+            if len(idx) and int(idx.max()) >= len(vals):
+                raise BadInput(f"steps rows: {c} code past its table of {len(vals)}")
+            table = keys.codes(vals)  # type: ignore[arg-type]
+            mine = table[idx]
+            cols.append(pl.Series(c, mine, dtype=pl.UInt32))
+            hashes.append(keys.hashes[mine])
+        return self.frame.with_columns(*cols, pl.Series("sid", mix(hashes), dtype=pl.UInt64))
+
     def slice_steps(self) -> list[tuple[int, CodedRows]]:
         """(step index, its rows) for each step, in order."""
         return [
@@ -303,7 +324,9 @@ def encode_steps(m: StepsMessage) -> bytes:
     return MAGIC + struct.pack("<I", len(head_b)) + head_b + body
 
 
-def decode_steps(data: bytes) -> StepsMessage:
+def decode_steps(data: bytes, keys: KeyTable | None = None) -> StepsMessage:
+    """A steps message; its rows with the key strings, or with ``keys`` given, the key as codes
+    into that table and each row's ``sid`` (``CodedRows.in_table``)."""
     if len(data) < 8 or data[:4] not in (MAGIC, MAGIC_V1):
         raise BadInput("not a steps message")
     (n,) = struct.unpack("<I", data[4:8])
@@ -313,11 +336,12 @@ def decode_steps(data: bytes) -> StepsMessage:
         if len(data) > 8 + n and data[:4] == MAGIC_V1:
             rows = pl.read_ipc(io.BytesIO(data[8 + n :]))
         elif len(data) > 8 + n:
-            keys = h["keys"]
-            if not isinstance(keys, list) or len(keys) != len(SERIES_KEY):
+            tables = h["keys"]
+            if not isinstance(tables, list) or len(tables) != len(SERIES_KEY):
                 raise BadInput("bad steps message: key tables")
             frame = _restore(pl.read_ipc_stream(io.BytesIO(data[8 + n :])))
-            rows = CodedRows(frame, keys).decoded()
+            coded = CodedRows(frame, h["keys"])
+            rows = coded.decoded() if keys is None else coded.in_table(keys)
         return StepsMessage(
             int(h["p"]),
             h["from"],
@@ -409,6 +433,63 @@ def steps_coded(
         *[pl.Series(c, key[:, j], dtype=pl.UInt32) for j, c in enumerate(SERIES_KEY)],
     )
     return CodedRows(frame.select(list(STEP_SCHEMA)), [list(v) for v in series.key_values])
+
+
+_NUMERIC = [c for c in AGG_SCHEMA if c not in SERIES_KEY]
+
+
+def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """Steps rows one after another; coded ones as strings where the two forms meet."""
+    if len({is_coded(f) for f in frames}) > 1:
+        frames = [KEYS.decode(f) for f in frames]
+    return pl.concat(frames, how="vertical")
+
+
+def coded_step(
+    series: SeriesTable,
+    start: int,
+    end: int,
+    rows: pl.DataFrame,
+    cache: list[np.ndarray] | None = None,
+) -> Step:
+    """One step from rows whose key is coded (``CodedRows.in_table``), assembled in partition
+    order (each partition's rows by metric name, then series id), for the detect stage.
+
+    Each row's series position in ``series`` (the detect pipeline's own table) is found from its
+    id, so the detectors' per-series slots and the sliding windows need no string hashing, and
+    the key strings are gathered from the table by position (none while a step holds the same
+    series as the last). Rows are grouped by metric name, keeping their order within a metric:
+    ``by_metric`` is what splitting the string rows by metric gives.
+
+    ``cache`` (a list the caller keeps, empty at first) holds the last step's positions and
+    order: a step with the same series in the same order (the usual one) sorts nothing."""
+    sid = rows.get_column("sid").to_numpy()
+    pos = series.positions(sid, rows, np.arange(rows.height))
+    names = series.metrics
+    if cache and np.array_equal(cache[0], pos):
+        order, pos_o, code_o, bounds = cache[1:]
+    else:
+        rank = np.empty(len(names), dtype=np.int64)  # each metric code's place by name
+        rank[np.argsort(np.array(names, dtype=object))] = np.arange(len(names))
+        code = series.metric_code[pos]
+        r = rank[code]
+        order = np.argsort(r, kind="stable")
+        pos_o, r_o, code_o = pos[order], r[order], code[order]
+        bounds = np.r_[np.flatnonzero(np.r_[True, r_o[1:] != r_o[:-1]]), len(r_o)]
+        if cache is not None:
+            cache[:] = [pos, order, pos_o, code_o, bounds]
+    numeric = rows.select(_NUMERIC)
+    if bool((order[1:] < order[:-1]).any()):
+        numeric = numeric[pl.Series(order, dtype=pl.UInt32)]
+    agg = pl.concat([series.keys_at(pos_o), numeric], how="horizontal")
+    by_metric: dict[str, pl.DataFrame] = {}
+    positions: dict[str, np.ndarray] = {}
+    for j in range(len(bounds) - 1 if len(pos) else 0):
+        a, b = int(bounds[j]), int(bounds[j + 1])
+        name = names[int(code_o[a])]
+        by_metric[name] = agg.slice(a, b - a)
+        positions[name] = pos_o[a:b]
+    return Step(start, end, frame=agg, by_metric=by_metric, positions=(series.epoch, positions))
 
 
 # --- the state topic -----------------------------------------------------------------------------
@@ -814,8 +895,9 @@ class DetectState:
     def __getstate__(self) -> dict[str, Any]:
         # the partial steps travel as one frame: many small frames cost more in headers
         d = dict(self.__dict__)
+        # (coded keys, which mean something only in this process, as their strings)
         parts = [
-            f.with_columns(pl.lit(p, dtype=pl.Int32).alias("part"))
+            KEYS.decode(f).with_columns(pl.lit(p, dtype=pl.Int32).alias("part"))
             for _, slot in sorted(self.buffer.items())
             for p, f in sorted(slot.items())
         ]
@@ -979,7 +1061,7 @@ class Detector:
             for m in msgs:
                 st.offset = m.offset + 1
                 try:
-                    msg = decode_steps(m.value or b"")
+                    msg = decode_steps(m.value or b"", KEYS)
                 except BadInput as e:
                     self.stats.inc("bad_steps_message", detail=str(e)[:80])
                     continue
@@ -1008,7 +1090,7 @@ class Detector:
         rows = msg.rows
         if rows is None or rows.height == 0:
             return True
-        assert isinstance(rows, pl.DataFrame)  # decode_steps gives the key as strings
+        assert isinstance(rows, pl.DataFrame)  # decode_steps gives a frame (codes or strings)
         step = pl.col("step")
         if prev is not None:
             rows = rows.filter(step >= prev // self.step_ns)  # steps sent before a restart
@@ -1020,7 +1102,7 @@ class Detector:
         for (idx,), frame in rows.partition_by("step", as_dict=True, maintain_order=True).items():
             slot = st.buffer.setdefault(int(idx), {})  # type: ignore[call-overload]
             old = slot.get(p)
-            slot[p] = frame if old is None else pl.concat([old, frame])
+            slot[p] = frame if old is None else _concat([old, frame])
         return True
 
     def _target(self, st: DetectState, now: float) -> int | None:
@@ -1092,10 +1174,16 @@ class Detector:
         steps = []
         for idx in indices:
             slot = st.buffer.pop(idx, None)
-            frame = None
-            if slot:  # merged in partition order: the same step whoever aggregated what
-                frame = pl.concat([slot[p] for p in sorted(slot)], how="vertical").drop("step")
-            steps.append(Step(idx * self.step_ns, (idx + 1) * self.step_ns, frame=frame))
+            start, end = idx * self.step_ns, (idx + 1) * self.step_ns
+            if not slot:
+                steps.append(Step(start, end))
+                continue
+            # merged in partition order: the same step whoever aggregated what
+            frame = _concat([slot[p] for p in sorted(slot)]).drop("step")
+            if is_coded(frame):
+                steps.append(coded_step(st.pipeline.engine.series, start, end, frame))
+            else:  # rows restored from a checkpoint, or with a null key: strings
+                steps.append(Step(start, end, frame=frame))
         st.closed_ns = boundary
         self._emit(st.pipeline.evaluate(steps))
         self.steps_evaluated += len(steps)
