@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -228,30 +229,39 @@ class SeriesTable:
             new_sid, first = np.unique(sid[missing], return_index=True)
             rows = row[missing[first]]
             new = KEYS.decode(samples.select(SERIES_KEY)[pl.Series(rows, dtype=pl.UInt32)])
-            codes = []
-            for m in new.get_column("metric").to_list():  # new series only
-                if m not in self._codes:
-                    self._codes[m] = len(self.metrics)
-                    self.metrics.append(m)
-                codes.append(self._codes[m])
+            # a Python step per distinct string, not per series: a fabric's first step brings
+            # tens of thousands of series but only hundreds of devices, ports and metrics
+            codes = _code_strings(new.get_column("metric"), self._codes, self.metrics)
             self.keys = pl.concat([self.keys, new], how="vertical").rechunk()
             key_codes = np.empty((new.height, len(SERIES_KEY)), dtype=np.uint32)
             for j, (c, index, values) in enumerate(
                 zip(SERIES_KEY, self._key_index, self.key_values, strict=True)
             ):
-                for i, v in enumerate(new.get_column(c).to_list()):  # new series only
-                    code = index.get(v)
-                    if code is None:
-                        code = index[v] = len(values)
-                        values.append(v)
-                    key_codes[i, j] = code
+                key_codes[:, j] = _code_strings(new.get_column(c), index, values)
             self.key_codes = np.concatenate([self.key_codes, key_codes])
-            self.metric_code = np.concatenate([self.metric_code, np.array(codes, np.int32)])
+            self.metric_code = np.concatenate([self.metric_code, codes.astype(np.int32)])
             self._sids = np.concatenate([self._sids, new_sid])
             self._order = np.argsort(self._sids, kind="stable").astype(np.int64)
             self._sorted = self._sids[self._order]
             pos = self._lookup(sid)
         return pos
+
+
+def _code_strings(col: pl.Series, index: dict[Any, int], values: list[Any]) -> np.ndarray:
+    """The code of each string of ``col`` in ``index`` (string -> its place in ``values``),
+    adding the ones not there yet in order of first appearance (a null is a value too)."""
+    uniq = col.unique(maintain_order=True)
+    for v in uniq.to_list():
+        if v not in index:
+            index[v] = len(values)
+            values.append(v)
+    table = pl.DataFrame({"v": uniq, "c": pl.Series([index[v] for v in uniq], dtype=pl.UInt32)})
+    return (
+        pl.DataFrame({"v": col})
+        .join(table, on="v", how="left", nulls_equal=True, maintain_order="left")
+        .get_column("c")
+        .to_numpy()
+    )
 
 
 def window_by_group_by(parts: list[pl.DataFrame]) -> pl.DataFrame:

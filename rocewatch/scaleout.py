@@ -1299,7 +1299,9 @@ class ScaleOutService:
             signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
         log.info("scale-out detect on %s as groups %s-agg/-detect", k.topics.telemetry, k.group_id)
         last_input = time.monotonic()
-        last_commit = next_commands = time.monotonic()
+        next_commands = time.monotonic()
+        next_save = next_commands + k.commit_interval_s
+        turn = 0
         try:
             while not self.stop_event.is_set():
                 # each consumer waits on its own sockets: while this instance runs the detect
@@ -1317,9 +1319,18 @@ class ScaleOutService:
                     last_input = now  # idle time counts from the group join, not before it
                 # a rebalance is activity: a member joining or leaving restarts the idle clock
                 last_input = max(last_input, self.agg.group_changed, self.det.group_changed)
-                if now - last_commit >= k.commit_interval_s:
-                    self.checkpoint()
-                    last_commit = now
+                if now >= next_save:
+                    # one piece at a time, spread over the interval: each partition's state,
+                    # then the detect stage's; every piece is still saved once per interval,
+                    # and the stream pauses for one piece instead of all of them together
+                    pieces: list[int | None] = [*sorted(self.agg.parts), None]
+                    piece = pieces[turn % len(pieces)]
+                    turn += 1
+                    if piece is None:
+                        self.det.checkpoint()
+                    else:
+                        self.agg.checkpoint([piece])
+                    next_save = now + k.commit_interval_s / len(pieces)
                 # (and not before this instance's partitions are reported idle: their last
                 # steps are closed then, which a recent stall can put off by partition_idle_s)
                 quiet = now - last_input
