@@ -14,6 +14,7 @@ a large fabric, bounded by the same inventory the series table holds.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -64,7 +65,8 @@ class KeyTable:
         self.hashes = np.empty(0, dtype=np.uint64)
         self._index: dict[str, int] = {}
         self._dicts: dict[tuple[str, ...], np.ndarray] = {}
-        self._series: pl.Series | None = None  # ``strings`` as a Series, until it grows
+        self._series: pl.Series | None = None  # ``strings`` as a Series (rebuilt as it grows)
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.strings)
@@ -76,15 +78,14 @@ class KeyTable:
         if hit is not None:
             return hit
         index = self._index
-        new = [s for s in dict.fromkeys(key) if s not in index]
-        if new:
-            for s in new:
-                index[s] = len(self.strings)
-                self.strings.append(s)
-            self.hashes = np.concatenate(
-                [self.hashes, string_hashes(pl.Series(new, dtype=pl.String))]
-            )
-            self._series = None
+        if any(s not in index for s in key):
+            with self._lock:  # services in threads of one process share the table
+                new = [s for s in dict.fromkeys(key) if s not in index]
+                hashes = string_hashes(pl.Series(new, dtype=pl.String))
+                self.hashes = np.concatenate([self.hashes, hashes])  # before the codes exist
+                for s in new:
+                    index[s] = len(self.strings)
+                    self.strings.append(s)
         out = np.fromiter((index[s] for s in key), dtype=np.uint32, count=len(key))
         if len(self._dicts) >= _DICT_CACHE:
             self._dicts.clear()
@@ -93,12 +94,13 @@ class KeyTable:
 
     def column(self, name: str, codes: pl.Series | np.ndarray) -> pl.Series:
         """Codes -> their strings (a null code stays null)."""
-        if self._series is None:
-            self._series = pl.Series("s", self.strings, dtype=pl.String)
+        table = self._series
+        if table is None or table.len() != len(self.strings):
+            table = self._series = pl.Series("s", list(self.strings), dtype=pl.String)
         codes = pl.Series(codes) if isinstance(codes, np.ndarray) else codes
-        if codes.len() and int(codes.max()) >= len(self.strings):  # type: ignore[arg-type]
-            raise ValueError(f"{name}: a key code past the table of {len(self.strings)}")
-        return self._series.gather(codes).alias(name)
+        if codes.len() and int(codes.max()) >= table.len():  # type: ignore[arg-type]
+            raise ValueError(f"{name}: a key code past the table of {table.len()}")
+        return table.gather(codes).alias(name)
 
     def decode(self, frame: pl.DataFrame) -> pl.DataFrame:
         """A frame with coded key columns -> the same with strings (and no ``sid``)."""
