@@ -251,11 +251,12 @@ def _code_strings(col: pl.Series, index: dict[Any, int], values: list[Any]) -> n
     """The code of each string of ``col`` in ``index`` (string -> its place in ``values``),
     adding the ones not there yet in order of first appearance (a null is a value too)."""
     uniq = col.unique(maintain_order=True)
-    for v in uniq.to_list():
+    distinct = uniq.to_list()
+    for v in distinct:
         if v not in index:
             index[v] = len(values)
             values.append(v)
-    table = pl.DataFrame({"v": uniq, "c": pl.Series([index[v] for v in uniq], dtype=pl.UInt32)})
+    table = pl.DataFrame({"v": uniq, "c": pl.Series([index[v] for v in distinct], dtype=pl.UInt32)})
     return (
         pl.DataFrame({"v": col})
         .join(table, on="v", how="left", nulls_equal=True, maintain_order="left")
