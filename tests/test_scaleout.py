@@ -433,6 +433,47 @@ def test_detect_stage_assembles_coded_steps_as_the_strings_give_them() -> None:
     assert checked > 5 and len(series) == plain.height
 
 
+def test_detect_checkpoint_keeps_buffered_coded_rows_as_strings() -> None:
+    """Rows waiting in the detect stage's buffer have their key as codes of this process; its
+    checkpoint holds them as strings, and after a restore the rows of the same step that
+    arrive coded join them as strings (one step, whoever sent which part)."""
+    import pickle
+
+    import polars as pl
+
+    from detectors.windows import AGG_SCHEMA
+    from rocewatch.keys import KEYS
+    from rocewatch.scaleout import DetectState, _concat
+
+    def rows(device: str, step: int) -> pl.DataFrame:
+        return pl.DataFrame(
+            {"step": [step, step], "device": [device, device], "port": ["p1", "p2"]}
+        ).with_columns(
+            pl.lit("").alias("qual"),
+            pl.lit("m").alias("metric"),
+            *[
+                pl.lit(1.0, dtype=t).alias(c)
+                for c, t in AGG_SCHEMA.items()
+                if c not in ("device", "port", "qual", "metric")
+            ],
+        )
+
+    def coded(device: str, step: int, p: int) -> pl.DataFrame:
+        msg = StepsMessage(p, 0, 1, False, [], rows(device, step))
+        out = decode_steps(encode_steps(msg), KEYS).rows
+        assert isinstance(out, pl.DataFrame) and out["device"].dtype == pl.UInt32
+        return out
+
+    st = DetectState(1, None, {}, {}, {7: {0: coded("sw-a", 7, 0)}}, None, 0, {})  # type: ignore[arg-type]
+    back = pickle.loads(pickle.dumps(st))
+    kept = back.buffer[7][0]
+    assert kept["device"].dtype == pl.String and "sid" not in kept.columns
+    assert kept.select(list(rows("x", 7).columns)).equals(rows("sw-a", 7))
+    joined = _concat([kept, coded("sw-b", 7, 1)])  # a part sent after the restore
+    assert joined["device"].to_list() == ["sw-a", "sw-a", "sw-b", "sw-b"]
+    assert joined.equals(pl.concat([rows("sw-a", 7), rows("sw-b", 7)]))
+
+
 @pytest.mark.skipif(not SLURMD_NODE, reason="needs the test Slurm cluster (scripts/services.sh)")
 def test_detect_stage_follows_live_slurm_jobs(kafka_bootstrap, kafka_topics, tmp_path):
     """The instance running the detect stage refreshes job membership from the real slurmctld:
