@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from detectors.rates import RateEngine
-from rocewatch.keys import KEYS, is_coded
+from rocewatch.keys import KEYS
 from rocewatch.model import SERIES_KEY
 from rocewatch.stats import Stats
 
@@ -384,9 +384,7 @@ class WindowEngine:
                 later = frame.filter(t >= boundary)
                 rest.append((later, int(later["ts"].min()), hi))  # type: ignore[arg-type]
         self.pending = rest
-        if len({is_coded(f) for f in parts}) > 1:  # restored strings meet coded samples
-            parts = [KEYS.decode(f) for f in parts]
-        ready = pl.concat(parts, how="vertical", rechunk=False) if parts else None
+        ready = KEYS.concat(parts) if parts else None
         steps, positions, frames = (
             self._aggregate(ready) if ready is not None and ready.height else ({}, {}, {})
         )

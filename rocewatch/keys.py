@@ -109,5 +109,12 @@ class KeyTable:
         cols = [self.column(c, frame.get_column(c)) for c in SERIES_KEY if c in frame.columns]
         return frame.with_columns(cols).drop("sid", strict=False)
 
+    def concat(self, frames: list[pl.DataFrame]) -> pl.DataFrame:
+        """Frames one after another; where coded and string frames meet (strings restored from
+        a checkpoint, codes read since), the coded ones as strings."""
+        if len({is_coded(f) for f in frames}) > 1:
+            frames = [self.decode(f) for f in frames]
+        return pl.concat(frames, how="vertical", rechunk=False)
+
 
 KEYS = KeyTable()

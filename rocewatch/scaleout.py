@@ -235,7 +235,7 @@ class CodedRows:
         hashes = []
         for c, vals in zip(SERIES_KEY, self.values, strict=True):
             codes = self.frame.get_column(c)
-            if codes.null_count() or any(v is None for v in vals):
+            if codes.null_count() or None in vals:
                 return self.decoded()
             idx = codes.to_numpy()
             if len(idx) and int(idx.max()) >= len(vals):
@@ -340,7 +340,7 @@ def decode_steps(data: bytes, keys: KeyTable | None = None) -> StepsMessage:
             if not isinstance(tables, list) or len(tables) != len(SERIES_KEY):
                 raise BadInput("bad steps message: key tables")
             frame = _restore(pl.read_ipc_stream(io.BytesIO(data[8 + n :])))
-            coded = CodedRows(frame, h["keys"])
+            coded = CodedRows(frame, tables)
             rows = coded.decoded() if keys is None else coded.in_table(keys)
         return StepsMessage(
             int(h["p"]),
@@ -388,6 +388,13 @@ def steps_rows(
     return rows.with_columns(step).select(list(STEP_SCHEMA))
 
 
+def _metric_rank(series: SeriesTable) -> np.ndarray:
+    """Each metric code's place when the table's metrics are sorted by name."""
+    rank = np.empty(len(series.metrics), dtype=np.int64)
+    rank[np.argsort(np.array(series.metrics, dtype=object))] = np.arange(len(series.metrics))
+    return rank
+
+
 def steps_coded(
     steps: list[Step], step_ns: int, series: SeriesTable, cache: list[np.ndarray] | None = None
 ) -> CodedRows | None:
@@ -398,9 +405,7 @@ def steps_coded(
     ``cache`` (a list the caller keeps, empty at first) holds the last step's positions and
     order: a step with the same series in the same order (the usual one) sorts nothing."""
     numeric = [c for c in STEP_SCHEMA if c != "step" and c not in SERIES_KEY]
-    names = np.array(series.metrics, dtype=object)
-    rank = np.empty(len(names), dtype=np.int64)  # each metric code's place by name
-    rank[np.argsort(names)] = np.arange(len(names))
+    rank = _metric_rank(series)
     parts: list[pl.DataFrame] = []
     codes: list[np.ndarray] = []
     idx: list[int] = []
@@ -438,13 +443,6 @@ def steps_coded(
 _NUMERIC = [c for c in AGG_SCHEMA if c not in SERIES_KEY]
 
 
-def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
-    """Steps rows one after another; coded ones as strings where the two forms meet."""
-    if len({is_coded(f) for f in frames}) > 1:
-        frames = [KEYS.decode(f) for f in frames]
-    return pl.concat(frames, how="vertical")
-
-
 def coded_step(
     series: SeriesTable,
     start: int,
@@ -469,10 +467,8 @@ def coded_step(
     if cache and np.array_equal(cache[0], pos):
         order, pos_o, code_o, bounds = cache[1:]
     else:
-        rank = np.empty(len(names), dtype=np.int64)  # each metric code's place by name
-        rank[np.argsort(np.array(names, dtype=object))] = np.arange(len(names))
         code = series.metric_code[pos]
-        r = rank[code]
+        r = _metric_rank(series)[code]
         order = np.argsort(r, kind="stable")
         pos_o, r_o, code_o = pos[order], r[order], code[order]
         bounds = np.r_[np.flatnonzero(np.r_[True, r_o[1:] != r_o[:-1]]), len(r_o)]
@@ -1102,7 +1098,7 @@ class Detector:
         for (idx,), frame in rows.partition_by("step", as_dict=True, maintain_order=True).items():
             slot = st.buffer.setdefault(int(idx), {})  # type: ignore[call-overload]
             old = slot.get(p)
-            slot[p] = frame if old is None else _concat([old, frame])
+            slot[p] = frame if old is None else KEYS.concat([old, frame])
         return True
 
     def _target(self, st: DetectState, now: float) -> int | None:
@@ -1179,7 +1175,7 @@ class Detector:
                 steps.append(Step(start, end))
                 continue
             # merged in partition order: the same step whoever aggregated what
-            frame = _concat([slot[p] for p in sorted(slot)]).drop("step")
+            frame = KEYS.concat([slot[p] for p in sorted(slot)]).drop("step")
             if is_coded(frame):
                 steps.append(coded_step(st.pipeline.engine.series, start, end, frame))
             else:  # rows restored from a checkpoint, or with a null key: strings

@@ -443,7 +443,7 @@ def test_detect_checkpoint_keeps_buffered_coded_rows_as_strings() -> None:
 
     from detectors.windows import AGG_SCHEMA
     from rocewatch.keys import KEYS
-    from rocewatch.scaleout import DetectState, _concat
+    from rocewatch.scaleout import DetectState
 
     def rows(device: str, step: int) -> pl.DataFrame:
         return pl.DataFrame(
@@ -469,7 +469,7 @@ def test_detect_checkpoint_keeps_buffered_coded_rows_as_strings() -> None:
     kept = back.buffer[7][0]
     assert kept["device"].dtype == pl.String and "sid" not in kept.columns
     assert kept.select(list(rows("x", 7).columns)).equals(rows("sw-a", 7))
-    joined = _concat([kept, coded("sw-b", 7, 1)])  # a part sent after the restore
+    joined = KEYS.concat([kept, coded("sw-b", 7, 1)])  # a part sent after the restore
     assert joined["device"].to_list() == ["sw-a", "sw-a", "sw-b", "sw-b"]
     assert joined.equals(pl.concat([rows("sw-a", 7), rows("sw-b", 7)]))
 

@@ -148,31 +148,9 @@ def frames(batches: list[Decoded]) -> pl.DataFrame:
     """Many decoded messages -> one sample frame, strings gathered from one joined table."""
     if not batches:
         return empty_samples()
-    offsets = np.cumsum([0] + [len(b.dict) for b in batches[:-1]], dtype=np.uint32)
     table = pl.Series("s", [s for b in batches for s in b.dict], dtype=pl.String)
-
-    def cat(name: str) -> np.ndarray:
-        return np.concatenate([b.cols[name] for b in batches])
-
-    def strings(name: str) -> pl.Series:
-        idx = np.concatenate([b.cols[name] + off for b, off in zip(batches, offsets, strict=True)])
-        return table.gather(idx).alias(name)
-
-    df = pl.DataFrame(
-        [
-            pl.Series("ts", cat("ts"), dtype=pl.Int64),
-            strings("device"),
-            strings("port"),
-            strings("qual"),
-            strings("metric"),
-            pl.Series("value", cat("value"), dtype=pl.Float64),
-            pl.Series("raw", cat("raw"), dtype=pl.UInt64),
-            pl.Series("valid", cat("raw_valid").astype(bool)),
-        ]
-    )
-    return df.with_columns(
-        pl.when(pl.col("valid")).then(pl.col("raw")).otherwise(None).alias("raw")
-    ).drop("valid")
+    idx = _key_indices(batches, [len(b.dict) for b in batches])
+    return _frame(batches, [table.gather(idx[c]).alias(c) for c in SERIES_KEY])
 
 
 def coded_frames(batches: list[Decoded]) -> pl.DataFrame:
@@ -182,28 +160,42 @@ def coded_frames(batches: list[Decoded]) -> pl.DataFrame:
     if not batches:
         return empty_coded()
     tables = [KEYS.codes(b.dict) for b in batches]
-    offsets = np.cumsum([0] + [len(t) for t in tables[:-1]], dtype=np.uint32)
     table = np.concatenate(tables)
+    key = {c: table[i] for c, i in _key_indices(batches, [len(t) for t in tables]).items()}
+    sid = mix([KEYS.hashes[key[c]] for c in SERIES_KEY])
+    cols = [pl.Series(c, key[c], dtype=pl.UInt32) for c in SERIES_KEY]
+    return _frame(batches, cols, [pl.Series("sid", sid, dtype=pl.UInt64)])
+
+
+def _key_indices(batches: list[Decoded], sizes: list[int]) -> dict[str, np.ndarray]:
+    """Each key column's indices into the messages' dictionaries laid end to end."""
+    offsets = np.cumsum([0, *sizes[:-1]], dtype=np.uint32)
+    return {
+        c: np.concatenate([b.cols[c] + off for b, off in zip(batches, offsets, strict=True)])
+        for c in _STR_COLS
+    }
+
+
+def _frame(
+    batches: list[Decoded], key: list[pl.Series], tail: list[pl.Series] | None = None
+) -> pl.DataFrame:
+    """The sample frame of ``batches`` with the given key columns (SERIES_KEY order), then
+    ``tail``."""
 
     def cat(name: str) -> np.ndarray:
         return np.concatenate([b.cols[name] for b in batches])
 
-    key = {
-        c: table[np.concatenate([b.cols[c] + off for b, off in zip(batches, offsets, strict=True)])]
-        for c in _STR_COLS
-    }
-    sid = mix([KEYS.hashes[key[c]] for c in SERIES_KEY])
     raw = pl.Series("raw", cat("raw"), dtype=pl.UInt64)
     valid = cat("raw_valid").astype(bool)
-    if not valid.all():
+    if not valid.all():  # gauges: no raw counter
         raw = pl.select(pl.when(pl.Series(valid)).then(raw).otherwise(None)).to_series()
     return pl.DataFrame(
         [
             pl.Series("ts", cat("ts"), dtype=pl.Int64),
-            *(pl.Series(c, key[c], dtype=pl.UInt32) for c in SERIES_KEY),
+            *key,
             pl.Series("value", cat("value"), dtype=pl.Float64),
             raw.alias("raw"),
-            pl.Series("sid", sid, dtype=pl.UInt64),
+            *(tail or []),
         ]
     )
 
