@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actions.executors import DryRunExecutor, Executor
-from rocewatch.errors import ConfigError
+from rocewatch.errors import ConfigError, Fenced
 from rocewatch.model import ALERTNAMES, Action, Alert, rfc3339
 from rocewatch.topology import Topology
 
@@ -706,6 +706,8 @@ class DrainPolicy:
             if what == "drain":
                 return self.executor.drain(rec.node, rec.scheduler, rec.reason)
             return self.executor.resume(rec.node, rec.scheduler)
+        except Fenced:
+            raise  # another instance decides now: this one records no outcome
         except Exception as e:  # an executor bug must not stop the policy
             log.exception("%s of %s raised", what, rec.node)
             return f"failed: {type(e).__name__}: {e}"

@@ -91,6 +91,11 @@ class KafkaConfig:
     publish_buffer_bytes: int = 64 << 20
     publish_when_full: str = "block"
     scale_out: bool = False  # two-stage consumer groups (rocewatch/scaleout.py)
+    # scale-out: the detect stage writes its alerts, actions and state in Kafka transactions
+    # (transactional.id <group_id>-detect), so an instance that stalled past its session and
+    # lost the stage is fenced: nothing it writes afterwards becomes visible, and it drains no
+    # node. Needs the broker's transaction state log (and, with ACLs, Write on that id).
+    fence_detect: bool = True
 
     def client_kwargs(self) -> dict[str, Any]:
         """Connection settings shared by kafka-python producers, consumers and admin clients."""

@@ -19,3 +19,8 @@ class RetryableError(RocewatchError):
 
 class PermanentError(RocewatchError):
     """A dependency refused the request; retrying the same request will not help."""
+
+
+class Fenced(RocewatchError):
+    """This process no longer holds the right to act: another instance has taken its work over
+    (rocewatch.scaleout.DetectWriter). Not an outcome to record: the work stops here."""

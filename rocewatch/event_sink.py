@@ -96,6 +96,8 @@ class EventSink:
             **k.client_kwargs(),
             group_id=k.group_id + "-sink",
             enable_auto_commit=False,
+            # a fenced scale-out detect stage's aborted events are not events (DetectWriter)
+            isolation_level="read_committed",
             auto_offset_reset="earliest",
             max_poll_records=2000,
             fetch_max_bytes=32 << 20,  # rollups records are large: what one poll may hold

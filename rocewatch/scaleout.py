@@ -51,7 +51,12 @@ import orjson
 import polars as pl
 from kafka import ConsumerRebalanceListener, KafkaConsumer
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import (
+    InvalidProducerEpochError,
+    KafkaError,
+    ProducerFencedError,
+    TopicAlreadyExistsError,
+)
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from actions.membership import LiveJobs, build_live_jobs
@@ -61,7 +66,7 @@ from detectors.rates import series_ids
 from detectors.windows import AGG_SCHEMA, SeriesTable, Step, WindowEngine
 from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
-from rocewatch.errors import BadInput, ConfigError, RetryableError
+from rocewatch.errors import BadInput, ConfigError, Fenced, RetryableError
 from rocewatch.kafka_io import (
     GROUP_METADATA_MAX_AGE_MS,
     Published,
@@ -507,7 +512,11 @@ def _dumps(obj: Any) -> bytes:
 
 
 class StateStore:
-    """Latest state per state-topic partition (one key per partition, so the last record wins)."""
+    """Latest state per state-topic partition (one key per partition, so the last record wins).
+
+    Read committed: the detect stage writes its state in transactions (``DetectWriter``), so a
+    partition's last offset may be a transaction marker, and a fenced instance's aborted state
+    must never be restored."""
 
     def __init__(self, k: KafkaConfig, producer: Any) -> None:
         self.topic = k.topics.state
@@ -516,6 +525,7 @@ class StateStore:
             **k.client_kwargs(),
             group_id=None,
             enable_auto_commit=False,
+            isolation_level="read_committed",
             max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
             fetch_max_bytes=MAX_MESSAGE_BYTES,
         )
@@ -525,19 +535,30 @@ class StateStore:
         tp = TopicPartition(self.topic, partition)
         return int(self.reader.end_offsets([tp])[tp])
 
-    def load(self, partition: int, timeout_s: float = 60.0) -> bytes | None:
+    def load(self, partition: int, key: str | None = None, timeout_s: float = 60.0) -> bytes | None:
+        """The value of the partition's last committed record (with ``key``, if given)."""
         tp = TopicPartition(self.topic, partition)
         end = self.end(partition)
-        if end == 0:
-            return None
-        self.reader.assign([tp])
-        self.reader.seek(tp, end - 1)
+        want = None if key is None else key.encode()
+        back = 8  # the last record is usually within the last few offsets (markers, fences)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for m in self.reader.poll(timeout_ms=500).get(tp, []):
-                if m.offset == end - 1:
-                    return bytes(m.value) if m.value else None
-        raise RetryableError(f"state {self.topic}/{partition}@{end - 1} not readable")
+        while end > 0:
+            start = max(0, end - back)
+            self.reader.assign([tp])
+            self.reader.seek(tp, start)
+            found: Any = None
+            while self.reader.position(tp) < end:
+                if time.monotonic() > deadline:
+                    raise RetryableError(f"state {self.topic}/{partition} not readable to {end}")
+                for m in self.reader.poll(timeout_ms=500).get(tp, []):
+                    if m.offset < end and (want is None or m.key == want):
+                        found = m
+            if found is not None:
+                return bytes(found.value) if found.value else None
+            if start == 0:
+                break
+            back *= 8
+        return None
 
     def save(self, partition: int, key: str, value: bytes) -> Any:
         return self.producer.send(self.topic, key=key.encode(), value=value, partition=partition)
@@ -547,6 +568,126 @@ class StateStore:
 
     def close(self) -> None:
         self.reader.close()
+
+
+class DetectWriter:
+    """How the detect stage writes to Kafka: alerts, actions, its state and, with
+    ``kafka.fence_detect``, a fence before each drain or resume.
+
+    Fenced (the default), every write is part of a Kafka transaction of the producer with
+    transactional id ``<group_id>-detect``, the same in every instance. An instance that takes
+    the stage calls ``start``: the broker bumps the id's epoch, aborts whatever the previous
+    holder left open, and from then on rejects the previous holder's writes
+    (``Fenced``). Events are committed as soon as they are sent (readers read committed,
+    so an event is visible at its commit). A checkpoint commits the state record with the
+    steps-topic offset, atomically. Before a drain or resume the stage commits a small fence
+    record to the state partition: a stalled instance that lost the stage learns it before it
+    touches the scheduler, not after.
+
+    Unfenced, writes go through the instance's shared producer, as in the single-instance
+    service.
+    """
+
+    def __init__(self, k: KafkaConfig, shared: Any, state_partition: int) -> None:
+        self.k = k
+        self.shared = shared
+        self.state_partition = state_partition
+        self.fenced = k.fence_detect
+        self.transactional_id = f"{k.group_id}-detect"
+        self.producer: Any = None if self.fenced else shared
+        self.open = False
+        self.commits = 0
+
+    def start(self) -> None:
+        """Take the stage's transactional id (fencing its previous holder). Before reading the
+        stage's state: what that holder left open is aborted first, so it is not read."""
+        if not self.fenced:
+            return
+        self.close()
+        self.producer = make_producer(
+            self.k,
+            max_request_size=MAX_MESSAGE_BYTES,
+            linger_ms=0,  # a transaction is committed right after its last send
+            max_in_flight_requests_per_connection=5,
+            enable_idempotence=True,
+            transactional_id=self.transactional_id,
+        )
+        try:
+            self.producer.init_transactions()
+        except KafkaError as e:
+            raise RetryableError(f"cannot take the detect stage's transactional id: {e}") from e
+
+    def send(self, topic: str, **kw: Any) -> Any:
+        if self.producer is None:
+            raise Fenced("the detect stage's writer is closed")
+        if self.fenced and not self.open:
+            self._call(self.producer.begin_transaction)
+            self.open = True
+        return self._call(self.producer.send, topic, **kw)
+
+    def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata] | None = None) -> None:
+        """Make what was sent since the last commit visible (with ``offsets``, the detect
+        group's consumer offsets, in the same transaction)."""
+        if not self.fenced:
+            self.shared.flush(timeout=60)
+            return
+        if not self.open:
+            return
+        if offsets:
+            group = self.k.group_id + "-detect"
+            self._call(self.producer.send_offsets_to_transaction, offsets, group)
+        self._call(self.producer.commit_transaction)
+        self.open = False
+        self.commits += 1
+
+    def fence(self) -> None:
+        """Prove this instance still holds the stage (raises ``Fenced`` if not)."""
+        if not self.fenced:
+            return
+        value = orjson.dumps({"pid": os.getpid(), "host": os.uname().nodename, "ts": time.time()})
+        self.send(self.k.topics.state, key=b"fence", value=value, partition=self.state_partition)
+        self.commit()
+
+    def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        try:
+            return fn(*args, **kw)
+        except (ProducerFencedError, InvalidProducerEpochError) as e:
+            raise Fenced(f"another instance took the detect stage over ({e})") from e
+
+    def close(self) -> None:
+        """Give the transactional producer up (what is still open is aborted by the broker,
+        or by the next holder's ``start``)."""
+        if self.fenced and self.producer is not None:
+            with contextlib.suppress(Exception):
+                self.producer.close(timeout=5)
+            self.producer = None
+        self.open = False
+
+
+class FencedExecutor:
+    """An executor that proves the detect stage is still this instance's before each drain
+    and resume (``DetectWriter.fence``): a stalled instance that lost the stage raises
+    ``Fenced`` instead of acting on the scheduler."""
+
+    def __init__(self, inner: Any, fence: Any) -> None:
+        self.inner = inner
+        self.fence_fn = fence
+
+    def __getstate__(self) -> dict[str, Any]:
+        # checkpoints pickle the pipeline; the stage that restores it sets its own executor
+        return {"inner": self.inner, "fence_fn": None}
+
+    def _fence(self) -> None:
+        if self.fence_fn is not None:
+            self.fence_fn()
+
+    def drain(self, node: str, scheduler: str, reason: str) -> str:
+        self._fence()
+        return str(self.inner.drain(node, scheduler, reason))
+
+    def resume(self, node: str, scheduler: str) -> str:
+        self._fence()
+        return str(self.inner.resume(node, scheduler))
 
 
 # --- stage 1: aggregate ------------------------------------------------------------------------
@@ -662,6 +803,20 @@ class Aggregator:
             self.checkpoint(gone, commit=False)
         for p in gone:
             self.retired[p] = self.parts.pop(p)
+
+    def lost(self, tps: list[TopicPartition]) -> None:
+        """Evicted from the group (a stall past the session timeout): the partitions may have
+        moved on under another instance, so their state here is stale. It is dropped unsaved
+        (saving it would overwrite the new owner's newer state) and not kept for a return."""
+        if self.closing:
+            return
+        gone = [tp.partition for tp in tps if tp.partition in self.parts]
+        for p in gone:
+            self.parts.pop(p)
+            self.retired.pop(p, None)
+        if gone:
+            self.stats.inc("partitions_lost", len(gone))
+            log.warning("evicted from the aggregate group: partitions %s dropped unsaved", gone)
 
     # --- the loop --------------------------------------------------------------------------------
     def poll_once(self, timeout_ms: int) -> int:
@@ -922,8 +1077,8 @@ class Detector:
         self.k = cfg.kafka
         self.topology = topology
         self.n_parts = n_parts
-        self.producer = producer
         self.store = store
+        self.writer = DetectWriter(self.k, producer, n_parts)
         self.stats = Stats()
         self.active = False
         self.closing = False
@@ -976,8 +1131,9 @@ class Detector:
         self.group_changed = time.monotonic()
         if not tps:
             return
+        self.writer.start()  # fences the previous holder and aborts what it left open
         st = self._restore()
-        executor = RoutingExecutor(self.cfg.executors)
+        executor = FencedExecutor(RoutingExecutor(self.cfg.executors), self.writer.fence)
         if st is None:
             pipe = Pipeline(
                 self.topology,
@@ -1004,7 +1160,7 @@ class Detector:
         log.info("detect stage active (steps offset %d)", st.offset)
 
     def _restore(self) -> DetectState | None:
-        raw = self.store.load(self.n_parts)
+        raw = self.store.load(self.n_parts, key="detect")
         if raw is None:
             return None
         try:
@@ -1020,10 +1176,26 @@ class Detector:
     def revoked(self, tps: list[TopicPartition]) -> None:
         if self.active and tps and not self.closing:
             self.checkpoint(commit=False)
-            self.active = False
-            self.state = None
-            self.live_jobs = None
-            log.info("detect stage handed over")
+            self._drop("detect stage handed over")
+
+    def lost(self, tps: list[TopicPartition]) -> None:
+        """Evicted from the group (a stall past the session timeout): another instance may
+        hold the stage already, so nothing is written; it resumes from the last checkpoint."""
+        if self.active and tps and not self.closing:
+            self.stats.inc("detect_stage_lost")
+            self._drop("detect stage lost (evicted from the group); its unsaved state is dropped")
+
+    def _drop(self, why: str) -> None:
+        self.active = False
+        self.state = None
+        self.live_jobs = None
+        self.writer.close()
+        log.info(why)
+
+    def _fenced(self, e: Fenced) -> None:
+        self.stats.inc("detect_stage_fenced")
+        log.warning("%s: this instance's unsaved detect state is dropped", e)
+        self._drop("detect stage handed over (fenced)")
 
     def _output_tps(self) -> list[TopicPartition]:
         return output_partitions(self.cfg, self.store.reader)
@@ -1045,6 +1217,13 @@ class Detector:
 
     # --- the loop --------------------------------------------------------------------------------
     def poll_once(self, timeout_ms: int) -> int:
+        try:
+            return self._poll_once(timeout_ms)
+        except Fenced as e:
+            self._fenced(e)
+            return 0
+
+    def _poll_once(self, timeout_ms: int) -> int:
         recs = poll_group(self.consumer, timeout_ms)
         st = self.state
         if st is None or not self.active:
@@ -1197,25 +1376,37 @@ class Detector:
             return 0
         try:
             n = apply_pending(st.pipeline.policy, [self.db])
+            if n:
+                self._emit(st.pipeline.operator_tick())
+                self.checkpoint()
         except RetryableError as e:
             log.warning("operator commands: %s; trying again later", e)
             return 0
-        if n:
-            self._emit(st.pipeline.operator_tick())
-            self.checkpoint()
+        except Fenced as e:
+            self._fenced(e)
+            return 0
         return n
 
     def _emit(self, out: Output) -> None:
-        n_alerts, n_actions = send_events(self.producer, self.cfg, out, self.published)
+        n_alerts, n_actions = send_events(self.writer, self.cfg, out, self.published)
+        if n_alerts or n_actions:
+            self.writer.commit()  # visible now (read committed), not at the next checkpoint
         self.alerts_sent += n_alerts
         self.actions_sent += n_actions
 
     def checkpoint(self, commit: bool = True) -> None:
-        """Alerts and actions flushed, then the state written, then the steps offset committed."""
+        """Alerts and actions flushed, then the state written, then the steps offset committed
+        (fenced: the state and the offset in one transaction)."""
+        try:
+            self._checkpoint(commit)
+        except Fenced as e:
+            self._fenced(e)
+
+    def _checkpoint(self, commit: bool) -> None:
         st = self.state
         if st is None or not self.active:
             return
-        self.producer.flush(timeout=60)
+        self.writer.commit()
         st.out_ends = {
             (tp.topic, tp.partition): int(off)
             for tp, off in self.store.reader.end_offsets(self._output_tps()).items()
@@ -1227,15 +1418,18 @@ class Detector:
                 "detect state is %d bytes, above %d: not checkpointed", len(blob), MAX_MESSAGE_BYTES
             )
             return
-        fut = self.store.save(self.n_parts, "detect", blob)
-        self.producer.flush(timeout=60)
+        offsets = {TopicPartition(self.k.topics.steps, 0): OffsetAndMetadata(st.offset, "", -1)}
+        fut = self.writer.send(self.store.topic, key=b"detect", value=blob, partition=self.n_parts)
+        if self.writer.fenced:
+            self.writer.commit(offsets if commit else None)
+            self.store.confirm(self.n_parts, fut)
+            return
+        self.writer.commit()
         self.store.confirm(self.n_parts, fut)
         if not commit:
             return
         with contextlib.suppress(KafkaError):  # the state record holds the offset
-            self.consumer.commit(
-                {TopicPartition(self.k.topics.steps, 0): OffsetAndMetadata(st.offset, "", -1)}
-            )
+            self.consumer.commit(offsets)
 
 
 # --- the service ------------------------------------------------------------------------------
@@ -1244,6 +1438,9 @@ class Detector:
 class _AggListener(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, agg: Aggregator) -> None:
         self.agg = agg
+
+    def on_partitions_lost(self, lost: Any) -> None:
+        self.agg.lost(list(lost))
 
     def on_partitions_revoked(self, revoked: Any) -> None:
         self.agg.revoked(list(revoked))
@@ -1255,6 +1452,9 @@ class _AggListener(ConsumerRebalanceListener):  # type: ignore[misc]
 class _DetectListener(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, det: Detector) -> None:
         self.det = det
+
+    def on_partitions_lost(self, lost: Any) -> None:
+        self.det.lost(list(lost))
 
     def on_partitions_revoked(self, revoked: Any) -> None:
         self.det.revoked(list(revoked))
@@ -1383,6 +1583,7 @@ class ScaleOutService:
                 self.agg.consumer.close(autocommit=False)
                 self.det.consumer.close(autocommit=False)
             finally:
+                self.det.writer.close()
                 self.producer.flush(timeout=30)
                 self.producer.close(timeout=10)
                 self.store.close()

@@ -81,6 +81,7 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list:
         enable_auto_commit=False,
         group_id=None,
         consumer_timeout_ms=int(timeout_s * 1000),
+        isolation_level="read_committed",  # as rocewatch's own readers (DetectWriter)
     )
     msgs = list(c)
     c.close()

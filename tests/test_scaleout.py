@@ -24,9 +24,21 @@ from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
-from rocewatch.kafka_io import publish_scenario
+from rocewatch.errors import Fenced
+from rocewatch.kafka_io import Published, make_producer, publish_scenario, send_events
+from rocewatch.model import Alert
+from rocewatch.pipeline import Output
 from rocewatch.replay import replay
-from rocewatch.scaleout import ScaleOutService, StepsMessage, decode_steps, encode_steps
+from rocewatch.scaleout import (
+    DetectWriter,
+    FencedExecutor,
+    ScaleOutService,
+    StateStore,
+    StepsMessage,
+    decode_steps,
+    encode_steps,
+    ensure_scaleout_topics,
+)
 from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import default_scenario
 from tests.notify_receiver import free_port
@@ -569,3 +581,80 @@ def test_scale_out_consumer_lag_is_a_prometheus_metric(
     # this instance ran the detect stage; at most the last round of heartbeats is unread
     steps_lag = reg.get_sample_value("rocewatch_steps_lag_records")
     assert steps_lag is not None and 0 <= steps_lag <= 2 * PARTITIONS
+
+
+def test_a_stalled_detect_stage_is_fenced_out_of_kafka_and_the_scheduler(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
+):
+    """Two holders of the detect stage's transactional id, as after a stall past the session
+    timeout: the new one's start aborts what the old one left open, and from then on the old
+    one can neither publish, checkpoint nor drain; readers see committed events only."""
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, "fence", tmp_path, scenario)
+    k = cfg.kafka
+    n_parts = ensure_scaleout_topics(k)
+    shared = make_producer(k)
+    store = StateStore(k, shared)
+    old = DetectWriter(k, shared, n_parts)
+    new = DetectWriter(k, shared, n_parts)
+    alerts = [Alert.from_json(a) for a in replay_result.alerts[:3]]
+    try:
+        old.start()
+        send_events(old, cfg, Output(alerts=[alerts[0]]), Published())
+        old.send(k.topics.state, key=b"detect", value=b"old state", partition=n_parts)
+        old.commit()
+        # the old holder stalls with a transaction open: an event and its state sent, not
+        # committed (flushed, so the broker holds them)
+        send_events(old, cfg, Output(alerts=[alerts[1]]), Published())
+        old.send(k.topics.state, key=b"detect", value=b"stale state", partition=n_parts)
+        old.producer.flush()
+        new.start()  # the takeover
+        # what the new holder reads back is what was committed: the stale state is not
+        assert store.load(n_parts, key="detect") == b"old state"
+        with pytest.raises(Fenced):
+            old.commit()
+        old.close()
+        old.start()  # what a stalled instance that got the stage back would do: fences `new`
+        old.close()
+        new.start()
+        with pytest.raises(Fenced):  # `old` lost it again
+            old.send(k.topics.alerts, key=b"x", value=b"{}")
+        # the old holder cannot act on the scheduler either: the policy lets Fenced through
+        drained: list[str] = []
+
+        class Recording:
+            def drain(self, node: str, scheduler: str, reason: str) -> str:
+                drained.append(node)
+                return "done"
+
+            def resume(self, node: str, scheduler: str) -> str:
+                return "done"
+
+        stale = FencedExecutor(Recording(), old.fence)
+        with pytest.raises(Fenced):
+            stale.drain("node-1", "slurm", "flaky link")
+        live = FencedExecutor(Recording(), new.fence)
+        assert live.drain("node-2", "slurm", "flaky link") == "done"
+        assert drained == ["node-2"]
+        send_events(new, cfg, Output(alerts=[alerts[2]]), Published())
+        new.send(k.topics.state, key=b"detect", value=b"new state", partition=n_parts)
+        new.commit()
+        new.fence()  # a fence record after the state: the state is still found by its key
+        assert store.load(n_parts, key="detect") == b"new state"
+    finally:
+        old.close()
+        new.close()
+        shared.close()
+        store.close()
+    got = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, k.topics.alerts)]
+    want = [a.to_json() for a in (alerts[0], alerts[2])]
+    assert [g["fingerprint"] for g in got] == [w["fingerprint"] for w in want]
+    # a takeover's read-back of the published events ends at the partition's end even though
+    # a transaction marker, not an event, is the last offset there
+    tp = TopicPartition(k.topics.alerts, 0)
+    reader = KafkaConsumer(bootstrap_servers=[kafka_bootstrap], isolation_level="read_committed")
+    end = reader.end_offsets([tp])[tp]
+    reader.close()
+    assert end > 2  # two events, markers after them
+    seen = Published()
+    assert seen.read_back(cfg, {tp: 0}, {tp: end}, timeout_s=20) == {}
+    assert seen.total() == 2
