@@ -18,6 +18,9 @@ lifecycle and policy, and publishes alerts and actions. Its state (the pipeline,
 progress, partial steps, the steps-topic offset, the output topics' end offsets) is checkpointed
 to the last partition of the state topic; after a takeover, events already published after that
 checkpoint are read back and not sent again, as in :class:`rocewatch.kafka_io.DetectService`.
+With ``kafka.fence_detect`` those writes are Kafka transactions (:class:`DetectWriter`), so an
+instance that stalled past its session and lost the stage can write nothing more, and a fence
+before each drain or resume keeps it off the scheduler too (:class:`FencedExecutor`).
 
 A partition is left out of the stage-2 watermark while its owner reports it idle (caught up, no
 records for ``idle_flush_s``, and no stalled input in this instance for ``partition_idle_s``:

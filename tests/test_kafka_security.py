@@ -82,6 +82,7 @@ def read_topic(k: KafkaConfig, topic: str, timeout_s: float = 8.0) -> list[Any]:
         enable_auto_commit=False,
         group_id=None,
         consumer_timeout_ms=int(timeout_s * 1000),
+        isolation_level="read_committed",
     )
     msgs = list(c)
     c.close()
@@ -204,6 +205,31 @@ def test_cli_publish_and_detect_over_sasl_ssl_give_the_plaintext_alerts(
 
     assert comparable(events) == comparable(plain_events) == comparable(replay_result.alerts)
     assert sorted_actions(acts) == sorted_actions(plain_acts)
+    assert sorted_actions(acts) == sorted_actions(replay_result.actions)
+
+
+def test_scale_out_over_sasl_ssl_fences_its_detect_stage_and_gives_the_replay_alerts(
+    secure_kafka_broker, scenario, replay_result, tmp_path
+):
+    """Both scale-out stages, the state topic and the detect stage's transactions (init,
+    commit, offsets in the transaction) over TLS with a SCRAM user."""
+    from rocewatch.scaleout import ScaleOutService
+
+    sb = secure_kafka_broker
+    prefix = new_topic_prefix("so_sasl_ssl")
+    t = dataclasses.replace(topics(prefix), steps=f"{prefix}.steps", state=f"{prefix}.state")
+    k = sasl_kafka(sb, prefix, topics=t, scale_out=True, fence_detect=True)
+    cfg = Config(topology=str(scenario / "topology.yaml"), kafka=k, state_dir=str(tmp_path))
+    n = publish_scenario(scenario, cfg)
+    svc = ScaleOutService(cfg)
+    svc.run(max_idle_s=8.0)
+    assert svc.agg.samples == n
+    assert svc.det.writer.commits > 0  # the detect stage wrote in transactions
+    events = [orjson.loads(m.value) for m in read_topic(k, k.topics.alerts)]
+    acts = [orjson.loads(m.value) for m in read_topic(k, k.topics.actions)]
+    keys = Counter((e["fingerprint"], e["startsAt"], e["status"]) for e in events)
+    assert max(keys.values()) == 1, "an alert event was published twice"
+    assert comparable(events) == comparable(replay_result.alerts)
     assert sorted_actions(acts) == sorted_actions(replay_result.actions)
 
 

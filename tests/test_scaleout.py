@@ -348,6 +348,68 @@ def test_kill_one_of_two_instances_loses_and_doubles_nothing(
     assert sorted_actions(actions) == sorted_actions(replay_result.actions)
 
 
+def test_a_stalled_instance_comes_back_fenced_and_nothing_doubles(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
+):
+    """The instance running the detect stage stops (SIGSTOP: a VM pause, a stuck disk) for
+    longer than the session timeout, the other takes everything over, then the stalled one
+    wakes up mid-stream still believing it holds its partitions and the stage. Nothing it had
+    in hand may be published or drained a second time, and nothing may be lost."""
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, "stall", tmp_path, scenario)
+    kafka_topics.create("stall.telemetry", partitions=PARTITIONS)
+    conf = write_conf(cfg, tmp_path / "stall.yaml")
+    a = Instance(conf, tmp_path / "a.log", max_idle=45)
+    time.sleep(1.0)
+    b = Instance(conf, tmp_path / "b.log", max_idle=45)
+    try:
+        wait_for_split(a, b)
+        deadline = time.monotonic() + 30
+        while not (a.detecting() or b.detecting()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stalled, other = (a, b) if a.detecting() else (b, a)
+        assert stalled.detecting(), "no instance runs the detect stage"
+        pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.0), daemon=True)
+        pub.start()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if len(read_topic(kafka_bootstrap, cfg.kafka.topics.alerts, 1.0)) >= 2:
+                break
+        assert pub.is_alive(), "the stream ended before the stall"
+        stalled.proc.send_signal(signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if other.detecting() and other.partitions() == list(range(PARTITIONS)):
+                    break
+                time.sleep(0.3)
+            else:
+                raise AssertionError(f"no takeover: {other.text()[-2000:]}")
+        finally:
+            stalled.proc.send_signal(signal.SIGCONT)
+        assert pub.is_alive(), "the stream ended during the stall: nothing in flight"
+        pub.join(120)
+        assert a.wait(240) == 0, a.text()[-3000:]
+        assert b.wait(240) == 0, b.text()[-3000:]
+    finally:
+        a.stop()
+        b.stop()
+    log = stalled.text()
+    # the stalled instance found out, from the group or from the broker's fence
+    assert re.search(r"detect stage (lost|handed over \(fenced\))", log), log[-3000:]
+    alerts, actions = outputs(kafka_bootstrap, cfg)
+    doubled = [k for k, c in event_keys(alerts).items() if c > 1]
+    assert not doubled, f"published twice: {doubled}"
+    assert comparable(alerts) == comparable(replay_result.alerts)
+    drains = Counter(x["node"] for x in actions if x["action"] == "drain")
+    assert drains and all(c == 1 for c in drains.values()), drains
+    assert sorted_actions(actions) == sorted_actions(replay_result.actions)
+    # and no sample was dropped as late by either instance
+    for f in Path(cfg.state_dir).glob("scaleout-*.json"):
+        stats = json.loads(f.read_text())["stats"]
+        late = {k: v for k, v in stats.items() if k.startswith("late")}
+        assert not late, (f.name, late)
+
+
 def test_steps_rows_order_is_canonical() -> None:
     """Steps re-emitted by another engine (a restore, another instance: its series table sets
     its own order) must come out row for row the same, or stage 2 would see two versions."""
