@@ -62,8 +62,9 @@ from kafka.errors import (
 )
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from actions.api import OperatorApi
 from actions.membership import LiveJobs, build_live_jobs
-from actions.operator import apply_pending
+from actions.operator import apply_pending, pending_approvals
 from actions.routing import RoutingExecutor
 from detectors.rates import series_ids
 from detectors.windows import AGG_SCHEMA, SeriesTable, Step, WindowEngine
@@ -1112,6 +1113,9 @@ class Detector:
         self.steps_evaluated = 0
         self.alerts_sent = 0
         self.actions_sent = 0
+        # the drains waiting for approval, as the policy left them after its last step (for
+        # the operator API's thread; None while this instance does not run the stage)
+        self.pending_snapshot: list[str] | None = None
         self.consumer = KafkaConsumer(
             **self.k.client_kwargs(),
             group_id=self.k.group_id + "-detect",
@@ -1154,6 +1158,7 @@ class Detector:
             self.consumer.seek(tps[0], st.offset)
             self._load_suppressions(st)
         self.state = st
+        self.pending_snapshot = st.pipeline.policy.pending()
         self.live_jobs = build_live_jobs(
             st.pipeline.topology, self.cfg.membership, kube_api(self.cfg), static=self.static_jobs
         )
@@ -1191,6 +1196,7 @@ class Detector:
     def _drop(self, why: str) -> None:
         self.active = False
         self.state = None
+        self.pending_snapshot = None
         self.live_jobs = None
         self.writer.close()
         log.info(why)
@@ -1391,6 +1397,8 @@ class Detector:
         return n
 
     def _emit(self, out: Output) -> None:
+        if self.state is not None and out.actions:
+            self.pending_snapshot = self.state.pipeline.policy.pending()
         n_alerts, n_actions = send_events(self.writer, self.cfg, out, self.published)
         if n_alerts or n_actions:
             self.writer.commit()  # visible now (read committed), not at the next checkpoint
@@ -1474,6 +1482,11 @@ class ScaleOutService:
             if not cfg.topology:
                 raise ConfigError("detect needs 'topology' (a topology file) in its config")
             topology = Topology.load(cfg.topology)
+        if cfg.api.listen and not cfg.storage_url:
+            raise ConfigError(
+                "api.listen with kafka.scale_out needs storage.url: operators' commands reach "
+                "the instance running the detect stage through the database"
+            )
         self.cfg = cfg
         k = cfg.kafka
         self.n_parts = ensure_scaleout_topics(k)
@@ -1489,6 +1502,19 @@ class ScaleOutService:
 
             self.metrics = ServiceMetrics(cfg.metrics_port)
         self.summary_path = Path(cfg.state_dir) / f"scaleout-{os.getpid()}.json"
+        # every instance serves the operator API: commands go to the database, where the
+        # instance running the detect stage picks them up (as `rocewatch approve` does)
+        self.api: OperatorApi | None = None
+        if cfg.api.listen:
+            self.api = OperatorApi(cfg.api, self.det.db, self.det.db, pending=self.pending).start()
+
+    def pending(self) -> list[str]:
+        """Drains waiting for approval: live where this instance runs the detect stage, else
+        from the actions stored in the database (the sink stores them)."""
+        snap = self.det.pending_snapshot
+        if snap is not None:
+            return list(snap)
+        return [a.node for a in pending_approvals(self.det.db.actions())]
 
     def run(self, max_idle_s: float = 0.0) -> None:
         k = self.cfg.kafka
@@ -1578,6 +1604,8 @@ class ScaleOutService:
         self.agg.closing = self.det.closing = True
         if self.metrics is not None:
             self.metrics.close()
+        if self.api is not None:
+            self.api.close()
         try:
             self.summary_path.parent.mkdir(parents=True, exist_ok=True)
             self.summary_path.write_text(json.dumps(self.summary()))

@@ -319,12 +319,30 @@ def test_detect_service_serves_the_api_and_carries_out_approvals(
         assert [(x.node, x.outcome) for x in store.actions()][-1] == ("gpu-02", "done")
 
 
-def test_scale_out_detect_stage_carries_out_cli_approvals(
+def test_scale_out_api_needs_the_database(tmp_path: Path) -> None:
+    """Commands reach the instance running the detect stage through the database: without
+    one, an API on an instance that does not run the stage could only drop them."""
+    import dataclasses
+
+    from rocewatch.config import Config, KafkaConfig
+    from rocewatch.scaleout import ScaleOutService
+
+    cfg = Config(
+        kafka=dataclasses.replace(KafkaConfig(), scale_out=True),
+        api=ApiConfig(listen="127.0.0.1:0", token=TOKEN),
+    )
+    with pytest.raises(ConfigError, match=r"needs storage\.url"):
+        ScaleOutService(cfg, topo())
+
+
+def test_scale_out_detect_stage_carries_out_cli_and_api_commands(
     kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path
 ) -> None:
     """Scale-out (real broker): the instance running the detect stage picks up an approval
     given with `rocewatch approve NODE` (stored in the database), drains, marks the command
-    done and publishes the drain."""
+    done and publishes the drain. Every instance serves the operator API: the one running the
+    stage lists the drain waiting, live; an undrain posted to an instance that does not run
+    the stage is carried out by the one that does."""
     import threading
 
     import yaml
@@ -351,6 +369,7 @@ def test_scale_out_detect_stage_carries_out_cli_approvals(
                 "session_timeout_ms": 6000,
             },
             "actions": {"mode": "approval"},
+            "api": {"listen": "127.0.0.1:0", "token": TOKEN},
         }
     )
     svc = ScaleOutService(cfg)
@@ -368,24 +387,40 @@ def test_scale_out_detect_stage_carries_out_cli_approvals(
     acts, _ = policy.tick(T0 + 3 * S)
     svc.det._emit(Output(actions=acts))
     assert policy.pending() == ["gpu-02"] and ex.calls == []
+    assert svc.api is not None
+    assert call(svc.api, None, "GET", "/api/v1/pending") == (200, {"nodes": ["gpu-02"]})
 
     r = cli("approve", "gpu-02", "--db", db, "--wait", "0")
     assert r.returncode == 0, r.stderr
-    t = threading.Thread(target=svc.run, kwargs={"max_idle_s": 6.0})
+    t = threading.Thread(target=svc.run, kwargs={"max_idle_s": 15.0})
     t.start()
+    other = ScaleOutService(cfg)  # another instance: it never joins, so never runs the stage
     try:
         deadline = time.monotonic() + 30
         while ex.calls == [] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert ex.calls == [("drain", "gpu-02")]
+        assert other.api is not None and not other.det.active
+        assert call(other.api, None, "GET", "/api/v1/pending", token="wrong")[0] == 401
+        code, queued = call(other.api, None, "POST", "/api/v1/undrain", {"node": "gpu-02"})
+        assert code == 202 and queued["status"] == "pending", queued
+        deadline = time.monotonic() + 30
+        while len(ex.calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ex.calls == [("drain", "gpu-02"), ("resume", "gpu-02")]
+        code, done = call(other.api, None, "GET", f"/api/v1/commands/{queued['id']}")
+        assert code == 200 and done["status"] == "done", done
     finally:
+        other.close()
         t.join(60)
     assert not t.is_alive()
     with Store(db) as store:
-        (cmd,) = store.commands()
+        cmd, undrain = store.commands()
         assert (cmd["command"], cmd["node"], cmd["status"]) == ("approve", "gpu-02", "done")
+        assert (undrain["command"], undrain["status"]) == ("undrain", "done")
     published = [json.loads(m.value) for m in read_topic(kafka_bootstrap, cfg.kafka.topics.actions)]
     outcomes = [(x["node"], x["outcome"]) for x in published]
-    assert outcomes[-1] == ("gpu-02", "done")
-    assert ("gpu-02", "pending-approval") in outcomes[:-1]
-    assert outcomes.count(("gpu-02", "done")) == 1
+    assert ("gpu-02", "pending-approval") in outcomes
+    drains = [(x["action"], x["outcome"]) for x in published if x["node"] == "gpu-02"]
+    assert drains[-2:] == [("drain", "done"), ("resume", "done")]
+    assert drains.count(("drain", "done")) == 1
