@@ -83,6 +83,7 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 8.0) -> list[Any]:
         enable_auto_commit=False,
         group_id=None,
         consumer_timeout_ms=int(timeout_s * 1000),
+        isolation_level="read_committed",  # as rocewatch's own readers
     )
     msgs = list(c)
     c.close()
@@ -154,6 +155,53 @@ def test_broker_restart_mid_stream_loses_and_doubles_nothing(
     # was dropped as late because the broker kept one partition's backlog back for a while
     assert svc.pipeline.samples_in == published[0]
     assert svc.stats.get("late_samples") == 0
+
+
+def test_scale_out_broker_restart_mid_stream_loses_and_doubles_nothing(
+    restartable_kafka_broker, kafka_topics, tmp_path, scenario, replay_result
+):
+    """Both scale-out stages and the detect stage's transactions across a broker restart: the
+    open transaction commits once the broker is back, the steps and state topics carry on."""
+    from rocewatch.scaleout import ScaleOutService
+
+    broker = restartable_kafka_broker
+    cfg = make_cfg(broker.bootstrap, kafka_topics, tmp_path, scenario, scale_out=True)
+    t = dataclasses.replace(
+        cfg.kafka.topics, steps=kafka_topics("steps"), state=kafka_topics("state")
+    )
+    cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, topics=t))
+    svc = ScaleOutService(cfg)
+    detect = Worker(lambda: svc.run(max_idle_s=20.0))
+    published: list[int] = []
+    publish = Worker(lambda: published.append(publish_scenario(scenario, cfg, 1.5)))  # 20 s
+    detect.start()
+    publish.start()
+    deadline = time.monotonic() + 60
+    while svc.det.steps_evaluated < 20 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert svc.det.steps_evaluated >= 20, "the detect stage never got going"
+    assert publish.is_alive(), "the publisher finished before the restart: make it slower"
+    t0 = time.monotonic()
+    broker.restart()
+    down_s = time.monotonic() - t0
+    publish.join(240)
+    detect.join(300)
+    assert not publish.is_alive() and not detect.is_alive()
+    assert publish.error is None, repr(publish.error)
+    assert detect.error is None, repr(detect.error)
+    assert down_s > 2.0
+
+    events = [orjson.loads(m.value) for m in read_topic(broker.bootstrap, cfg.kafka.topics.alerts)]
+    keys = Counter((e["fingerprint"], e["startsAt"], e["status"]) for e in events)
+    assert max(keys.values()) == 1, "an alert event was published twice"
+    assert comparable(events) == comparable(replay_result.alerts)
+    acts = [orjson.loads(m.value) for m in read_topic(broker.bootstrap, cfg.kafka.topics.actions)]
+    assert sorted_actions(acts) == sorted_actions(replay_result.actions)
+    assert svc.agg.samples == published[0]
+    stats = svc.summary()["stats"]
+    late = {k: v for k, v in stats.items() if k.startswith("late")}
+    assert not late, late
+    assert svc.det.writer.commits > 0  # the detect stage did write in transactions
 
 
 def scrape(port: int) -> dict[str, float]:
