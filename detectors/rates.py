@@ -97,12 +97,16 @@ class RateEngine:
             pl.col("delta", "dt").fill_nan(None)  # gauges
         )
 
-    def apply_arrays(self, samples: pl.DataFrame) -> dict[str, np.ndarray]:
+    def apply_arrays(
+        self, samples: pl.DataFrame, sid: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
         """``apply_narrow`` as NumPy arrays (the columns of NARROW_SCHEMA; delta and dt are NaN
-        for gauges), for callers that go on in NumPy."""
+        for gauges), for callers that go on in NumPy (``sid``: the rows' series ids, if the
+        caller has them)."""
         if samples.height == 0:
             return _empty_arrays()
-        sid = series_ids(samples)
+        if sid is None:
+            sid = series_ids(samples)
         ts = samples.get_column("ts").to_numpy()
         raw_col = samples.get_column("raw")
         n_null = raw_col.null_count()
@@ -142,6 +146,14 @@ class RateEngine:
         return {k: np.concatenate([p[k] for p in parts]) for k in NARROW_SCHEMA}
 
     # --- state: the newest reading of every counter series, sorted by series id -----------------
+    def __len__(self) -> int:
+        return len(self._sid)
+
+    @property
+    def sids(self) -> np.ndarray:
+        """The counter series ids with a reading kept, sorted."""
+        return self._sid
+
     @property
     def state(self) -> pl.DataFrame:
         return pl.DataFrame(

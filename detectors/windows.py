@@ -10,6 +10,8 @@ counted and dropped.
 from __future__ import annotations
 
 import itertools
+import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +19,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from detectors.rates import RateEngine
+from detectors.rates import RateEngine, series_ids
+from rocewatch.errors import ConfigError
 from rocewatch.keys import KEYS
 from rocewatch.model import SERIES_KEY
 from rocewatch.stats import Stats
@@ -36,6 +39,7 @@ AGG_SCHEMA: dict[str, pl.DataType] = {
     "n": pl.UInt32(),
 }
 _EMPTY = pl.DataFrame(schema=AGG_SCHEMA)
+log = logging.getLogger(__name__)
 _EPOCHS = itertools.count(1)
 
 
@@ -45,6 +49,16 @@ class WindowConfig:
     lateness_s: float = 0.5
     history_s: float = 1.0  # the longest sliding window any detector reads
     max_steps_per_close: int = 100_000  # a longer silence is skipped, not replayed step by step
+    # the most series one engine keeps (in scale-out: per telemetry partition). Telemetry
+    # naming ever new series (a buggy agent, a counter name with a timestamp in it) would
+    # otherwise grow every per-series table, the checkpoint and the detectors' state without
+    # end. Samples of series beyond it are dropped and counted (``series_over_limit``).
+    max_series: int = 2_000_000
+
+    def __post_init__(self) -> None:
+        ms = self.max_series
+        if isinstance(ms, bool) or not isinstance(ms, int) or ms < 1:
+            raise ConfigError(f"window.max_series: {ms!r} must be a whole number >= 1")
 
 
 class Step:
@@ -298,11 +312,13 @@ class WindowEngine:
         self.history: deque[Step] = deque(
             maxlen=max(2, int(self.config.history_s / self.config.step_s))
         )
+        self._limit_logged = -float("inf")  # when the series limit was last logged
 
     def __getstate__(self) -> dict[str, object]:
         # buffered samples with coded keys (rocewatch.keys) keep their strings in a checkpoint:
         # codes mean something only in the process that made them
         d = dict(self.__dict__)
+        d.pop("_ledger", None)  # rebuilt from the tables when the series limit comes near
         d["pending"] = [(KEYS.decode(f), lo, hi) for f, lo, hi in self.pending]
         return d
 
@@ -428,7 +444,12 @@ class WindowEngine:
         key (strings) is gathered once per aggregated row from the series table, and each
         (step, metric) part is a zero-copy slice of one frame.
         """
-        r = self.rates.apply_arrays(ready)
+        sid = series_ids(ready)
+        ok = self._admit(sid)
+        if ok is not None:
+            self._over_limit(int(len(ok) - ok.sum()))
+            ready, sid = ready.filter(pl.Series(ok)), sid[ok]
+        r = self.rates.apply_arrays(ready, sid)
         if len(r["ts"]) == 0:
             return {}, {}, {}
         ts = r["ts"]
@@ -522,6 +543,47 @@ class WindowEngine:
             rows.setdefault(step_idx, [a, b])[1] = b
         frames = {i: agg.slice(a, b - a) for i, (a, b) in rows.items()}
         return out, positions, frames
+
+    def _admit(self, sid: np.ndarray) -> np.ndarray | None:
+        """The rows (by series id) that may enter, with at most ``max_series`` series: None
+        when all may. Far below the limit (the series table and the rate state together, plus
+        this batch, cannot exceed it) nothing is searched. Near it, a ledger of the series
+        admitted decides: known series enter, and of the new ones as many as there is room
+        for, in order of first appearance."""
+        cap = self.config.max_series
+        ledger = self.__dict__.get("_ledger")
+        if ledger is None:
+            if len(self.series) + len(self.rates) + len(sid) <= cap:
+                return None
+            # built once, when the limit comes near: every series either table holds (the
+            # rate state has counters whose first reading made no row yet)
+            ledger = np.union1d(self.series.sids_at(np.arange(len(self.series))), self.rates.sids)
+        found = np.zeros(len(sid), dtype=bool)
+        if len(ledger):
+            at = np.minimum(np.searchsorted(ledger, sid), len(ledger) - 1)
+            found = ledger[at] == sid
+        ok: np.ndarray | None = None
+        if not found.all():
+            new_sid, first = np.unique(sid[~found], return_index=True)
+            room = max(cap - len(ledger), 0)
+            take = new_sid
+            if len(new_sid) > room:
+                take = np.sort(new_sid[np.argsort(first, kind="stable")][:room])
+                ok = found | np.isin(sid, take)
+            ledger = np.union1d(ledger, take)
+        self._ledger = ledger
+        return ok
+
+    def _over_limit(self, n: int) -> None:
+        self.stats.inc("series_over_limit", n)
+        now = time.monotonic()
+        if now - getattr(self, "_limit_logged", -float("inf")) >= 60.0:  # (older checkpoints)
+            self._limit_logged = now
+            log.warning(
+                "series limit reached (window.max_series %d): samples of new series are "
+                "dropped and counted (series_over_limit)",
+                self.config.max_series,
+            )
 
     # --- sliding windows -------------------------------------------------------------------------
     def window(self, metric: str, seconds: float) -> pl.DataFrame:
