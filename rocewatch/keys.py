@@ -9,12 +9,17 @@ computes from the strings. The strings come back only for what needs them: a ser
 the first time, or a checkpoint (codes are valid only in the process that made them).
 
 The table grows with the distinct key strings (devices, ports, queues, metrics): thousands on
-a large fabric, bounded by the same inventory the series table holds.
+a large fabric, bounded by the same inventory the series table holds. Telemetry naming ever
+new strings cannot grow it without end: past ``limit`` strings a dictionary with new ones gets
+no codes (``codes`` returns None) and its message is read as strings, where the window
+engine's series limit (``window.max_series``) drops what is new.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,6 +32,8 @@ _FMIX1 = np.uint64(0xFF51AFD7ED558CCD)
 _FMIX2 = np.uint64(0xC4CEB9FE1A85EC53)
 _S33 = np.uint64(33)
 _DICT_CACHE = 4096  # message dictionaries remembered (a collector sends the same one each time)
+MAX_STRINGS = 1_000_000  # key strings one process codes (about 100 bytes each)
+log = logging.getLogger(__name__)
 
 
 def mix(hashes: Sequence[np.ndarray]) -> np.ndarray:
@@ -60,7 +67,10 @@ def is_coded(frame: pl.DataFrame) -> bool:
 class KeyTable:
     """Every key string seen by this process: its code (its place here) and its hash."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_STRINGS) -> None:
+        self.limit = limit
+        self.refused = 0  # dictionaries left uncoded because the table was full
+        self._refused_logged = -float("inf")
         self.strings: list[str] = []
         self.hashes = np.empty(0, dtype=np.uint64)
         self._index: dict[str, int] = {}
@@ -71,8 +81,9 @@ class KeyTable:
     def __len__(self) -> int:
         return len(self.strings)
 
-    def codes(self, strings: Sequence[str]) -> np.ndarray:
-        """The code of each string (UInt32), adding the ones not seen before."""
+    def codes(self, strings: Sequence[str]) -> np.ndarray | None:
+        """The code of each string (UInt32), adding the ones not seen before; None when that
+        would take the table past ``limit`` (the caller reads those strings as strings)."""
         key = tuple(strings)
         hit = self._dicts.get(key)
         if hit is not None:
@@ -81,6 +92,9 @@ class KeyTable:
         if any(s not in index for s in key):
             with self._lock:  # services in threads of one process share the table
                 new = [s for s in dict.fromkeys(key) if s not in index]
+                if len(self.strings) + len(new) > self.limit:
+                    self._refuse()
+                    return None
                 hashes = string_hashes(pl.Series(new, dtype=pl.String))
                 self.hashes = np.concatenate([self.hashes, hashes])  # before the codes exist
                 for s in new:
@@ -91,6 +105,18 @@ class KeyTable:
             self._dicts.clear()
         self._dicts[key] = out
         return out
+
+    def _refuse(self) -> None:
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= 60.0:
+            self._refused_logged = now
+            log.warning(
+                "key table full (%d strings): messages naming new devices, ports or metrics "
+                "are read as strings (%d so far)",
+                self.limit,
+                self.refused,
+            )
 
     def column(self, name: str, codes: pl.Series | np.ndarray) -> pl.Series:
         """Codes -> their strings (a null code stays null)."""

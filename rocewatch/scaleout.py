@@ -250,6 +250,8 @@ class CodedRows:
             if len(idx) and int(idx.max()) >= len(vals):
                 raise BadInput(f"steps rows: {c} code past its table of {len(vals)}")
             table = keys.codes(vals)  # type: ignore[arg-type]
+            if table is None:  # the key table is full: strings, the general path
+                return self.decoded()
             mine = table[idx]
             cols.append(pl.Series(c, mine, dtype=pl.UInt32))
             hashes.append(keys.hashes[mine])

@@ -124,6 +124,27 @@ def test_coded_frames_carry_the_same_samples_and_series_ids():
         KEYS.column("device", pl.Series([len(KEYS) + 5], dtype=pl.UInt32))
 
 
+def test_a_full_key_table_reads_new_names_as_strings(monkeypatch):
+    """Telemetry naming ever new devices cannot grow the process's key table without end:
+    once full, a message with new strings is read as strings (the same samples), known ones
+    stay coded, and the table does not grow."""
+    from rocewatch.keys import KEYS, is_coded
+
+    known = sample_frame(100)
+    wire.coded_frames([wire.parse(wire.encode(known))])  # its strings are in the table
+    monkeypatch.setattr(KEYS, "limit", len(KEYS) + 2)
+    size, refused = len(KEYS), KEYS.refused
+    flood = sample_frame(30).with_columns(
+        pl.format("bogus-{}", pl.int_range(pl.len())).alias("device")
+    )
+    batches = [wire.parse(wire.encode(known)), wire.parse(wire.encode(flood))]
+    got = wire.coded_frames(batches)
+    assert not is_coded(got)  # the two meet as strings
+    assert got.equals(wire.frames(batches))
+    assert len(KEYS) == size and KEYS.refused == refused + 1
+    assert is_coded(wire.coded_frames(batches[:1]))  # what the table knows stays coded
+
+
 def test_a_frame_gives_the_same_dictionary_whatever_its_row_order():
     """Senders sort each message's dictionary: a reader looks a repeated one up once."""
     df = sample_frame(200)

@@ -159,7 +159,15 @@ def coded_frames(batches: list[Decoded]) -> pl.DataFrame:
     dictionary is looked up once (a collector sends the same one again and again)."""
     if not batches:
         return empty_coded()
-    tables = [KEYS.codes(b.dict) for b in batches]
+    coded = [KEYS.codes(b.dict) for b in batches]
+    if any(t is None for t in coded):
+        # the key table is full and some message names new strings: those messages are read
+        # as strings, and the frames meet as strings (``KeyTable.concat``)
+        fit = [b for b, t in zip(batches, coded, strict=True) if t is not None]
+        rest = [b for b, t in zip(batches, coded, strict=True) if t is None]
+        parts = ([coded_frames(fit)] if fit else []) + [frames(rest)]
+        return KEYS.concat(parts)
+    tables = [t for t in coded if t is not None]
     table = np.concatenate(tables)
     key = {c: table[i] for c, i in _key_indices(batches, [len(t) for t in tables]).items()}
     sid = mix([KEYS.hashes[key[c]] for c in SERIES_KEY])
