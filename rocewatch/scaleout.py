@@ -70,7 +70,7 @@ from detectors.rates import series_ids
 from detectors.windows import AGG_SCHEMA, SeriesTable, Step, WindowEngine
 from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
-from rocewatch.errors import BadInput, ConfigError, Fenced, RetryableError
+from rocewatch.errors import BadInput, ConfigError, Fenced, RetryableError, RocewatchError
 from rocewatch.kafka_io import (
     GROUP_METADATA_MAX_AGE_MS,
     Published,
@@ -657,8 +657,14 @@ class DetectWriter:
     def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
         try:
             return fn(*args, **kw)
-        except (ProducerFencedError, InvalidProducerEpochError) as e:
-            raise Fenced(f"another instance took the detect stage over ({e})") from e
+        except KafkaError as e:
+            # fenced shows as itself, or (a send after an earlier request of the transaction
+            # failed) as a KafkaError that carries it
+            if any(isinstance(x, _FENCED) for x in (e, e.__cause__, *e.args)):
+                raise Fenced(f"another instance took the detect stage over ({e!r})") from e
+            if self.fenced:
+                raise TransactionFailed(f"detect stage transaction failed: {e!r}") from e
+            raise
 
     def close(self) -> None:
         """Give the transactional producer up (what is still open is aborted by the broker,
@@ -668,6 +674,14 @@ class DetectWriter:
                 self.producer.close(timeout=5)
             self.producer = None
         self.open = False
+
+
+_FENCED = (ProducerFencedError, InvalidProducerEpochError)
+
+
+class TransactionFailed(RocewatchError):
+    """A transaction of the detect stage failed for a reason other than a fence: what it held
+    is aborted, so the stage starts again from its last checkpoint."""
 
 
 class FencedExecutor:
@@ -1208,6 +1222,21 @@ class Detector:
         log.warning("%s: this instance's unsaved detect state is dropped", e)
         self._drop("detect stage handed over (fenced)")
 
+    def _guarded(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, the stage dropped if fenced, or started again from its checkpoint
+        if a transaction failed otherwise (what it held was aborted, so it is made again)."""
+        try:
+            return fn(*args)
+        except Fenced as e:
+            self._fenced(e)
+        except TransactionFailed as e:
+            self.stats.inc("detect_transaction_failed")
+            log.error("%s: the detect stage starts again from its checkpoint", e)
+            self._drop("detect stage restarting")
+            tps = [tp for tp in self.consumer.assignment() if tp.topic == self.k.topics.steps]
+            self.assigned(tps)
+        return None
+
     def _output_tps(self) -> list[TopicPartition]:
         return output_partitions(self.cfg, self.store.reader)
 
@@ -1228,11 +1257,7 @@ class Detector:
 
     # --- the loop --------------------------------------------------------------------------------
     def poll_once(self, timeout_ms: int) -> int:
-        try:
-            return self._poll_once(timeout_ms)
-        except Fenced as e:
-            self._fenced(e)
-            return 0
+        return int(self._guarded(self._poll_once, timeout_ms) or 0)
 
     def _poll_once(self, timeout_ms: int) -> int:
         recs = poll_group(self.consumer, timeout_ms)
@@ -1382,6 +1407,9 @@ class Detector:
         """Carry out the operators' pending commands (while this instance runs the detect
         stage), publish what they decided, and checkpoint at once: a takeover then finds the
         policy as the commands, already marked done, left it."""
+        return int(self._guarded(self._apply_operator_commands) or 0)
+
+    def _apply_operator_commands(self) -> int:
         st = self.state
         if st is None or not self.active or self.db is None:
             return 0
@@ -1389,12 +1417,9 @@ class Detector:
             n = apply_pending(st.pipeline.policy, [self.db])
             if n:
                 self._emit(st.pipeline.operator_tick())
-                self.checkpoint()
+                self._checkpoint(True)
         except RetryableError as e:
             log.warning("operator commands: %s; trying again later", e)
-            return 0
-        except Fenced as e:
-            self._fenced(e)
             return 0
         return n
 
@@ -1410,10 +1435,7 @@ class Detector:
     def checkpoint(self, commit: bool = True) -> None:
         """Alerts and actions flushed, then the state written, then the steps offset committed
         (fenced: the state and the offset in one transaction)."""
-        try:
-            self._checkpoint(commit)
-        except Fenced as e:
-            self._fenced(e)
+        self._guarded(self._checkpoint, commit)
 
     def _checkpoint(self, commit: bool) -> None:
         st = self.state

@@ -118,22 +118,20 @@ class Worker(threading.Thread):
             self.error = e
 
 
-def test_broker_restart_mid_stream_loses_and_doubles_nothing(
-    restartable_kafka_broker, kafka_topics, tmp_path, scenario, replay_result
-):
-    broker = restartable_kafka_broker
-    cfg = make_cfg(broker.bootstrap, kafka_topics, tmp_path, scenario)
-    ensure_topics(cfg.kafka)
-    svc = DetectService(cfg)
-    detect = Worker(lambda: svc.run(max_idle_s=20.0))
+def restart_mid_stream(
+    broker: Any, cfg: Config, scenario: Path, run: Callable[[], Any], going: Callable[[], bool]
+) -> int:
+    """Run the detector (``run``) and publish the scenario at 1.5x (20 s), both in threads;
+    once ``going()``, restart the broker mid-stream; let both finish. The samples published."""
+    detect = Worker(run)
     published: list[int] = []
-    publish = Worker(lambda: published.append(publish_scenario(scenario, cfg, 1.5)))  # 20 s
+    publish = Worker(lambda: published.append(publish_scenario(scenario, cfg, 1.5)))
     detect.start()
     publish.start()
     deadline = time.monotonic() + 60
-    while svc.pipeline.samples_in < 50_000 and time.monotonic() < deadline:
+    while not going() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert svc.pipeline.samples_in >= 50_000, "the detector never got going"
+    assert going(), "the detector never got going"
     assert publish.is_alive(), "the publisher finished before the restart: make it slower"
     t0 = time.monotonic()
     broker.restart()
@@ -144,16 +142,37 @@ def test_broker_restart_mid_stream_loses_and_doubles_nothing(
     assert publish.error is None, repr(publish.error)
     assert detect.error is None, repr(detect.error)
     assert down_s > 2.0  # the broker really was away for a while
+    return published[0]
 
-    events = [orjson.loads(m.value) for m in read_topic(broker.bootstrap, cfg.kafka.topics.alerts)]
+
+def assert_replay_events_once(bootstrap: str, cfg: Config, replay_result: Any) -> None:
+    """The alert events and actions published are the replay's, none twice."""
+    events = [orjson.loads(m.value) for m in read_topic(bootstrap, cfg.kafka.topics.alerts)]
     keys = Counter((e["fingerprint"], e["startsAt"], e["status"]) for e in events)
     assert max(keys.values()) == 1, "an alert event was published twice"
     assert comparable(events) == comparable(replay_result.alerts)
-    acts = [orjson.loads(m.value) for m in read_topic(broker.bootstrap, cfg.kafka.topics.actions)]
+    acts = [orjson.loads(m.value) for m in read_topic(bootstrap, cfg.kafka.topics.actions)]
     assert sorted_actions(acts) == sorted_actions(replay_result.actions)
+
+
+def test_broker_restart_mid_stream_loses_and_doubles_nothing(
+    restartable_kafka_broker, kafka_topics, tmp_path, scenario, replay_result
+):
+    broker = restartable_kafka_broker
+    cfg = make_cfg(broker.bootstrap, kafka_topics, tmp_path, scenario)
+    ensure_topics(cfg.kafka)
+    svc = DetectService(cfg)
+    published = restart_mid_stream(
+        broker,
+        cfg,
+        scenario,
+        lambda: svc.run(max_idle_s=20.0),
+        lambda: svc.pipeline.samples_in >= 50_000,
+    )
+    assert_replay_events_once(broker.bootstrap, cfg, replay_result)
     # every sample the publisher accepted reached the detector exactly once, and in time: none
     # was dropped as late because the broker kept one partition's backlog back for a while
-    assert svc.pipeline.samples_in == published[0]
+    assert svc.pipeline.samples_in == published
     assert svc.stats.get("late_samples") == 0
 
 
@@ -171,33 +190,15 @@ def test_scale_out_broker_restart_mid_stream_loses_and_doubles_nothing(
     )
     cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, topics=t))
     svc = ScaleOutService(cfg)
-    detect = Worker(lambda: svc.run(max_idle_s=20.0))
-    published: list[int] = []
-    publish = Worker(lambda: published.append(publish_scenario(scenario, cfg, 1.5)))  # 20 s
-    detect.start()
-    publish.start()
-    deadline = time.monotonic() + 60
-    while svc.det.steps_evaluated < 20 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert svc.det.steps_evaluated >= 20, "the detect stage never got going"
-    assert publish.is_alive(), "the publisher finished before the restart: make it slower"
-    t0 = time.monotonic()
-    broker.restart()
-    down_s = time.monotonic() - t0
-    publish.join(240)
-    detect.join(300)
-    assert not publish.is_alive() and not detect.is_alive()
-    assert publish.error is None, repr(publish.error)
-    assert detect.error is None, repr(detect.error)
-    assert down_s > 2.0
-
-    events = [orjson.loads(m.value) for m in read_topic(broker.bootstrap, cfg.kafka.topics.alerts)]
-    keys = Counter((e["fingerprint"], e["startsAt"], e["status"]) for e in events)
-    assert max(keys.values()) == 1, "an alert event was published twice"
-    assert comparable(events) == comparable(replay_result.alerts)
-    acts = [orjson.loads(m.value) for m in read_topic(broker.bootstrap, cfg.kafka.topics.actions)]
-    assert sorted_actions(acts) == sorted_actions(replay_result.actions)
-    assert svc.agg.samples == published[0]
+    published = restart_mid_stream(
+        broker,
+        cfg,
+        scenario,
+        lambda: svc.run(max_idle_s=20.0),
+        lambda: svc.det.steps_evaluated >= 20,
+    )
+    assert_replay_events_once(broker.bootstrap, cfg, replay_result)
+    assert svc.agg.samples == published
     stats = svc.summary()["stats"]
     late = {k: v for k, v in stats.items() if k.startswith("late")}
     assert not late, late

@@ -164,6 +164,49 @@ def wait_for_split(a: Instance, b: Instance, timeout: float = 90.0) -> None:
     raise AssertionError(f"no split: {a.text()[-1500:]}\n---\n{b.text()[-1500:]}")
 
 
+def start_pair(conf: Path, tmp_path: Path) -> tuple[Instance, Instance]:
+    """Two instances that have split the partitions: (the one running the detect stage, the
+    other). Both are stopped if they do not get there."""
+    a = Instance(conf, tmp_path / "a.log", max_idle=45)
+    time.sleep(1.0)  # a joins first and takes the detect stage
+    b = Instance(conf, tmp_path / "b.log", max_idle=45)
+    try:
+        wait_for_split(a, b)
+        deadline = time.monotonic() + 30
+        while not (a.detecting() or b.detecting()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        holder, other = (a, b) if a.detecting() else (b, a)
+        assert holder.detecting(), "no instance runs the detect stage"
+    except BaseException:
+        a.stop()
+        b.stop()
+        raise
+    return holder, other
+
+
+def publish_until_alerts(bootstrap: str, cfg: Config, scenario: Path, speed: float) -> Any:
+    """Publish the scenario at ``speed`` in the background; return the thread once the first
+    two alert events are out (mid-stream)."""
+    pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, speed), daemon=True)
+    pub.start()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if len(read_topic(bootstrap, cfg.kafka.topics.alerts, 1.0)) >= 2:
+            break
+    return pub
+
+
+def assert_replay_outputs_once(bootstrap: str, cfg: Config, replay_result: Any) -> None:
+    """The alert events and actions are the replay's, none published twice, each drain once."""
+    alerts, actions = outputs(bootstrap, cfg)
+    doubled = [k for k, c in event_keys(alerts).items() if c > 1]
+    assert not doubled, f"published twice: {doubled}"
+    assert comparable(alerts) == comparable(replay_result.alerts)
+    drains = Counter(x["node"] for x in actions if x["action"] == "drain")
+    assert drains and all(c == 1 for c in drains.values()), drains
+    assert sorted_actions(actions) == sorted_actions(replay_result.actions)
+
+
 def test_idle_report_stops_counting_once_records_arrive(
     kafka_bootstrap, kafka_topics, tmp_path, scenario
 ):
@@ -303,24 +346,11 @@ def test_kill_one_of_two_instances_loses_and_doubles_nothing(
     cfg = so_cfg(kafka_bootstrap, kafka_topics, "kill", tmp_path, scenario)
     kafka_topics.create("kill.telemetry", partitions=PARTITIONS)
     conf = write_conf(cfg, tmp_path / "kill.yaml")
-    a = Instance(conf, tmp_path / "a.log", max_idle=45)
-    time.sleep(1.0)
-    b = Instance(conf, tmp_path / "b.log", max_idle=45)
+    victim, survivor = start_pair(conf, tmp_path)
     try:
-        wait_for_split(a, b)
-        deadline = time.monotonic() + 30
-        while not (a.detecting() or b.detecting()) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        victim, survivor = (a, b) if a.detecting() else (b, a)
-        assert victim.detecting(), "no instance runs the detect stage"
         # publish at 1.5x telemetry speed (20 s) in the background, so the kill lands mid-stream
         # (at 3x the publisher, now quicker to encode, could finish before the second alert)
-        pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.5), daemon=True)
-        pub.start()
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if len(read_topic(kafka_bootstrap, cfg.kafka.topics.alerts, 1.0)) >= 2:
-                break
+        pub = publish_until_alerts(kafka_bootstrap, cfg, scenario, 1.5)
         assert pub.is_alive(), "the stream ended before the kill"
         assert victim.proc.poll() is None, victim.text()[-3000:]
         victim.proc.send_signal(signal.SIGKILL)
@@ -328,8 +358,8 @@ def test_kill_one_of_two_instances_loses_and_doubles_nothing(
         pub.join(120)
         assert survivor.wait(240) == 0, survivor.text()[-3000:]
     finally:
-        a.stop()
-        b.stop()
+        victim.stop()
+        survivor.stop()
     log = survivor.text()
     assert survivor.partitions() == list(range(PARTITIONS)), log[-2000:]
     assert survivor.detecting(), log[-2000:]
@@ -339,13 +369,7 @@ def test_kill_one_of_two_instances_loses_and_doubles_nothing(
     (summary,) = [json.loads(f.read_text()) for f in Path(cfg.state_dir).glob("scaleout-*.json")]
     late = {k: v for k, v in summary["stats"].items() if k.startswith("late")}
     assert not late, late
-    alerts, actions = outputs(kafka_bootstrap, cfg)
-    doubled = [k for k, c in event_keys(alerts).items() if c > 1]
-    assert not doubled, f"published twice: {doubled}"
-    assert comparable(alerts) == comparable(replay_result.alerts)
-    drains = Counter(x["node"] for x in actions if x["action"] == "drain")
-    assert drains and all(c == 1 for c in drains.values()), drains
-    assert sorted_actions(actions) == sorted_actions(replay_result.actions)
+    assert_replay_outputs_once(kafka_bootstrap, cfg, replay_result)
 
 
 def test_a_stalled_instance_comes_back_fenced_and_nothing_doubles(
@@ -358,22 +382,9 @@ def test_a_stalled_instance_comes_back_fenced_and_nothing_doubles(
     cfg = so_cfg(kafka_bootstrap, kafka_topics, "stall", tmp_path, scenario)
     kafka_topics.create("stall.telemetry", partitions=PARTITIONS)
     conf = write_conf(cfg, tmp_path / "stall.yaml")
-    a = Instance(conf, tmp_path / "a.log", max_idle=45)
-    time.sleep(1.0)
-    b = Instance(conf, tmp_path / "b.log", max_idle=45)
+    stalled, other = start_pair(conf, tmp_path)
     try:
-        wait_for_split(a, b)
-        deadline = time.monotonic() + 30
-        while not (a.detecting() or b.detecting()) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        stalled, other = (a, b) if a.detecting() else (b, a)
-        assert stalled.detecting(), "no instance runs the detect stage"
-        pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.0), daemon=True)
-        pub.start()
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if len(read_topic(kafka_bootstrap, cfg.kafka.topics.alerts, 1.0)) >= 2:
-                break
+        pub = publish_until_alerts(kafka_bootstrap, cfg, scenario, 1.0)  # 30 s
         assert pub.is_alive(), "the stream ended before the stall"
         stalled.proc.send_signal(signal.SIGSTOP)
         try:
@@ -388,21 +399,15 @@ def test_a_stalled_instance_comes_back_fenced_and_nothing_doubles(
             stalled.proc.send_signal(signal.SIGCONT)
         assert pub.is_alive(), "the stream ended during the stall: nothing in flight"
         pub.join(120)
-        assert a.wait(240) == 0, a.text()[-3000:]
-        assert b.wait(240) == 0, b.text()[-3000:]
+        assert stalled.wait(240) == 0, stalled.text()[-3000:]
+        assert other.wait(240) == 0, other.text()[-3000:]
     finally:
-        a.stop()
-        b.stop()
+        stalled.stop()
+        other.stop()
     log = stalled.text()
     # the stalled instance found out, from the group or from the broker's fence
     assert re.search(r"detect stage (lost|handed over \(fenced\))", log), log[-3000:]
-    alerts, actions = outputs(kafka_bootstrap, cfg)
-    doubled = [k for k, c in event_keys(alerts).items() if c > 1]
-    assert not doubled, f"published twice: {doubled}"
-    assert comparable(alerts) == comparable(replay_result.alerts)
-    drains = Counter(x["node"] for x in actions if x["action"] == "drain")
-    assert drains and all(c == 1 for c in drains.values()), drains
-    assert sorted_actions(actions) == sorted_actions(replay_result.actions)
+    assert_replay_outputs_once(kafka_bootstrap, cfg, replay_result)
     # and no sample was dropped as late by either instance
     for f in Path(cfg.state_dir).glob("scaleout-*.json"):
         stats = json.loads(f.read_text())["stats"]
@@ -658,6 +663,7 @@ def test_a_stalled_detect_stage_is_fenced_out_of_kafka_and_the_scheduler(
     store = StateStore(k, shared)
     old = DetectWriter(k, shared, n_parts)
     new = DetectWriter(k, shared, n_parts)
+    intruder = DetectWriter(k, shared, n_parts)
     alerts = [Alert.from_json(a) for a in replay_result.alerts[:3]]
     try:
         old.start()
@@ -702,9 +708,18 @@ def test_a_stalled_detect_stage_is_fenced_out_of_kafka_and_the_scheduler(
         new.commit()
         new.fence()  # a fence record after the state: the state is still found by its key
         assert store.load(n_parts, key="detect") == b"new state"
+        # fenced between two transactions, `new` learns it from a send: the first send's
+        # request fails in the producer's thread, and the sends after it say so
+        intruder.start()
+        with pytest.raises(Fenced):
+            for _ in range(100):
+                send_events(new, cfg, Output(alerts=[alerts[2]]), Published())
+                time.sleep(0.05)
+            new.commit()
     finally:
         old.close()
         new.close()
+        intruder.close()
         shared.close()
         store.close()
     got = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, k.topics.alerts)]
