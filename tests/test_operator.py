@@ -424,3 +424,22 @@ def test_scale_out_detect_stage_carries_out_cli_and_api_commands(
     drains = [(x["action"], x["outcome"]) for x in published if x["node"] == "gpu-02"]
     assert drains[-2:] == [("drain", "done"), ("resume", "done")]
     assert drains.count(("drain", "done")) == 1
+
+
+def test_a_fenced_detect_stage_drains_nothing() -> None:
+    """The policy lets ``Fenced`` through (other executor errors become a failed outcome):
+    a detect stage that lost its place to another instance records no outcome and acts on no
+    scheduler (the scale-out FencedExecutor proves its place before each drain)."""
+    from rocewatch.errors import Fenced
+    from rocewatch.scaleout import FencedExecutor
+
+    def fence() -> None:
+        raise Fenced("another instance took the detect stage over")
+
+    ex = Recorder()
+    p = DrainPolicy(PolicyConfig(mode="auto"), topo(), FencedExecutor(ex, fence))
+    p.on_alert(storm("gpu-04", T0), T0)
+    with pytest.raises(Fenced):
+        for i in range(60):
+            p.tick(T0 + i * S)
+    assert ex.calls == []
