@@ -167,7 +167,7 @@ class ServiceMetrics:
         from kafka.structs import TopicPartition
 
         agg, det = svc.agg, svc.det
-        self._count(agg.samples, agg.stats, det.stats)
+        self._count(agg.samples, agg.stats, det.stats, det.holds)
         self.lag.clear()
         total = 0
         topic = svc.cfg.kafka.topics.telemetry

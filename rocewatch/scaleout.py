@@ -1099,7 +1099,10 @@ class Detector:
         self.n_parts = n_parts
         self.store = store
         self.writer = DetectWriter(self.k, producer, n_parts)
-        self.stats = Stats()
+        self.stats = Stats()  # the detect pipeline's (a restored stage brings its own)
+        # what happened to this instance's hold on the stage (lost, fenced, taken back): its
+        # own, kept across restores
+        self.holds = Stats()
         self.active = False
         self.closing = False
         self.group_changed = time.monotonic()  # the last (re)assignment, for --max-idle
@@ -1132,6 +1135,9 @@ class Detector:
         # the drains waiting for approval, as the policy left them after its last step (for
         # the operator API's thread; None while this instance does not run the stage)
         self.pending_snapshot: list[str] | None = None
+        # after a fence: when to take the stage back if the group still gives it to this
+        # instance (nobody else holds it: the fence came from a transaction timeout, say)
+        self.retake_at: float | None = None
         self.consumer = KafkaConsumer(
             **self.k.client_kwargs(),
             group_id=self.k.group_id + "-detect",
@@ -1152,6 +1158,7 @@ class Detector:
     # --- assignment ------------------------------------------------------------------------------
     def assigned(self, tps: list[TopicPartition]) -> None:
         self.group_changed = time.monotonic()
+        self.retake_at = None
         if not tps:
             return
         self.writer.start()  # fences the previous holder and aborts what it left open
@@ -1206,7 +1213,7 @@ class Detector:
         """Evicted from the group (a stall past the session timeout): another instance may
         hold the stage already, so nothing is written; it resumes from the last checkpoint."""
         if self.active and tps and not self.closing:
-            self.stats.inc("detect_stage_lost")
+            self.holds.inc("detect_stage_lost")
             self._drop("detect stage lost (evicted from the group); its unsaved state is dropped")
 
     def _drop(self, why: str) -> None:
@@ -1218,9 +1225,26 @@ class Detector:
         log.info(why)
 
     def _fenced(self, e: Fenced) -> None:
-        self.stats.inc("detect_stage_fenced")
+        self.holds.inc("detect_stage_fenced")
         log.warning("%s: this instance's unsaved detect state is dropped", e)
         self._drop("detect stage handed over (fenced)")
+        # a stalled instance learns from the group within a session timeout that the stage is
+        # gone (and is assigned anew); if the group still gives it the stage after that, the
+        # fence came from elsewhere and nobody runs the stage: it takes the stage back
+        self.retake_at = time.monotonic() + self.k.session_timeout_ms / 1000.0 + 1.0
+
+    def _maybe_retake(self) -> None:
+        if self.retake_at is None or time.monotonic() < self.retake_at:
+            return
+        self.retake_at = None
+        tps = [tp for tp in self.consumer.assignment() if tp.topic == self.k.topics.steps]
+        if tps:
+            self.holds.inc("detect_stage_retaken")
+            log.warning(
+                "fenced, but the group still gives this instance the detect stage: "
+                "taking it back from its checkpoint"
+            )
+            self.assigned(tps)
 
     def _guarded(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)``, the stage dropped if fenced, or started again from its checkpoint
@@ -1230,7 +1254,7 @@ class Detector:
         except Fenced as e:
             self._fenced(e)
         except TransactionFailed as e:
-            self.stats.inc("detect_transaction_failed")
+            self.holds.inc("detect_transaction_failed")
             log.error("%s: the detect stage starts again from its checkpoint", e)
             self._drop("detect stage restarting")
             tps = [tp for tp in self.consumer.assignment() if tp.topic == self.k.topics.steps]
@@ -1263,6 +1287,7 @@ class Detector:
         recs = poll_group(self.consumer, timeout_ms)
         st = self.state
         if st is None or not self.active:
+            self._maybe_retake()
             return 0
         if self.live_jobs is not None:  # answers are applied here, in the loop's thread
             self.live_jobs.maybe_refresh()
@@ -1620,7 +1645,11 @@ class ScaleOutService:
             "alerts_sent": self.det.alerts_sent,
             "actions_sent": self.det.actions_sent,
             "latencies": lat,  # [CreateTime ns, seconds to evaluation], by CreateTime
-            "stats": {**self.agg.stats.as_dict(), **self.det.stats.as_dict()},
+            "stats": {
+                **self.agg.stats.as_dict(),
+                **self.det.stats.as_dict(),
+                **self.det.holds.as_dict(),
+            },
         }
 
     def close(self) -> None:

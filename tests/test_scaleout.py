@@ -415,6 +415,48 @@ def test_a_stalled_instance_comes_back_fenced_and_nothing_doubles(
         assert not late, (f.name, late)
 
 
+def test_a_lone_instance_fenced_from_elsewhere_takes_its_stage_back(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
+):
+    """A fence that no other instance follows up (a transaction timed out on the broker, an
+    operator's tool with the same id): the group still gives this instance the detect stage,
+    so after a session timeout it takes the stage back from its checkpoint, and the stream's
+    alerts and actions come out once each, as replay gives them."""
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, "retake", tmp_path, scenario)
+    kafka_topics.create("retake.telemetry", partitions=PARTITIONS)
+    svc = ScaleOutService(cfg)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            svc.run(max_idle_s=15.0)
+        except BaseException as e:
+            errors.append(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.5), daemon=True)
+    pub.start()
+    deadline = time.monotonic() + 60
+    while svc.det.steps_evaluated < 20 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert svc.det.steps_evaluated >= 20, "the detect stage never got going"
+    shared = make_producer(cfg.kafka)
+    intruder = DetectWriter(cfg.kafka, shared, svc.n_parts)
+    intruder.start()  # bumps the epoch: the instance's next write is fenced
+    intruder.close()
+    shared.close()
+    assert pub.is_alive(), "the stream ended before the fence"
+    pub.join(120)
+    worker.join(300)
+    assert not worker.is_alive() and not errors, errors
+    stats = svc.summary()["stats"]
+    assert stats.get("detect_stage_fenced", 0) >= 1, stats
+    assert stats.get("detect_stage_retaken", 0) >= 1, stats
+    assert not {k: v for k, v in stats.items() if k.startswith("late")}, stats
+    assert_replay_outputs_once(kafka_bootstrap, cfg, replay_result)
+
+
 def test_steps_rows_order_is_canonical() -> None:
     """Steps re-emitted by another engine (a restore, another instance: its series table sets
     its own order) must come out row for row the same, or stage 2 would see two versions."""
