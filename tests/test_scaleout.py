@@ -172,16 +172,27 @@ def start_pair(conf: Path, tmp_path: Path) -> tuple[Instance, Instance]:
     b = Instance(conf, tmp_path / "b.log", max_idle=45)
     try:
         wait_for_split(a, b)
-        deadline = time.monotonic() + 30
-        while not (a.detecting() or b.detecting()) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        holder, other = (a, b) if a.detecting() else (b, a)
-        assert holder.detecting(), "no instance runs the detect stage"
+        holder, other = settled_holder(a, b)
     except BaseException:
         a.stop()
         b.stop()
         raise
     return holder, other
+
+
+def settled_holder(a: Instance, b: Instance, timeout: float = 30.0) -> tuple[Instance, Instance]:
+    """(the instance running the detect stage, the other), once exactly one of them runs it
+    and still does a second and a half later (right after the split, the first one's log can
+    still say "active" for a moment before it hands the stage over)."""
+    deadline = time.monotonic() + timeout
+    last: Instance | None = None
+    while time.monotonic() < deadline:
+        now = [i for i in (a, b) if i.detecting()]
+        if len(now) == 1 and now[0] is last:
+            return (a, b) if last is a else (b, a)
+        last = now[0] if len(now) == 1 else None
+        time.sleep(1.5)
+    raise AssertionError("no instance settled into running the detect stage")
 
 
 def publish_until_alerts(bootstrap: str, cfg: Config, scenario: Path, speed: float) -> Any:
@@ -386,6 +397,7 @@ def test_a_stalled_instance_comes_back_fenced_and_nothing_doubles(
     try:
         pub = publish_until_alerts(kafka_bootstrap, cfg, scenario, 1.0)  # 30 s
         assert pub.is_alive(), "the stream ended before the stall"
+        stalled, other = settled_holder(stalled, other)  # the holder now, not at the start
         stalled.proc.send_signal(signal.SIGSTOP)
         try:
             deadline = time.monotonic() + 60
