@@ -6,7 +6,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from detectors.windows import WindowEngine
 from rocewatch.errors import ConfigError
@@ -44,6 +44,9 @@ class StepContext:
 
 class Detector(Protocol):
     name: str
+    # every metric it reads from the window engine: the scale-out aggregate stage sends the
+    # detect stage only the metrics some enabled detector reads
+    reads: ClassVar[frozenset[str]]
 
     def evaluate(self, ctx: StepContext) -> list[Finding]:
         """Every condition that holds at the step that just closed."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import polars as pl
@@ -98,6 +98,18 @@ class EcnCongestionDetector:
     topology: Topology
     config: EcnCongestionConfig = field(default_factory=EcnCongestionConfig)
     name: str = "ecn_congestion"
+    # the metrics it reads from the window engine (steps carry no others to the detect stage)
+    reads: ClassVar[frozenset[str]] = frozenset(
+        {
+            "queue_ecn_marked_pkts",
+            "queue_tx_pkts",
+            "port_out_pkts",
+            "nic_ecn_marked_pkts",
+            "nic_rx_rdma_bytes",
+            "nic_rx_bytes",
+            "nic_cnp_sent",
+        }
+    )
 
     def __post_init__(self) -> None:
         c = self.config

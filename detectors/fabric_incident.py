@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from detectors.base import Finding, StepContext
 from rocewatch.topology import NicEnd, PortEnd, Topology
@@ -47,6 +48,8 @@ class FabricIncidentDetector:
     topology: Topology
     config: FabricIncidentConfig = field(default_factory=FabricIncidentConfig)
     name: str = "fabric_incident"
+    # the metrics it reads from the window engine (steps carry no others to the detect stage)
+    reads: ClassVar[frozenset[str]] = frozenset()
 
     @property
     def window_s(self) -> float:

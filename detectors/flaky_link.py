@@ -35,6 +35,7 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
@@ -139,6 +140,10 @@ class FlakyLinkDetector:
     topology: Topology
     config: FlakyLinkConfig = field(default_factory=FlakyLinkConfig)
     name: str = "flaky_link"
+    # the metrics it reads from the window engine (steps carry no others to the detect stage)
+    reads: ClassVar[frozenset[str]] = frozenset(
+        {*ERROR_METRICS, "nic_link_speed_mbps", "nic_rx_corrected_bits"}
+    )
 
     @property
     def window_s(self) -> float:

@@ -65,7 +65,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import joblib  # type: ignore[import-untyped]
 import numpy as np
@@ -908,6 +908,8 @@ class IsolationForestDetector:
     topology: Topology
     config: IsolationForestConfig = field(default_factory=IsolationForestConfig)
     name: str = "isolation_forest"
+    # the metrics it reads from the window engine (steps carry no others to the detect stage)
+    reads: ClassVar[frozenset[str]] = frozenset({*NIC_METRICS, *PORT_METRICS})
 
     @property
     def window_s(self) -> float:
@@ -946,10 +948,8 @@ class IsolationForestDetector:
     # --- per step --------------------------------------------------------------------------------
     def evaluate(self, ctx: StepContext) -> list[Finding]:
         cur = ctx.engine.current()
-        if cur is not None and cur.frame.height:
-            self._add(cur)
-            if self.window_end is None:
-                self.window_end = (cur.start // self.window_ns + 1) * self.window_ns
+        if cur is not None and self._add(cur) and self.window_end is None:
+            self.window_end = (cur.start // self.window_ns + 1) * self.window_ns
         if self.window_end is not None and ctx.end >= self.window_end:
             self._close(ctx)
             self.window_end = (ctx.end // self.window_ns + 1) * self.window_ns
@@ -958,15 +958,22 @@ class IsolationForestDetector:
         explained, _ = self._explained(ctx)
         return [f for k, f in self.active.items() if k not in explained]
 
-    def _add(self, step: Step) -> None:
+    def _add(self, step: Step) -> bool:
+        """Add the step's rows of the forest's metrics; False if it has none (only the metrics
+        it reads count, so a step that carries just those behaves the same)."""
         # the step's per-metric split is shared with the rule detectors (built once per step)
         by = step.by_metric
+        added = False
         for kind, lo, hi in (("nic", 0, _N_NIC), ("port", _N_NIC, len(_CODES))):
             parts = [
-                (p, c) for m, c in _CODES.items() if lo <= c < hi and (p := by.get(m)) is not None
+                (p, c)
+                for m, c in _CODES.items()
+                if lo <= c < hi and (p := by.get(m)) is not None and p.height
             ]
             if parts:
                 self._add_kind(kind, lo, parts, step.positions)
+                added = True
+        return added
 
     def _add_kind(
         self,

@@ -18,6 +18,7 @@ and only while the gauges change or a NIC is still waiting out ``min_duration_s`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
@@ -68,6 +69,8 @@ class PcieDowngradeDetector:
     topology: Topology
     config: PcieDowngradeConfig = field(default_factory=PcieDowngradeConfig)
     name: str = "pcie_downgrade"
+    # the metrics it reads from the window engine (steps carry no others to the detect stage)
+    reads: ClassVar[frozenset[str]] = frozenset({SPEED, MAX_SPEED, WIDTH, MAX_WIDTH, LINK})
 
     @property
     def window_s(self) -> float:

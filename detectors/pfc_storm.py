@@ -15,6 +15,7 @@ switch port it pauses.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
@@ -52,6 +53,17 @@ class PfcStormDetector:
     topology: Topology
     config: PfcStormConfig = field(default_factory=PfcStormConfig)
     name: str = "pfc_storm"
+    # the metrics it reads from the window engine (steps carry no others to the detect stage)
+    reads: ClassVar[frozenset[str]] = frozenset(
+        {
+            "pfc_rx_pause_us",
+            "pfc_tx_pause_us",
+            "nic_rx_pause_us",
+            "nic_tx_pause_us",
+            "queue_tx_pkts",
+            "queue_depth_bytes",
+        }
+    )
 
     @property
     def window_s(self) -> float:

@@ -19,6 +19,7 @@ A healthy step costs one vectorised filter over each occupancy gauge.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from detectors.base import Finding, StepContext, port_labels
 from detectors.state import Episode, Key, Row, Sustain, lookup, over
@@ -67,6 +68,10 @@ class QueueBuildupDetector:
     topology: Topology
     config: QueueBuildupConfig = field(default_factory=QueueBuildupConfig)
     name: str = "queue_buildup"
+    # the metrics it reads from the window engine (steps carry no others to the detect stage)
+    reads: ClassVar[frozenset[str]] = frozenset(
+        {"queue_depth_bytes", "queue_peak_bytes", "pfc_rx_pause_us"}
+    )
 
     def __post_init__(self) -> None:
         c = self.config

@@ -44,12 +44,22 @@ ALERTNAMES: dict[str, str] = {
 }
 
 
+def _enabled(configs: dict[str, Any]) -> list[tuple[type[Any], Any]]:
+    """(class, config) of every enabled detector, in registry order."""
+    out = []
+    for cls, cfg_cls in DETECTORS.values():
+        cfg = configs.get(cls.name) or cfg_cls()
+        if getattr(cfg, "enabled", True) is not False:
+            out.append((cls, cfg))
+    return out
+
+
 def build_detectors(topology: Topology, configs: dict[str, Any]) -> list[Detector]:
     """One detector per registry entry, configured from ``configs[name]`` (a config dataclass)."""
-    out: list[Detector] = []
-    for name, (cls, cfg_cls) in DETECTORS.items():
-        cfg = configs.get(name) or cfg_cls()
-        if getattr(cfg, "enabled", True) is False:
-            continue
-        out.append(cls(topology, cfg))
-    return out
+    return [cls(topology, cfg) for cls, cfg in _enabled(configs)]
+
+
+def metrics_read(configs: dict[str, Any]) -> frozenset[str]:
+    """Every metric an enabled detector reads (``Detector.reads``): what the detect stage needs
+    of a step; the other metrics serve rollups and dashboards only."""
+    return frozenset(m for cls, _ in _enabled(configs) for m in cls.reads)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
@@ -87,6 +88,16 @@ class StragglerDetector:
     topology: Topology
     config: StragglerConfig = field(default_factory=StragglerConfig)
     name: str = "straggler"
+    # the metrics it reads from the window engine (steps carry no others to the detect stage)
+    reads: ClassVar[frozenset[str]] = frozenset(
+        {
+            *SIGNALS,
+            "nic_pcie_speed_gts",
+            "nic_pcie_max_speed_gts",
+            "nic_pcie_width",
+            "nic_pcie_max_width",
+        }
+    )
 
     @property
     def window_s(self) -> float:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import polars as pl
 
@@ -97,6 +98,8 @@ class TransportErrorsDetector:
     topology: Topology
     config: TransportErrorsConfig = field(default_factory=TransportErrorsConfig)
     name: str = "transport_errors"
+    # the metrics it reads from the window engine (steps carry no others to the detect stage)
+    reads: ClassVar[frozenset[str]] = frozenset({OOS, *(m for m, _ in ERRORS)})
 
     def __post_init__(self) -> None:
         c = self.config

@@ -67,6 +67,7 @@ from actions.membership import LiveJobs, build_live_jobs
 from actions.operator import apply_pending, pending_approvals
 from actions.routing import RoutingExecutor
 from detectors.rates import series_ids
+from detectors.registry import metrics_read
 from detectors.windows import AGG_SCHEMA, SeriesTable, Step, WindowEngine
 from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
@@ -369,18 +370,24 @@ def decode_steps(data: bytes, keys: KeyTable | None = None) -> StepsMessage:
 
 
 def steps_rows(
-    steps: list[Step], step_ns: int, series: SeriesTable | None = None
+    steps: list[Step],
+    step_ns: int,
+    series: SeriesTable | None = None,
+    keep: frozenset[str] | None = None,
 ) -> pl.DataFrame | None:
     """Closed steps -> one frame with a step index, in a canonical row order: by step, metric
     name, then series id. The ids are the ones the engine's series table (``series``) holds
     when it made the steps, else hashed from the keys; the same either way, so steps re-emitted
     after a restore (whose table is rebuilt and sets its own order) come out the same. The
-    engine's own order is usually that already: then nothing is gathered."""
+    engine's own order is usually that already: then nothing is gathered. With ``keep``, only
+    the rows of those metrics."""
     parts: list[pl.DataFrame] = []
     idx: list[int] = []
     lens: list[int] = []
     for s in steps:
         for metric in sorted(s.by_metric):
+            if keep is not None and metric not in keep:
+                continue
             f = s.by_metric[metric]
             if not f.height:
                 continue
@@ -407,16 +414,22 @@ def _metric_rank(series: SeriesTable) -> np.ndarray:
 
 
 def steps_coded(
-    steps: list[Step], step_ns: int, series: SeriesTable, cache: list[np.ndarray] | None = None
+    steps: list[Step],
+    step_ns: int,
+    series: SeriesTable,
+    cache: list[np.ndarray] | None = None,
+    keep: frozenset[str] | None = None,
 ) -> CodedRows | None:
     """``steps_rows`` with the key as the series table's codes (``SeriesTable.key_codes``):
     the key strings are not gathered, sorted or concatenated, and each step's rows are put in
-    the canonical order with one gather. Steps this table did not make take the general path.
+    the canonical order with one gather (which also drops the metrics not in ``keep``). Steps
+    this table did not make take the general path.
 
     ``cache`` (a list the caller keeps, empty at first) holds the last step's positions and
     order: a step with the same series in the same order (the usual one) sorts nothing."""
     numeric = [c for c in STEP_SCHEMA if c != "step" and c not in SERIES_KEY]
     rank = _metric_rank(series)
+    kept = None if keep is None else np.array([m in keep for m in series.metrics], dtype=bool)
     parts: list[pl.DataFrame] = []
     codes: list[np.ndarray] = []
     idx: list[int] = []
@@ -424,8 +437,14 @@ def steps_coded(
     for s in steps:
         pos = series.step_positions(s)
         if pos is None:
-            rows = steps_rows(steps, step_ns, series)
+            rows = steps_rows(steps, step_ns, series, keep)
             return None if rows is None else code_rows(rows)
+        sel = None
+        if kept is not None:
+            mask = kept[series.metric_code[pos]]
+            if not mask.all():
+                sel = np.flatnonzero(mask)
+                pos = pos[sel]
         if not len(pos):
             continue
         if cache and np.array_equal(cache[0], pos):
@@ -436,7 +455,10 @@ def steps_coded(
                 cache[:] = [pos, order]
         frame = s.frame.select(numeric)
         if bool((order[1:] < order[:-1]).any()):
-            frame, pos = frame[pl.Series(order, dtype=pl.UInt32)], pos[order]
+            pos = pos[order]
+            sel = order if sel is None else sel[order]
+        if sel is not None:
+            frame = frame[pl.Series(sel, dtype=pl.UInt32)]
         parts.append(frame)
         codes.append(series.key_codes[pos])
         idx.append(s.start // step_ns)
@@ -748,6 +770,8 @@ class Aggregator:
         self.n_parts = n_parts
         self.producer = producer
         self.store = store
+        # the steps carry only what the detectors read (rollups, made here, cover the rest)
+        self.detect_metrics = metrics_read(cfg.detectors)
         self.stats = Stats()
         self.parts: dict[int, _Part] = {}
         self.retired: dict[int, _Part] = {}
@@ -953,7 +977,7 @@ class Aggregator:
             self._rollups(p, part, steps, idle and not heartbeat)
         step_ns = part.engine.step_ns
         closed_from = steps[0].start if steps else to
-        rows = steps_coded(steps, step_ns, part.engine.series, part.order)
+        rows = steps_coded(steps, step_ns, part.engine.series, part.order, self.detect_metrics)
         sent = part.sent.closed(to) if to is not None else []
         offset = part.offset
         if offset is None:  # nothing read: the partition's end as the fetcher last saw it

@@ -23,6 +23,7 @@ import yaml
 from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 
+from detectors.registry import metrics_read
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
 from rocewatch.errors import Fenced
 from rocewatch.kafka_io import Published, make_producer, publish_scenario, send_events
@@ -513,6 +514,19 @@ def test_steps_rows_order_is_canonical() -> None:
     again = steps_rows([Step(one.start, one.end, by_metric=shuffled)], a.step_ns)
     first = steps_rows([one], a.step_ns, a.series)
     assert again is not None and first is not None and again.equals(first)
+    # only the metrics the detectors read go to the detect stage: the same rows, less the others,
+    # from the codes (cached order or not, either engine) and from the general path alike
+    keep = metrics_read(Config().detectors)
+    want = ra.filter(pl.col("metric").is_in(list(keep)))
+    assert 0 < want.height < ra.height
+    cache = []
+    for _ in range(2):
+        ka = steps_coded(sa, a.step_ns, a.series, cache, keep)
+        assert ka is not None and ka.decoded().equals(want)
+    kb = steps_coded(sb, b.step_ns, b.series, None, keep)
+    assert kb is not None and kb.decoded().equals(want)
+    kr = steps_rows(sb, b.step_ns, None, keep)
+    assert kr is not None and kr.equals(want)
 
 
 def test_detect_stage_assembles_coded_steps_as_the_strings_give_them() -> None:
