@@ -1135,6 +1135,7 @@ class Detector:
         self.idle_offset: dict[int, int] = {}  # the owner's read offset in its idle report
         self.ends: dict[int, int] = {}  # telemetry end offsets, asked at most every END_EVERY_S
         self.ends_at = -float("inf")
+        self.moved_at = -float("inf")  # when a steps message last moved a partition's close
         self.started = time.monotonic()
         self.stall_s = max(20.0, 3 * self.k.session_timeout_ms / 1000.0)
         self.published = Published()
@@ -1347,6 +1348,7 @@ class Detector:
             # nothing new: a heartbeat, a re-emission after a restart, an empty idle report
             return bool(msg.idle and not was_idle)
         st.part_closed[p] = msg.closed_to
+        self.moved_at = time.monotonic()
         rows = msg.rows
         if rows is None or rows.height == 0:
             return True
@@ -1399,16 +1401,22 @@ class Detector:
         records (an owner busy with the detect stage reads late). So the telemetry end offsets
         are asked for (at most every END_EVERY_S, one request): a partition with records past
         the offset of its idle report holds the watermark again. Unknown ends trust no report.
+
+        They are asked again whenever a steps message has moved a partition's close since: a
+        burst (a publisher catching up) can close another partition's step within moments of
+        records reaching the idle one, and every record published before the samples that
+        closed that step is in the broker by the time its steps message is read.
         """
-        if now - self.ends_at >= END_EVERY_S:
+        if now - self.ends_at >= END_EVERY_S or self.ends_at <= self.moved_at:
             tps = [TopicPartition(self.k.topics.telemetry, p) for p in range(self.n_parts)]
+            asked = time.monotonic()
             try:
                 got = self.store.reader.end_offsets(tps, timeout_ms=2000)
             except KafkaError as e:
                 log.info("telemetry end offsets unknown (%s): idle reports not trusted", e)
                 return []
             self.ends = {tp.partition: int(off) for tp, off in got.items()}
-            self.ends_at = now
+            self.ends_at = asked
         return [
             p
             for p in idle

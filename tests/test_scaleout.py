@@ -250,6 +250,11 @@ def test_idle_report_stops_counting_once_records_arrive(
         det._take(st, StepsMessage(quiet, None, None, True, [], None, 0), now)
         assert det._target(st, now) == closed  # left out: the others set the watermark
         producer.send(cfg.kafka.topics.telemetry, b"sample", partition=quiet).get(timeout=10)
+        # a burst: another partition closes a step at once, well within END_EVERY_S of the last
+        # look at the end offsets (the clock given is the same): the ends are asked again, and
+        # the new record holds the watermark
+        assert det._take(st, StepsMessage(0, None, closed + det.step_ns, False, [], None, 8), now)
+        assert det._target(st, now) is None
         time.sleep(END_EVERY_S + 0.1)
         # a record past the report: the partition holds the watermark until its owner closes
         assert det._target(st, time.monotonic()) is None
