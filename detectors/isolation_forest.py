@@ -723,6 +723,189 @@ class _Accumulator:
         return out, cov, ts
 
 
+def add_step(accs: dict[str, Any], step: Step) -> dict[str, list[int]] | None:
+    """Add a step's rows of the forest's metrics to each kind's accumulator (``_Accumulator``);
+    per kind, the entities seen for the first time; None if the step holds none of them."""
+    # the step's per-metric split is shared with the rule detectors (built once per step)
+    by = step.by_metric
+    out: dict[str, list[int]] | None = None
+    for kind, lo, hi in (("nic", 0, _N_NIC), ("port", _N_NIC, len(_CODES))):
+        parts = [
+            (p, c)
+            for m, c in _CODES.items()
+            if lo <= c < hi and (p := by.get(m)) is not None and p.height
+        ]
+        if parts:
+            out = out or {}
+            out[kind] = _add_kind(accs[kind], lo, parts, step.positions)
+    return out
+
+
+def _add_kind(
+    acc: _Accumulator,
+    lo: int,
+    parts: list[tuple[pl.DataFrame, int]],
+    known: tuple[int, dict[str, np.ndarray]] | None,
+) -> list[int]:
+    """Add one kind's rows: ``parts``, one frame per metric (with its code; the kind's codes
+    start at ``lo``); the entities seen for the first time."""
+    # each part is one metric: a counter's (delta, dt) or a gauge's (reading, 1)
+    a_parts, b_parts = [], []
+    for p, c in parts:
+        if acc.gauge[c - lo]:
+            v = p.get_column("max").to_numpy()
+            a_parts.append(v)
+            b_parts.append((~np.isnan(v)).astype(float))
+        else:
+            a_parts.append(p.get_column("delta").to_numpy())
+            b_parts.append(p.get_column("dt").to_numpy())
+    code = np.repeat(np.array([c - lo for _, c in parts]), [p.height for p, _ in parts])
+    a = np.nan_to_num(np.concatenate(a_parts).astype(float, copy=False))
+    b = np.nan_to_num(np.concatenate(b_parts).astype(float, copy=False))
+    ts = np.concatenate([p.get_column("ts").to_numpy() for p, _ in parts])
+    # the engine's series positions spare hashing the key strings of known series
+    pos = None
+    if known is not None and all(_NAMES[c] in known[1] for _, c in parts):
+        pos = (known[0], np.concatenate([known[1][_NAMES[c]] for _, c in parts]))
+    frame: list[pl.DataFrame] = []  # the kind's rows in one frame, only if a key is needed
+    hashed: list[np.ndarray] = []
+
+    def rows_frame() -> pl.DataFrame:
+        if not frame:
+            frame.append(pl.concat([p for p, _ in parts], how="vertical", rechunk=False))
+        return frame[0]
+
+    def keys_of(i: np.ndarray) -> list[tuple[str, str, str]]:
+        sel = rows_frame()[i.tolist()].select("device", "port", "qual")
+        return [(str(d), str(p), str(q)) for d, p, q in sel.iter_rows()]
+
+    def hashes(i: np.ndarray | None) -> np.ndarray:
+        if not hashed:  # once per step, and only if some series is not known yet
+            hashed.append(rows_frame().select(_Series.hash_expr()).to_series().to_numpy())
+        return hashed[0] if i is None else hashed[0][i]
+
+    return acc.add(hashes, code, (a, b, ts), keys_of, pos)
+
+
+class FeatureFeed:
+    """The forest's per-step work for the telemetry of one scale-out partition (stage 1):
+    each entity's window values, one row per entity and window, instead of every series'
+    rows every step. A partition's entities are its own (the telemetry key is the device), so
+    its window values are whole; the detect stage's forest reads them from every partition
+    (``IsolationForestDetector.offer``) and scores the fleet as replay does.
+
+    A window is the ``feature_window_s`` its steps start in; it is done once the partition
+    has closed past its end (or reports idle: its steps are closed then, and a sample for it
+    arriving later would be late)."""
+
+    def __init__(self, feature_window_s: float) -> None:
+        self.window_ns = round(feature_window_s * S)
+        self.accs = {k: _Accumulator(k) for k in KINDS}
+        self.window_end: int | None = None
+        self.done: list[pl.DataFrame] = []
+
+    def add(self, step: Step) -> None:
+        if self.window_end is not None and step.start >= self.window_end:
+            self._finish()
+        if add_step(self.accs, step) is not None and self.window_end is None:
+            self.window_end = (step.start // self.window_ns + 1) * self.window_ns
+
+    def take(self, closed_to: int | None, idle: bool = False) -> pl.DataFrame | None:
+        """The windows done once the partition has closed to ``closed_to`` (all of them when
+        it is idle), as one frame (``window_frame``); None if none."""
+        if self.window_end is not None and (idle or (closed_to or 0) >= self.window_end):
+            self._finish()
+        if not self.done:
+            return None
+        out = pl.concat(self.done, how="diagonal")
+        self.done = []
+        return out
+
+    def _finish(self) -> None:
+        end, self.window_end = self.window_end, None
+        assert end is not None
+        for kind, acc in self.accs.items():
+            if acc.n_entities == 0:
+                continue
+            v, cov, ts = acc.close()
+            have = np.flatnonzero(ts > 0)  # entities with a sample in this window
+            if len(have):
+                self.done.append(window_frame(end, kind, acc, have, v, cov, ts))
+
+
+def window_frame(
+    end: int,
+    kind: str,
+    acc: _Accumulator,
+    rows: np.ndarray,
+    v: np.ndarray,
+    cov: np.ndarray,
+    ts: np.ndarray,
+) -> pl.DataFrame:
+    """One kind's window values: ``end``, ``kind``, ``device``, ``port``, ``cov``, ``ts`` and
+    a column per metric of the kind (NaN: none in the window)."""
+    ents = [acc.entities[i] for i in rows.tolist()]
+    cols: dict[str, Any] = {
+        "end": pl.Series("end", np.full(len(rows), end, dtype=np.int64)),
+        "kind": pl.Series("kind", [kind] * len(rows), dtype=pl.String),
+        "device": pl.Series("device", [d for d, _ in ents], dtype=pl.String),
+        "port": pl.Series("port", [q for _, q in ents], dtype=pl.String),
+        "cov": pl.Series("cov", cov[rows]),
+        "ts": pl.Series("ts", ts[rows]),
+    }
+    for j, m in enumerate(acc.metrics):
+        cols[m] = pl.Series(m, v[rows, j])
+    return pl.DataFrame(cols)
+
+
+class _FedAccumulator:
+    """The detect stage's stand-in for ``_Accumulator`` when stage 1 computes the window
+    values (``FeatureFeed``): the entities, indexed in the order they were first offered, and
+    the window's values scattered over them (NaN, 0 coverage and time 0 for an entity without
+    a sample in the window, as ``_Accumulator.close`` gives)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.metrics = METRICS[kind]
+        self.gauge = np.array([g for g, _ in self.metrics.values()])
+        self.entities: list[tuple[str, str]] = []
+        self.entity_index: dict[tuple[str, str], int] = {}
+        self.pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    @property
+    def n_entities(self) -> int:
+        return len(self.entities)
+
+    def put(self, frame: pl.DataFrame) -> list[int]:
+        """Take one partition's window values of this kind; the entities new to it."""
+        fresh: list[int] = []
+        idx = np.empty(frame.height, dtype=np.int64)
+        keys = zip(frame["device"].to_list(), frame["port"].to_list(), strict=True)
+        for r, key in enumerate(keys):
+            i = self.entity_index.get(key)
+            if i is None:
+                i = self.entity_index[key] = len(self.entities)
+                self.entities.append(key)
+                fresh.append(i)
+            idx[r] = i
+        missing = [m for m in self.metrics if m not in frame.columns]
+        if missing:
+            frame = frame.with_columns(pl.lit(None, dtype=pl.Float64).alias(m) for m in missing)
+        v = frame.select(list(self.metrics)).to_numpy().astype(float)
+        self.pending.append(
+            (idx, v, frame["cov"].to_numpy().astype(float), frame["ts"].to_numpy().astype(np.int64))
+        )
+        return fresh
+
+    def close(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n, m = self.n_entities, len(self.metrics)
+        out, cov, ts = np.full((n, m), np.nan), np.zeros(n), np.zeros(n, dtype=np.int64)
+        for idx, v, c, t in self.pending:
+            out[idx], cov[idx], ts[idx] = v, c, t
+        self.pending = []
+        return out, cov, ts
+
+
 # --- window values -> features ----------------------------------------------------------------
 
 
@@ -947,9 +1130,14 @@ class IsolationForestDetector:
 
     # --- per step --------------------------------------------------------------------------------
     def evaluate(self, ctx: StepContext) -> list[Finding]:
-        cur = ctx.engine.current()
-        if cur is not None and self._add(cur) and self.window_end is None:
-            self.window_end = (cur.start // self.window_ns + 1) * self.window_ns
+        fed = getattr(self, "fed", None)
+        if fed is not None:  # stage 1 accumulates (scale-out): its windows come by ``offer``
+            if self.window_end is None and fed:
+                self.window_end = min(fed)
+        else:
+            cur = ctx.engine.current()
+            if cur is not None and self._add(cur) and self.window_end is None:
+                self.window_end = (cur.start // self.window_ns + 1) * self.window_ns
         if self.window_end is not None and ctx.end >= self.window_end:
             self._close(ctx)
             self.window_end = (ctx.end // self.window_ns + 1) * self.window_ns
@@ -958,71 +1146,56 @@ class IsolationForestDetector:
         explained, _ = self._explained(ctx)
         return [f for k, f in self.active.items() if k not in explained]
 
+    # --- scale-out: window values from stage 1 (``FeatureFeed``) ---------------------------------
+    def feed_from_stage1(self) -> None:
+        """Take each window's values from the telemetry partitions (``offer``) instead of
+        accumulating the steps' rows here: the steps then need none of the forest's metrics
+        that no rule detector reads. Only before the first step."""
+        if any(k.acc.n_entities for k in self.kinds.values()):
+            raise RuntimeError("the forest has accumulated steps already")
+        for kind, k in self.kinds.items():
+            k.acc = _FedAccumulator(kind)  # type: ignore[assignment]
+        # window end -> telemetry partition -> its window values; and the last window used
+        self.fed: dict[int, dict[int, pl.DataFrame]] = {}
+        self.fed_done = -1
+
+    def offer(self, partition: int, frame: pl.DataFrame) -> int:
+        """One partition's window values (``FeatureFeed.take``); a window sent again after a
+        restart replaces its first copy. Returns the rows that came after their window was
+        scored (late: left out, as late step rows are)."""
+        late = 0
+        for (end,), part in frame.partition_by("end", as_dict=True).items():
+            if int(end) <= self.fed_done:  # type: ignore[call-overload]
+                late += part.height
+            else:
+                self.fed.setdefault(int(end), {})[partition] = part  # type: ignore[call-overload]
+        return late
+
+    def _take_fed(self) -> None:
+        """Put the windows that end by this one into the kinds' accumulators, in partition
+        order (describing the entities new to them)."""
+        assert self.window_end is not None
+        for end in sorted(e for e in self.fed if e <= self.window_end):
+            for _, frame in sorted(self.fed.pop(end).items()):
+                for (kind,), part in frame.partition_by("kind", as_dict=True).items():
+                    k = self.kinds.get(str(kind))
+                    if k is None:
+                        continue
+                    fresh = k.acc.put(part)  # type: ignore[attr-defined]
+                    if fresh:
+                        self._describe(str(kind), fresh)
+        self.fed_done = self.window_end
+
     def _add(self, step: Step) -> bool:
         """Add the step's rows of the forest's metrics; False if it has none (only the metrics
         it reads count, so a step that carries just those behaves the same)."""
-        # the step's per-metric split is shared with the rule detectors (built once per step)
-        by = step.by_metric
-        added = False
-        for kind, lo, hi in (("nic", 0, _N_NIC), ("port", _N_NIC, len(_CODES))):
-            parts = [
-                (p, c)
-                for m, c in _CODES.items()
-                if lo <= c < hi and (p := by.get(m)) is not None and p.height
-            ]
-            if parts:
-                self._add_kind(kind, lo, parts, step.positions)
-                added = True
-        return added
-
-    def _add_kind(
-        self,
-        kind: str,
-        lo: int,
-        parts: list[tuple[pl.DataFrame, int]],
-        known: tuple[int, dict[str, np.ndarray]] | None,
-    ) -> None:
-        """Add one kind's rows: ``parts``, one frame per metric (with its code; the kind's codes
-        start at ``lo``)."""
-        k = self.kinds[kind]
-        # each part is one metric: a counter's (delta, dt) or a gauge's (reading, 1)
-        a_parts, b_parts = [], []
-        for p, c in parts:
-            if k.acc.gauge[c - lo]:
-                v = p.get_column("max").to_numpy()
-                a_parts.append(v)
-                b_parts.append((~np.isnan(v)).astype(float))
-            else:
-                a_parts.append(p.get_column("delta").to_numpy())
-                b_parts.append(p.get_column("dt").to_numpy())
-        code = np.repeat(np.array([c - lo for _, c in parts]), [p.height for p, _ in parts])
-        a = np.nan_to_num(np.concatenate(a_parts).astype(float, copy=False))
-        b = np.nan_to_num(np.concatenate(b_parts).astype(float, copy=False))
-        ts = np.concatenate([p.get_column("ts").to_numpy() for p, _ in parts])
-        # the engine's series positions spare hashing the key strings of known series
-        pos = None
-        if known is not None and all(_NAMES[c] in known[1] for _, c in parts):
-            pos = (known[0], np.concatenate([known[1][_NAMES[c]] for _, c in parts]))
-        frame: list[pl.DataFrame] = []  # the kind's rows in one frame, only if a key is needed
-        hashed: list[np.ndarray] = []
-
-        def rows_frame() -> pl.DataFrame:
-            if not frame:
-                frame.append(pl.concat([p for p, _ in parts], how="vertical", rechunk=False))
-            return frame[0]
-
-        def keys_of(i: np.ndarray) -> list[tuple[str, str, str]]:
-            sel = rows_frame()[i.tolist()].select("device", "port", "qual")
-            return [(str(d), str(p), str(q)) for d, p, q in sel.iter_rows()]
-
-        def hashes(i: np.ndarray | None) -> np.ndarray:
-            if not hashed:  # once per step, and only if some series is not known yet
-                hashed.append(rows_frame().select(_Series.hash_expr()).to_series().to_numpy())
-            return hashed[0] if i is None else hashed[0][i]
-
-        fresh = k.acc.add(hashes, code, (a, b, ts), keys_of, pos)
-        if fresh:
-            self._describe(kind, fresh)
+        fresh = add_step({kind: k.acc for kind, k in self.kinds.items()}, step)
+        if fresh is None:
+            return False
+        for kind, new in fresh.items():
+            if new:
+                self._describe(kind, new)
+        return True
 
     def _describe(self, kind: str, fresh: list[int]) -> None:
         """Static facts of entities seen for the first time: peer group, speed, buffer, role."""
@@ -1078,6 +1251,8 @@ class IsolationForestDetector:
     # --- per window ------------------------------------------------------------------------------
     def _close(self, ctx: StepContext) -> None:
         cfg = self.config
+        if getattr(self, "fed", None) is not None:
+            self._take_fed()
         explained = self._explained(ctx)
         held = False
         for kind, k in self.kinds.items():
