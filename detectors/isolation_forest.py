@@ -1158,17 +1158,21 @@ class IsolationForestDetector:
         # window end -> telemetry partition -> its window values; and the last window used
         self.fed: dict[int, dict[int, pl.DataFrame]] = {}
         self.fed_done = -1
+        self.fed_newest: dict[int, int] = {}  # per partition, the newest window end offered
 
     def offer(self, partition: int, frame: pl.DataFrame) -> int:
         """One partition's window values (``FeatureFeed.take``); a window sent again after a
-        restart replaces its first copy. Returns the rows that came after their window was
-        scored (late: left out, as late step rows are)."""
+        restart replaces its first copy, or is dropped once scored. Returns the rows of windows
+        scored without them (late: left out, as late step rows are)."""
         late = 0
+        newest = self.fed_newest.get(partition, -1)
         for (end,), part in frame.partition_by("end", as_dict=True).items():
-            if int(end) <= self.fed_done:  # type: ignore[call-overload]
-                late += part.height
+            end = int(end)  # type: ignore[call-overload]
+            if end <= self.fed_done:
+                late += 0 if end <= newest else part.height
             else:
-                self.fed.setdefault(int(end), {})[partition] = part  # type: ignore[call-overload]
+                self.fed.setdefault(end, {})[partition] = part
+            self.fed_newest[partition] = max(self.fed_newest.get(partition, -1), end)
         return late
 
     def _take_fed(self) -> None:

@@ -59,7 +59,14 @@ def build_detectors(topology: Topology, configs: dict[str, Any]) -> list[Detecto
     return [cls(topology, cfg) for cls, cfg in _enabled(configs)]
 
 
-def metrics_read(configs: dict[str, Any]) -> frozenset[str]:
+def metrics_read(configs: dict[str, Any], fed: bool = False) -> frozenset[str]:
     """Every metric an enabled detector reads (``Detector.reads``): what the detect stage needs
-    of a step; the other metrics serve rollups and dashboards only."""
-    return frozenset(m for cls, _ in _enabled(configs) for m in cls.reads)
+    of a step; the other metrics serve rollups and dashboards only. ``fed``: the isolation
+    forest's window values come from the aggregate stage (scale-out), so its own reads count
+    only where a rule detector shares them."""
+    return frozenset(
+        m
+        for cls, _ in _enabled(configs)
+        if not (fed and cls is IsolationForestDetector)
+        for m in cls.reads
+    )

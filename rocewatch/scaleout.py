@@ -66,6 +66,11 @@ from actions.api import OperatorApi
 from actions.membership import LiveJobs, build_live_jobs
 from actions.operator import apply_pending, pending_approvals
 from actions.routing import RoutingExecutor
+from detectors.isolation_forest import (
+    FeatureFeed,
+    IsolationForestConfig,
+    IsolationForestDetector,
+)
 from detectors.rates import series_ids
 from detectors.registry import metrics_read
 from detectors.windows import AGG_SCHEMA, SeriesTable, Step, WindowEngine
@@ -116,6 +121,13 @@ HEARTBEAT_S = 1.0  # an owned partition reports at least this often
 END_EVERY_S = 0.2  # how stale the telemetry end offsets behind an idle report may be
 MAX_SKEW_S = 2.0  # how far one owned partition may run ahead of the slowest
 STEP_SCHEMA: dict[str, pl.DataType] = {"step": pl.Int64(), **AGG_SCHEMA}
+
+
+def forest_window_s(cfg: Config) -> float | None:
+    """The isolation forest's feature window when it is enabled (stage 1 then computes its
+    window values), else None."""
+    forest = cfg.detectors.get("isolation_forest") or IsolationForestConfig()
+    return None if forest.enabled is False else float(forest.feature_window_s)
 
 
 def ensure_scaleout_topics(k: KafkaConfig) -> int:
@@ -293,6 +305,9 @@ class StepsMessage:
     # the owner's next telemetry offset when it sent this (-1: unknown): an idle partition is
     # idle only while the broker holds nothing past it
     offset: int = -1
+    # the isolation forest's window values of the partition's entities for the windows these
+    # steps complete (``FeatureFeed``; None: none)
+    forest: pl.DataFrame | None = None
 
 
 def _elide(frame: pl.DataFrame) -> pl.DataFrame:
@@ -332,6 +347,11 @@ def encode_steps(m: StepsMessage) -> bytes:
         buf = io.BytesIO()
         _elide(coded.frame).write_ipc_stream(buf, compression="zstd")
         body = buf.getvalue()
+    if m.forest is not None and m.forest.height:
+        head["fb"] = len(body)  # the rows' bytes; the forest's window values follow them
+        buf = io.BytesIO()
+        m.forest.write_ipc_stream(buf, compression="zstd")
+        body += buf.getvalue()
     head_b = orjson.dumps(head)
     return MAGIC + struct.pack("<I", len(head_b)) + head_b + body
 
@@ -344,14 +364,20 @@ def decode_steps(data: bytes, keys: KeyTable | None = None) -> StepsMessage:
     (n,) = struct.unpack("<I", data[4:8])
     try:
         h = orjson.loads(data[8 : 8 + n])
-        rows = None
-        if len(data) > 8 + n and data[:4] == MAGIC_V1:
-            rows = pl.read_ipc(io.BytesIO(data[8 + n :]))
-        elif len(data) > 8 + n:
+        rows = forest = None
+        end = len(data)
+        if "fb" in h:
+            end = 8 + n + int(h["fb"])
+            if not 8 + n <= end < len(data):
+                raise BadInput("bad steps message: forest section")
+            forest = pl.read_ipc_stream(io.BytesIO(data[end:]))
+        if end > 8 + n and data[:4] == MAGIC_V1:
+            rows = pl.read_ipc(io.BytesIO(data[8 + n : end]))
+        elif end > 8 + n:
             tables = h["keys"]
             if not isinstance(tables, list) or len(tables) != len(SERIES_KEY):
                 raise BadInput("bad steps message: key tables")
-            frame = _restore(pl.read_ipc_stream(io.BytesIO(data[8 + n :])))
+            frame = _restore(pl.read_ipc_stream(io.BytesIO(data[8 + n : end])))
             coded = CodedRows(frame, tables)
             rows = coded.decoded() if keys is None else coded.in_table(keys)
         return StepsMessage(
@@ -362,6 +388,7 @@ def decode_steps(data: bytes, keys: KeyTable | None = None) -> StepsMessage:
             [int(x) for x in h["sent"]],
             rows,
             int(h.get("off", -1)),
+            forest,
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, OSError) as e:
         raise BadInput(f"bad steps message: {e}") from e
@@ -743,6 +770,7 @@ class AggState:
     offset: int  # next telemetry offset to read
     hi: int  # newest sample time seen
     rollups: list[Rollups] | None = None  # open buckets (with storage configured)
+    forest: FeatureFeed | None = None  # the isolation forest's open window
 
 
 @dataclass
@@ -759,6 +787,7 @@ class _Part:
     rollups: list[Rollups] = field(default_factory=list)  # empty: no storage, none computed
     # the last step's table positions and their canonical order (steps_coded)
     order: list[np.ndarray] = field(default_factory=list)
+    forest: FeatureFeed | None = None  # with the isolation forest on: its window values
 
 
 class Aggregator:
@@ -770,8 +799,10 @@ class Aggregator:
         self.n_parts = n_parts
         self.producer = producer
         self.store = store
-        # the steps carry only what the detectors read (rollups, made here, cover the rest)
-        self.detect_metrics = metrics_read(cfg.detectors)
+        # the isolation forest's window values are made here (one row per entity and window),
+        # so the steps carry only what the other detectors read (rollups cover the rest)
+        self.forest_s = forest_window_s(cfg)
+        self.detect_metrics = metrics_read(cfg.detectors, fed=self.forest_s is not None)
         self.stats = Stats()
         self.parts: dict[int, _Part] = {}
         self.retired: dict[int, _Part] = {}
@@ -833,11 +864,21 @@ class Aggregator:
                     rollups = getattr(st, "rollups", None)
                     if rollups is None or bool(rollups) != bool(self.cfg.storage_url):
                         rollups = self._new_rollups()
-                    return _Part(st.engine, st.offset, st.hi, dirty=False, rollups=rollups)
+                    forest = getattr(st, "forest", None)
+                    if (forest is None) != (self.forest_s is None):
+                        forest = self._new_forest()
+                    return _Part(
+                        st.engine, st.offset, st.hi, dirty=False, rollups=rollups, forest=forest
+                    )
                 log.error("state of partition %d has another version; starting it afresh", p)
             except Exception as e:  # a foreign record: start the partition clean, say so
                 log.error("state of partition %d unreadable (%s); starting it afresh", p, e)
-        return _Part(self._new_engine(), None, rollups=self._new_rollups())
+        return _Part(
+            self._new_engine(), None, rollups=self._new_rollups(), forest=self._new_forest()
+        )
+
+    def _new_forest(self) -> FeatureFeed | None:
+        return None if self.forest_s is None else FeatureFeed(self.forest_s)
 
     def revoked(self, tps: list[TopicPartition]) -> None:
         if self.closing:
@@ -977,6 +1018,11 @@ class Aggregator:
             self._rollups(p, part, steps, idle and not heartbeat)
         step_ns = part.engine.step_ns
         closed_from = steps[0].start if steps else to
+        forest = None
+        if part.forest is not None:
+            for s in steps:
+                part.forest.add(s)
+            forest = part.forest.take(to, idle and not heartbeat)
         rows = steps_coded(steps, step_ns, part.engine.series, part.order, self.detect_metrics)
         sent = part.sent.closed(to) if to is not None else []
         offset = part.offset
@@ -998,7 +1044,14 @@ class Aggregator:
         for i, (chunk, chunk_to) in enumerate(chunks):
             last = i == len(chunks) - 1
             msg = StepsMessage(
-                p, closed_from, chunk_to, idle and last, sent if last else [], chunk, offset
+                p,
+                closed_from,
+                chunk_to,
+                idle and last,
+                sent if last else [],
+                chunk,
+                offset,
+                forest if last else None,
             )
             self.producer.send(
                 self.k.topics.steps, key=str(p).encode(), value=encode_steps(msg), partition=0
@@ -1048,7 +1101,9 @@ class Aggregator:
         for p in todo:
             part = self.parts[p]
             assert part.offset is not None
-            st = AggState(STATE_VERSION, p, part.engine, part.offset, part.hi, part.rollups)
+            st = AggState(
+                STATE_VERSION, p, part.engine, part.offset, part.hi, part.rollups, part.forest
+            )
             blob = _dumps(st)
             if len(blob) > MAX_MESSAGE_BYTES:  # the stream goes on; a restart re-reads more
                 self.stats.inc("state_too_large", detail=f"agg-{p}")
@@ -1205,6 +1260,7 @@ class Detector:
             self.stats = st.pipeline.stats
             self.consumer.seek(tps[0], st.offset)
             self._load_suppressions(st)
+        self._feed_forest(st.pipeline)
         self.state = st
         self.pending_snapshot = st.pipeline.policy.pending()
         self.live_jobs = build_live_jobs(
@@ -1214,6 +1270,23 @@ class Detector:
         self.started = time.monotonic()
         self.seen = {p: self.started for p in st.part_closed}
         log.info("detect stage active (steps offset %d)", st.offset)
+
+    def _feed_forest(self, pipe: Pipeline) -> None:
+        """The isolation forest takes its window values from stage 1 (``FeatureFeed``): the
+        steps do not carry its own metrics. A forest restored from a state written before it
+        was fed (it accumulated the steps itself) starts over: it learns its baseline again."""
+        for i, det in enumerate(pipe.detectors):
+            if (
+                not isinstance(det, IsolationForestDetector)
+                or getattr(det, "fed", None) is not None
+            ):
+                continue
+            if any(k.acc.n_entities for k in det.kinds.values()):
+                log.warning(
+                    "the isolation forest now takes stage 1's window values: it starts over"
+                )
+                det = pipe.detectors[i] = IsolationForestDetector(det.topology, det.config)
+            det.feed_from_stage1()
 
     def _restore(self) -> DetectState | None:
         raw = self.store.load(self.n_parts, key="detect")
@@ -1344,6 +1417,8 @@ class Detector:
         prev = st.part_closed.get(p)
         if msg.sent and msg.closed_to is not None:
             heapq.heappush(self.lat_pending, (msg.closed_to, msg.sent))
+        if msg.forest is not None:
+            self._offer_forest(st, p, msg.forest, prev)
         if msg.closed_to is None or (prev is not None and msg.closed_to <= prev):
             # nothing new: a heartbeat, a re-emission after a restart, an empty idle report
             return bool(msg.idle and not was_idle)
@@ -1366,6 +1441,17 @@ class Detector:
             old = slot.get(p)
             slot[p] = frame if old is None else KEYS.concat([old, frame])
         return True
+
+    def _offer_forest(self, st: DetectState, p: int, frame: pl.DataFrame, prev: int | None) -> None:
+        """A partition's isolation-forest window values to the forest; windows ending by the
+        partition's earlier close came before (a re-emission after a restart) and are dropped."""
+        if prev is not None:
+            frame = frame.filter(pl.col("end") > prev)
+        for det in st.pipeline.detectors:
+            if isinstance(det, IsolationForestDetector) and getattr(det, "fed", None) is not None:
+                late = det.offer(p, frame)
+                if late:
+                    self.stats.inc("late_forest_rows", late, detail=f"partition {p}")
 
     def _target(self, st: DetectState, now: float) -> int | None:
         """How far every live partition has closed (None: wait for a partition to report)."""

@@ -186,3 +186,12 @@ def test_disabled_detectors_take_their_metrics_out_of_the_steps() -> None:
     )
     assert only_forest and not (only_forest & forest_off)
     assert forest_off | only_forest == every
+
+
+def test_a_forest_fed_by_stage_one_takes_its_own_metrics_out_of_the_steps() -> None:
+    """In scale-out the aggregate stage computes the forest's window values: the steps carry
+    only what the rule detectors read."""
+    rules = frozenset().union(
+        *(cls.reads for n, (cls, _) in DETECTORS.items() if n != "isolation_forest")
+    )
+    assert metrics_read({}, fed=True) == rules < metrics_read({})

@@ -284,6 +284,15 @@ def test_steps_message_round_trip() -> None:
     assert (back.partition, back.closed_from, back.closed_to, back.idle) == (3, 100, 800, False)
     assert back.sent == [5, 6] and back.offset == 42
     assert back.rows is not None and back.rows.equals(rows)
+    assert back.forest is None
+    # the isolation forest's window values follow the rows, with or without rows
+    forest = pl.DataFrame(
+        {"end": [10**9], "kind": ["nic"], "device": ["n1"], "port": ["mlx5_0"], "cov": [1.0]}
+    ).with_columns(pl.lit(float("nan")).alias("nic_rx_bytes"), pl.lit(7).alias("ts"))
+    for r in (rows, None):
+        back = decode_steps(encode_steps(StepsMessage(3, 100, 800, False, [], r, 1, forest)))
+        assert back.forest is not None and back.forest.equals(forest)
+        assert (back.rows is None) == (r is None) and (r is None or back.rows.equals(r))
     from rocewatch.errors import BadInput
 
     with pytest.raises(BadInput):
