@@ -1132,7 +1132,9 @@ class IsolationForestDetector:
     def evaluate(self, ctx: StepContext) -> list[Finding]:
         fed = getattr(self, "fed", None)
         if fed is not None:  # stage 1 accumulates (scale-out): its windows come by ``offer``
-            if self.window_end is None and fed:
+            # the first window once the steps reach its end (a partition that went idle may
+            # have sent a later one before the others sent theirs)
+            if self.window_end is None and fed and ctx.end >= min(fed):
                 self.window_end = min(fed)
         else:
             cur = ctx.engine.current()
