@@ -132,9 +132,8 @@ class ServiceMetrics:
         if samples > self._samples_seen:
             self.samples.inc(samples - self._samples_seen)
             self._samples_seen = samples
-        for st in stats:
-            for k, v in st.counts.items():
-                self.skipped.labels(reason=k).set(v)
+        for k, v in Stats.merged(*stats).counts.items():
+            self.skipped.labels(reason=k).set(v)
 
     def update(self, svc: Any) -> None:
         """Refresh from a DetectService after one poll."""

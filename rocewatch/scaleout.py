@@ -53,7 +53,7 @@ import numpy as np
 import orjson
 import polars as pl
 from kafka import ConsumerRebalanceListener, KafkaConsumer
-from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
 from kafka.errors import (
     InvalidProducerEpochError,
     KafkaError,
@@ -128,6 +128,32 @@ def forest_window_s(cfg: Config) -> float | None:
     window values), else None."""
     forest = cfg.detectors.get("isolation_forest") or IsolationForestConfig()
     return None if forest.enabled is False else float(forest.feature_window_s)
+
+
+RECORD_OVERHEAD = 4096  # what a record batch adds to its value (key, headers, framing)
+
+
+def record_limit(k: KafkaConfig, topic: str) -> int:
+    """The largest value the broker takes on ``topic`` (its ``max.message.bytes``, less the
+    batch framing), at most MAX_MESSAGE_BYTES. A record above it would be refused, and a
+    refused record is fatal to an idempotent producer: everything it holds is dropped, the
+    steps with it. So larger states are not sent (``state_too_large``)."""
+    try:
+        admin = KafkaAdminClient(**k.client_kwargs(), request_timeout_ms=30000)
+    except KafkaError as e:
+        log.warning("record limit of %s unknown (%s); taking %d", topic, e, MAX_MESSAGE_BYTES)
+        return MAX_MESSAGE_BYTES
+    try:
+        res = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, ["max.message.bytes"])]
+        )
+        value = res["topic"][topic]["max.message.bytes"]["value"]
+        return max(0, min(MAX_MESSAGE_BYTES, int(value) - RECORD_OVERHEAD))
+    except (KafkaError, KeyError, TypeError, ValueError) as e:
+        log.warning("record limit of %s unknown (%s); taking %d", topic, e, MAX_MESSAGE_BYTES)
+        return MAX_MESSAGE_BYTES
+    finally:
+        admin.close()
 
 
 def ensure_scaleout_topics(k: KafkaConfig) -> int:
@@ -585,6 +611,7 @@ class StateStore:
             fetch_max_bytes=MAX_MESSAGE_BYTES,
         )
         self.written_end: dict[int, int] = {}  # end offset after our own last write
+        self.max_bytes = record_limit(k, self.topic)  # a state above it is not sent
 
     def end(self, partition: int) -> int:
         tp = TopicPartition(self.topic, partition)
@@ -694,6 +721,13 @@ class DetectWriter:
         self._call(self.producer.commit_transaction)
         self.open = False
         self.commits += 1
+
+    def abort(self) -> None:
+        """Give up the open transaction (after a failure that leaves the producer usable);
+        ``TransactionFailed`` if that fails too."""
+        if self.fenced and self.open:
+            self.open = False
+            self._call(self.producer.abort_transaction)
 
     def fence(self) -> None:
         """Prove this instance still holds the stage (raises ``Fenced`` if not)."""
@@ -1105,7 +1139,7 @@ class Aggregator:
                 STATE_VERSION, p, part.engine, part.offset, part.hi, part.rollups, part.forest
             )
             blob = _dumps(st)
-            if len(blob) > MAX_MESSAGE_BYTES:  # the stream goes on; a restart re-reads more
+            if len(blob) > self.store.max_bytes:  # the stream goes on; a restart re-reads more
                 self.stats.inc("state_too_large", detail=f"agg-{p}")
                 log.error("state of partition %d is %d bytes: not checkpointed", p, len(blob))
                 continue
@@ -1590,20 +1624,31 @@ class Detector:
             for tp, off in self.store.reader.end_offsets(self._output_tps()).items()
         }
         blob = _dumps(st)
-        if len(blob) > MAX_MESSAGE_BYTES:  # the stream goes on; a restart re-reads more
+        if len(blob) > self.store.max_bytes:  # the stream goes on; a restart re-reads more
             self.stats.inc("state_too_large", detail="detect")
             log.error(
-                "detect state is %d bytes, above %d: not checkpointed", len(blob), MAX_MESSAGE_BYTES
+                "detect state is %d bytes, above %d: not checkpointed",
+                len(blob),
+                self.store.max_bytes,
             )
             return
         offsets = {TopicPartition(self.k.topics.steps, 0): OffsetAndMetadata(st.offset, "", -1)}
         fut = self.writer.send(self.store.topic, key=b"detect", value=blob, partition=self.n_parts)
-        if self.writer.fenced:
-            self.writer.commit(offsets if commit else None)
+        # the transaction holds only the state and the offset (the events went before it), so
+        # a broker that refuses the state (a record too large for the topic, say) costs this
+        # checkpoint and nothing else: it is aborted and counted, and the stream goes on
+        try:
+            if self.writer.fenced:
+                self.writer.commit(offsets if commit else None)
+                self.store.confirm(self.n_parts, fut)
+                return
+            self.writer.commit()
             self.store.confirm(self.n_parts, fut)
+        except (TransactionFailed, KafkaError) as e:
+            self.writer.abort()
+            self.stats.inc("state_write_failed", detail="detect")
+            log.error("detect state not saved (%r); the stream goes on", e)
             return
-        self.writer.commit()
-        self.store.confirm(self.n_parts, fut)
         if not commit:
             return
         with contextlib.suppress(KafkaError):  # the state record holds the offset
@@ -1763,11 +1808,7 @@ class ScaleOutService:
             "alerts_sent": self.det.alerts_sent,
             "actions_sent": self.det.actions_sent,
             "latencies": lat,  # [CreateTime ns, seconds to evaluation], by CreateTime
-            "stats": {
-                **self.agg.stats.as_dict(),
-                **self.det.stats.as_dict(),
-                **self.det.holds.as_dict(),
-            },
+            "stats": Stats.merged(self.agg.stats, self.det.stats, self.det.holds).as_dict(),
         }
 
     def close(self) -> None:

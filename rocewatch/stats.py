@@ -36,6 +36,17 @@ class Stats:
     def get(self, name: str) -> int:
         return self.counts.get(name, 0)
 
+    @classmethod
+    def merged(cls, *stats: Stats) -> Stats:
+        """One Stats summing several (a count two of them keep, say a scale-out instance's two
+        stages, is their total, not the last one's)."""
+        out = cls()
+        for st in stats:
+            out.counts.update(st.counts)
+            for k, d in st.detail.items():
+                out.detail.setdefault(k, Counter()).update(d)
+        return out
+
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = dict(self.counts)
         for k, d in self.detail.items():

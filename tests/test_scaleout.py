@@ -31,6 +31,7 @@ from rocewatch.model import Alert
 from rocewatch.pipeline import Output
 from rocewatch.replay import replay
 from rocewatch.scaleout import (
+    RECORD_OVERHEAD,
     DetectWriter,
     FencedExecutor,
     ScaleOutService,
@@ -440,6 +441,44 @@ def test_a_stalled_instance_comes_back_fenced_and_nothing_doubles(
         stats = json.loads(f.read_text())["stats"]
         late = {k: v for k, v in stats.items() if k.startswith("late")}
         assert not late, (f.name, late)
+
+
+def test_states_too_large_for_the_state_topic_are_not_sent_and_the_stream_goes_on(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
+):
+    """A state topic that takes no record of a state's size (an operator created it with a
+    small max.message.bytes). A refused record is fatal to an idempotent producer: it drops
+    everything it holds, the steps with it. So the instance reads the topic's limit, sends no
+    state above it (counted), and the stream goes on: the replay's alerts and actions once
+    each, the fence records (small) still written before each drain."""
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, "refused", tmp_path, scenario)
+    kafka_topics.create("refused.telemetry", partitions=PARTITIONS)
+    kafka_topics.create(
+        "refused.state",
+        partitions=PARTITIONS + 1,
+        **{"cleanup.policy": "compact", "max.message.bytes": "20000"},
+    )
+    svc = ScaleOutService(cfg)
+    assert svc.store.max_bytes == 20000 - RECORD_OVERHEAD
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            svc.run(max_idle_s=8.0)
+        except BaseException as e:
+            errors.append(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    publish_scenario(scenario, cfg, 2.0)
+    worker.join(300)
+    assert not worker.is_alive() and not errors, errors
+    stats = svc.summary()["stats"]
+    skipped = stats.get("state_too_large_by", {})
+    assert skipped.get("detect", 0) >= 2 and any(k.startswith("agg-") for k in skipped), stats
+    assert "detect_transaction_failed" not in stats and "detect_stage_fenced" not in stats
+    assert not {k: v for k, v in stats.items() if k.startswith("late")}, stats
+    assert_replay_outputs_once(kafka_bootstrap, cfg, replay_result)
 
 
 def test_a_lone_instance_fenced_from_elsewhere_takes_its_stage_back(
