@@ -481,6 +481,63 @@ def test_states_too_large_for_the_state_topic_are_not_sent_and_the_stream_goes_o
     assert_replay_outputs_once(kafka_bootstrap, cfg, replay_result)
 
 
+def test_scale_out_forest_from_stage_one_raises_what_replay_raises(
+    kafka_bootstrap, kafka_topics, tmp_path
+):
+    """The isolation forest in scale-out scores window values the aggregate stage computes per
+    telemetry partition (the steps carry none of its own metrics): with a model trained on
+    healthy traffic, the PortAnomaly alerts and every other event are replay's, once each."""
+    from detectors.isolation_forest import IsolationForestConfig
+    from rocewatch.sim import PcieDowngrade, SimConfig, TransportErrors
+    from tests.test_isolation_forest import HEALTHY, small
+
+    model = tmp_path / "model.joblib"
+    healthy = tmp_path / "healthy"
+    write_scenario(HEALTHY, healthy)
+    learn = IsolationForestConfig(baseline_s=8.0, retrain_every_s=0.0, save_path=str(model))
+    replay(healthy, tmp_path / "learn", Config(detectors={"isolation_forest": learn}))
+    assert model.exists()
+    # retransmissions too rare for the TransportErrors rule: only the forest sees them
+    subtle = small(
+        SimConfig(
+            nodes=8,
+            duration_s=14,
+            seed=11,
+            name="subtle",
+            faults=(
+                TransportErrors(onset_s=3.0, duration_s=10.0, scale=0.01),
+                PcieDowngrade(onset_s=3.0),
+            ),
+        )
+    )
+    scenario = tmp_path / "subtle"
+    write_scenario(subtle, scenario)
+    forest = IsolationForestConfig(model_path=str(model))
+    want = replay(scenario, tmp_path / "replay", Config(detectors={"isolation_forest": forest}))
+    assert any(a["labels"]["alertname"] == "PortAnomaly" for a in want.alerts)
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, "forest", tmp_path, scenario)
+    cfg = dataclasses.replace(cfg, detectors={"isolation_forest": forest})
+    kafka_topics.create("forest.telemetry", partitions=PARTITIONS)
+    svc = ScaleOutService(cfg)
+    assert "nic_tx_bytes" not in svc.agg.detect_metrics  # read by the forest alone
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            svc.run(max_idle_s=8.0)
+        except BaseException as e:
+            errors.append(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    publish_scenario(scenario, cfg, 2.0)
+    worker.join(300)
+    assert not worker.is_alive() and not errors, errors
+    stats = svc.summary()["stats"]
+    assert not {k: v for k, v in stats.items() if k.startswith("late")}, stats
+    assert_replay_outputs_once(kafka_bootstrap, cfg, want)
+
+
 def test_a_lone_instance_fenced_from_elsewhere_takes_its_stage_back(
     kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
 ):
