@@ -51,6 +51,20 @@ def small(cfg: SimConfig) -> SimConfig:
 HEALTHY = small(sc.healthy_scenario(nodes=8, duration_s=16, seed=5))
 MOE = small(sc.moe_scenario(nodes=8, duration_s=16, seed=5))
 FAULTS = small(sc.default_scenario(nodes=8, duration_s=20, seed=1))
+# retransmissions too rare for the TransportErrors rule, next to a PCIe downgrade that the rules
+# do explain (and whose congestion spills onto its leaf's other NICs): only the forest sees them
+SUBTLE = small(
+    SimConfig(
+        nodes=8,
+        duration_s=14,
+        seed=11,
+        name="subtle",
+        faults=(
+            TransportErrors(onset_s=3.0, duration_s=10.0, scale=0.01),
+            PcieDowngrade(onset_s=3.0),
+        ),
+    )
+)
 
 _RECORDED: dict[SimConfig, tuple[Simulator, list[Step]]] = {}
 
@@ -336,22 +350,8 @@ def test_config_is_validated_and_read_from_yaml() -> None:
 def test_replay_with_a_model_flags_what_no_rule_explains(
     trained: tuple[IsolationForestDetector, Path], tmp_path: Path
 ) -> None:
-    # retransmissions too rare for the TransportErrors rule, next to a PCIe downgrade that the
-    # rules do explain (and whose congestion spills onto its leaf's other NICs)
-    cfg = small(
-        SimConfig(
-            nodes=8,
-            duration_s=14,
-            seed=11,
-            name="subtle",
-            faults=(
-                TransportErrors(onset_s=3.0, duration_s=10.0, scale=0.01),
-                PcieDowngrade(onset_s=3.0),
-            ),
-        )
-    )
     scenario = tmp_path / "subtle"
-    write_scenario(cfg, scenario)
+    write_scenario(SUBTLE, scenario)
     out = tmp_path / "out"
     assert main(["replay", str(scenario), "--out", str(out), "--model", str(trained[1])]) == 0
     alerts = [orjson.loads(x) for x in (out / "alerts.jsonl").read_bytes().splitlines()]

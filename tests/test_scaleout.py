@@ -443,6 +443,22 @@ def test_a_stalled_instance_comes_back_fenced_and_nothing_doubles(
         assert not late, (f.name, late)
 
 
+def run_service(svc: ScaleOutService, max_idle_s: float) -> tuple[threading.Thread, list]:
+    """Run ``svc`` in a thread until it has been idle ``max_idle_s``; its exceptions land in the
+    list returned with the thread."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            svc.run(max_idle_s=max_idle_s)
+        except BaseException as e:
+            errors.append(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    return worker, errors
+
+
 def test_states_too_large_for_the_state_topic_are_not_sent_and_the_stream_goes_on(
     kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
 ):
@@ -460,16 +476,7 @@ def test_states_too_large_for_the_state_topic_are_not_sent_and_the_stream_goes_o
     )
     svc = ScaleOutService(cfg)
     assert svc.store.max_bytes == 20000 - RECORD_OVERHEAD
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            svc.run(max_idle_s=8.0)
-        except BaseException as e:
-            errors.append(e)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
+    worker, errors = run_service(svc, 8.0)
     publish_scenario(scenario, cfg, 2.0)
     worker.join(300)
     assert not worker.is_alive() and not errors, errors
@@ -488,8 +495,7 @@ def test_scale_out_forest_from_stage_one_raises_what_replay_raises(
     telemetry partition (the steps carry none of its own metrics): with a model trained on
     healthy traffic, the PortAnomaly alerts and every other event are replay's, once each."""
     from detectors.isolation_forest import IsolationForestConfig
-    from rocewatch.sim import PcieDowngrade, SimConfig, TransportErrors
-    from tests.test_isolation_forest import HEALTHY, small
+    from tests.test_isolation_forest import HEALTHY, SUBTLE
 
     model = tmp_path / "model.joblib"
     healthy = tmp_path / "healthy"
@@ -497,21 +503,8 @@ def test_scale_out_forest_from_stage_one_raises_what_replay_raises(
     learn = IsolationForestConfig(baseline_s=8.0, retrain_every_s=0.0, save_path=str(model))
     replay(healthy, tmp_path / "learn", Config(detectors={"isolation_forest": learn}))
     assert model.exists()
-    # retransmissions too rare for the TransportErrors rule: only the forest sees them
-    subtle = small(
-        SimConfig(
-            nodes=8,
-            duration_s=14,
-            seed=11,
-            name="subtle",
-            faults=(
-                TransportErrors(onset_s=3.0, duration_s=10.0, scale=0.01),
-                PcieDowngrade(onset_s=3.0),
-            ),
-        )
-    )
     scenario = tmp_path / "subtle"
-    write_scenario(subtle, scenario)
+    write_scenario(SUBTLE, scenario)
     forest = IsolationForestConfig(model_path=str(model))
     want = replay(scenario, tmp_path / "replay", Config(detectors={"isolation_forest": forest}))
     assert any(a["labels"]["alertname"] == "PortAnomaly" for a in want.alerts)
@@ -520,16 +513,7 @@ def test_scale_out_forest_from_stage_one_raises_what_replay_raises(
     kafka_topics.create("forest.telemetry", partitions=PARTITIONS)
     svc = ScaleOutService(cfg)
     assert "nic_tx_bytes" not in svc.agg.detect_metrics  # read by the forest alone
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            svc.run(max_idle_s=8.0)
-        except BaseException as e:
-            errors.append(e)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
+    worker, errors = run_service(svc, 8.0)
     publish_scenario(scenario, cfg, 2.0)
     worker.join(300)
     assert not worker.is_alive() and not errors, errors
@@ -548,16 +532,7 @@ def test_a_lone_instance_fenced_from_elsewhere_takes_its_stage_back(
     cfg = so_cfg(kafka_bootstrap, kafka_topics, "retake", tmp_path, scenario)
     kafka_topics.create("retake.telemetry", partitions=PARTITIONS)
     svc = ScaleOutService(cfg)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            svc.run(max_idle_s=15.0)
-        except BaseException as e:
-            errors.append(e)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
+    worker, errors = run_service(svc, 15.0)
     pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.5), daemon=True)
     pub.start()
     deadline = time.monotonic() + 60
