@@ -867,7 +867,6 @@ class _FedAccumulator:
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self.metrics = METRICS[kind]
-        self.gauge = np.array([g for g, _ in self.metrics.values()])
         self.entities: list[tuple[str, str]] = []
         self.entity_index: dict[tuple[str, str], int] = {}
         self.pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []

@@ -1452,7 +1452,7 @@ class Detector:
         if msg.sent and msg.closed_to is not None:
             heapq.heappush(self.lat_pending, (msg.closed_to, msg.sent))
         if msg.forest is not None:
-            self._offer_forest(st, p, msg.forest, prev)
+            self._offer_forest(st, p, msg.forest)
         if msg.closed_to is None or (prev is not None and msg.closed_to <= prev):
             # nothing new: a heartbeat, a re-emission after a restart, an empty idle report
             return bool(msg.idle and not was_idle)
@@ -1476,11 +1476,9 @@ class Detector:
             slot[p] = frame if old is None else KEYS.concat([old, frame])
         return True
 
-    def _offer_forest(self, st: DetectState, p: int, frame: pl.DataFrame, prev: int | None) -> None:
-        """A partition's isolation-forest window values to the forest; windows ending by the
-        partition's earlier close came before (a re-emission after a restart) and are dropped."""
-        if prev is not None:
-            frame = frame.filter(pl.col("end") > prev)
+    def _offer_forest(self, st: DetectState, p: int, frame: pl.DataFrame) -> None:
+        """A partition's isolation-forest window values to the forest (which drops a window
+        sent again after a restart: ``IsolationForestDetector.offer``)."""
         for det in st.pipeline.detectors:
             if isinstance(det, IsolationForestDetector) and getattr(det, "fed", None) is not None:
                 late = det.offer(p, frame)
