@@ -1360,6 +1360,9 @@ class Detector:
         self.holds.inc("detect_stage_fenced")
         log.warning("%s: this instance's unsaved detect state is dropped", e)
         self._drop("detect stage handed over (fenced)")
+        self._retake_later()
+
+    def _retake_later(self) -> None:
         # a stalled instance learns from the group within a session timeout that the stage is
         # gone (and is assigned anew); if the group still gives it the stage after that, the
         # fence came from elsewhere and nobody runs the stage: it takes the stage back
@@ -1386,11 +1389,15 @@ class Detector:
         except Fenced as e:
             self._fenced(e)
         except TransactionFailed as e:
+            # what the transaction held is aborted, and whether this instance still holds the
+            # stage is in doubt: a broker can answer a commit that another holder's epoch bump
+            # fenced with UNKNOWN_SERVER_ERROR instead of PRODUCER_FENCED. Taking the stage
+            # back at once would fence a rightful new holder, so the stage waits for the
+            # group, as after a fence, and starts again from its checkpoint if still assigned.
             self.holds.inc("detect_transaction_failed")
             log.error("%s: the detect stage starts again from its checkpoint", e)
-            self._drop("detect stage restarting")
-            tps = [tp for tp in self.consumer.assignment() if tp.topic == self.k.topics.steps]
-            self.assigned(tps)
+            self._drop("detect stage stopped (transaction failed)")
+            self._retake_later()
         return None
 
     def _output_tps(self) -> list[TopicPartition]:

@@ -21,6 +21,7 @@ import orjson
 import pytest
 import yaml
 from kafka import KafkaConsumer
+from kafka.errors import UnknownError as KafkaUnknownError
 from kafka.structs import TopicPartition
 
 from detectors.registry import metrics_read
@@ -522,15 +523,46 @@ def test_scale_out_forest_from_stage_one_raises_what_replay_raises(
     assert_replay_outputs_once(kafka_bootstrap, cfg, want)
 
 
-def test_a_lone_instance_fenced_from_elsewhere_takes_its_stage_back(
-    kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
+def fence_from_elsewhere(svc: ScaleOutService, cfg: Config) -> None:
+    """Another producer takes the stage's transactional id: the instance's next write is
+    fenced."""
+    shared = make_producer(cfg.kafka)
+    intruder = DetectWriter(cfg.kafka, shared, svc.n_parts)
+    intruder.start()  # bumps the epoch
+    intruder.close()
+    shared.close()
+
+
+def fail_next_commit(svc: ScaleOutService, cfg: Config) -> None:
+    """The instance's next transaction commit meets what a broker gave in CI to a commit
+    fenced mid-flight: EndTxn answered UNKNOWN_SERVER_ERROR, not PRODUCER_FENCED, which puts
+    the client's transaction manager in its fatal state (every later call fails, the abort
+    too). Injected there, as kafka-python's sender does it: no broker setting makes EndTxn
+    fail on demand."""
+    producer = svc.det.writer.producer
+    commit = producer.commit_transaction
+
+    def failing_once() -> Any:
+        producer.commit_transaction = commit
+        err = KafkaUnknownError("Unhandled error in EndTxnResponse")
+        producer._transaction_manager.transition_to_fatal_error(err)
+        return commit()  # raises as the real client does in that state
+
+    producer.commit_transaction = failing_once
+
+
+@pytest.mark.parametrize("lose", [fence_from_elsewhere, fail_next_commit])
+def test_a_lone_instance_that_loses_its_hold_takes_its_stage_back(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result, lose
 ):
     """A fence that no other instance follows up (a transaction timed out on the broker, an
-    operator's tool with the same id): the group still gives this instance the detect stage,
-    so after a session timeout it takes the stage back from its checkpoint, and the stream's
-    alerts and actions come out once each, as replay gives them."""
-    cfg = so_cfg(kafka_bootstrap, kafka_topics, "retake", tmp_path, scenario)
-    kafka_topics.create("retake.telemetry", partitions=PARTITIONS)
+    operator's tool with the same id), or a commit that failed with its outcome in doubt: the
+    group still gives this instance the detect stage, so after a session timeout it takes the
+    stage back from its checkpoint, and the stream's alerts and actions come out once each, as
+    replay gives them."""
+    run = "retake" if lose is fence_from_elsewhere else "txfail"
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, run, tmp_path, scenario)
+    kafka_topics.create(f"{run}.telemetry", partitions=PARTITIONS)
     svc = ScaleOutService(cfg)
     worker, errors = run_service(svc, 15.0)
     pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.5), daemon=True)
@@ -539,17 +571,19 @@ def test_a_lone_instance_fenced_from_elsewhere_takes_its_stage_back(
     while svc.det.steps_evaluated < 20 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert svc.det.steps_evaluated >= 20, "the detect stage never got going"
-    shared = make_producer(cfg.kafka)
-    intruder = DetectWriter(cfg.kafka, shared, svc.n_parts)
-    intruder.start()  # bumps the epoch: the instance's next write is fenced
-    intruder.close()
-    shared.close()
-    assert pub.is_alive(), "the stream ended before the fence"
+    lose(svc, cfg)
+    assert pub.is_alive(), "the stream ended before the hold was lost"
     pub.join(120)
     worker.join(300)
     assert not worker.is_alive() and not errors, errors
     stats = svc.summary()["stats"]
-    assert stats.get("detect_stage_fenced", 0) >= 1, stats
+    # a fence shows as such, or, when the epoch bump meets the instance's commit in flight,
+    # as a failed transaction (the broker answers UNKNOWN_SERVER_ERROR): either way the hold
+    # is lost, and the instance must take the stage back
+    lost = stats.get("detect_stage_fenced", 0) + stats.get("detect_transaction_failed", 0)
+    assert lost >= 1, stats
+    if lose is fail_next_commit:
+        assert stats.get("detect_transaction_failed", 0) == 1, stats
     assert stats.get("detect_stage_retaken", 0) >= 1, stats
     assert not {k: v for k, v in stats.items() if k.startswith("late")}, stats
     assert_replay_outputs_once(kafka_bootstrap, cfg, replay_result)
