@@ -722,6 +722,17 @@ class DetectWriter:
         self.open = False
         self.commits += 1
 
+    def warm(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        """Commit ``offsets`` (where the stage resumes) in a transaction of their own. The
+        first transaction that carries consumer offsets looks up the detect group's
+        coordinator and connects to it, about 0.2 s here: done at takeover, that wait is
+        not inside the first checkpoint, where it held up every step behind it."""
+        if not self.fenced or self.open:
+            return
+        self._call(self.producer.begin_transaction)
+        self.open = True
+        self.commit(offsets)
+
     def abort(self) -> None:
         """Give up the open transaction (after a failure that leaves the producer usable);
         ``TransactionFailed`` if that fails too."""
@@ -1295,6 +1306,9 @@ class Detector:
             self.consumer.seek(tps[0], st.offset)
             self._load_suppressions(st)
         self._feed_forest(st.pipeline)
+        resume = {tps[0]: OffsetAndMetadata(st.offset, "", -1)}
+        with contextlib.suppress(KafkaError, RocewatchError):  # the first write meets it again
+            self.writer.warm(resume)
         self.state = st
         self.pending_snapshot = st.pipeline.policy.pending()
         self.live_jobs = build_live_jobs(
