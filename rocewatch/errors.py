@@ -24,3 +24,11 @@ class PermanentError(RocewatchError):
 class Fenced(RocewatchError):
     """This process no longer holds the right to act: another instance has taken its work over
     (rocewatch.scaleout.DetectWriter). Not an outcome to record: the work stops here."""
+
+
+class ProducerFailed(RocewatchError):
+    """The broker refused a record this process sent, for good. kafka-python's idempotent
+    producer treats that as fatal: it fails every batch it holds and every later one, so
+    nothing more this process writes would reach Kafka. The process stops here, before a
+    checkpoint can commit offsets past what was lost; a restart (the supervisor's) resumes
+    from the last checkpoint and writes it again."""

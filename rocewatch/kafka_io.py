@@ -42,7 +42,7 @@ from actions.operator import MemoryCommands, apply_pending
 from actions.routing import RoutingExecutor
 from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
-from rocewatch.errors import BadInput, ConfigError, RetryableError
+from rocewatch.errors import BadInput, ConfigError, ProducerFailed, RetryableError
 from rocewatch.kafka_check import preflight
 from rocewatch.kafka_poll import poll_group
 from rocewatch.model import Action, Alert, rfc3339
@@ -135,6 +135,36 @@ def make_producer(k: KafkaConfig, **extra: Any) -> KafkaProducer:
         return KafkaProducer(**k.client_kwargs(), **kw)
     except KafkaError as e:
         raise RetryableError(f"cannot reach Kafka at {k.bootstrap_servers}: {e}") from e
+
+
+class WatchedProducer:
+    """A ``KafkaProducer`` that remembers the first send that failed for good (``check``
+    raises ``ProducerFailed`` from then on). Everything else is the producer's own."""
+
+    def __init__(self, inner: KafkaProducer) -> None:
+        self.inner = inner
+        self.error: BaseException | None = None
+        self.topic: str | None = None
+
+    def send(self, topic: str, *args: Any, **kw: Any) -> Any:
+        fut = self.inner.send(topic, *args, **kw)
+        fut.add_errback(self._failed, topic)
+        return fut
+
+    def _failed(self, topic: str, exc: BaseException) -> None:  # the sender thread
+        if self.error is None:
+            self.error, self.topic = exc, topic
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise ProducerFailed(
+                f"Kafka refused a record for {self.topic} ({self.error!r}); the producer "
+                "cannot send anything more, so this process stops: a restart resumes from "
+                "its last checkpoint and nothing it had accepted is lost"
+            )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 class TelemetryPublisher:
@@ -511,7 +541,7 @@ class DetectService:
             static=list(topology.jobs.values()),
         )
         ensure_topics(k)
-        self.producer = make_producer(k)
+        self.producer = WatchedProducer(make_producer(k))
         self.consumer = KafkaConsumer(
             **k.client_kwargs(),
             group_id=k.group_id,
@@ -607,6 +637,7 @@ class DetectService:
         """
         try:
             self.producer.flush(timeout=60)
+            self.producer.check()  # an event refused: no offset may pass it
             out_ends = {
                 (tp.topic, tp.partition): off
                 for tp, off in self.consumer.end_offsets(self._output_tps()).items()
@@ -880,6 +911,7 @@ class DetectService:
             self.notifier.start()
         try:
             while not self.stop_event.is_set():
+                self.producer.check()
                 if self.live_jobs is not None:
                     self.live_jobs.maybe_refresh()
                 n = self.poll_once()

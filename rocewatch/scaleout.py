@@ -81,6 +81,7 @@ from rocewatch.kafka_io import (
     GROUP_METADATA_MAX_AGE_MS,
     Published,
     SendTimes,
+    WatchedProducer,
     _frame_from_ipc,
     _StatePickler,
     ensure_topics,
@@ -712,6 +713,7 @@ class DetectWriter:
         group's consumer offsets, in the same transaction)."""
         if not self.fenced:
             self.shared.flush(timeout=60)
+            self.shared.check()  # an event refused: the state must not pass it
             return
         if not self.open:
             return
@@ -1142,6 +1144,7 @@ class Aggregator:
         if not todo:
             return
         self.producer.flush(timeout=60)
+        self.producer.check()  # a steps message refused: no state may pass it
         futures = []
         for p in todo:
             part = self.parts[p]
@@ -1721,7 +1724,7 @@ class ScaleOutService:
         self.cfg = cfg
         k = cfg.kafka
         self.n_parts = ensure_scaleout_topics(k)
-        self.producer = make_producer(k, max_request_size=MAX_MESSAGE_BYTES)
+        self.producer = WatchedProducer(make_producer(k, max_request_size=MAX_MESSAGE_BYTES))
         self.store = StateStore(k, self.producer)
         self.agg = Aggregator(cfg, self.n_parts, self.producer, self.store)
         self.det = Detector(cfg, topology, self.n_parts, self.producer, self.store)
@@ -1760,6 +1763,7 @@ class ScaleOutService:
         turn = 0
         try:
             while not self.stop_event.is_set():
+                self.producer.check()
                 # each consumer waits on its own sockets: while this instance runs the detect
                 # stage, neither may block long, or steps wait for telemetry that is not coming
                 wait = 20 if self.det.active else 100

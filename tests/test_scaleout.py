@@ -26,12 +26,13 @@ from kafka.structs import TopicPartition
 
 from detectors.registry import metrics_read
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
-from rocewatch.errors import Fenced
+from rocewatch.errors import Fenced, ProducerFailed
 from rocewatch.kafka_io import Published, make_producer, publish_scenario, send_events
 from rocewatch.model import Alert
 from rocewatch.pipeline import Output
 from rocewatch.replay import replay
 from rocewatch.scaleout import (
+    MAX_MESSAGE_BYTES,
     RECORD_OVERHEAD,
     DetectWriter,
     FencedExecutor,
@@ -585,6 +586,57 @@ def test_a_lone_instance_that_loses_its_hold_takes_its_stage_back(
     if lose is fail_next_commit:
         assert stats.get("detect_transaction_failed", 0) == 1, stats
     assert stats.get("detect_stage_retaken", 0) >= 1, stats
+    assert not {k: v for k, v in stats.items() if k.startswith("late")}, stats
+    assert_replay_outputs_once(kafka_bootstrap, cfg, replay_result)
+
+
+def set_topic_limit(bootstrap: str, topic: str, max_bytes: int) -> None:
+    """Change ``topic``'s max.message.bytes on the running broker (an operator's edit)."""
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        res = ConfigResource(
+            ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": str(max_bytes)}
+        )
+        admin.alter_configs([res])
+    finally:
+        admin.close()
+
+
+def test_a_record_the_broker_refuses_stops_the_instance_and_its_restart_loses_nothing(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
+):
+    """The steps topic's limit is lowered below a steps message while the instance runs. The
+    broker's refusal is fatal to kafka-python's idempotent producer: every later send fails
+    too, so an instance that went on would publish nothing while its checkpoints moved past
+    what was lost. It stops with an error naming the topic, before any checkpoint passes the
+    refused record; once the limit is back, a restarted instance resumes from the
+    checkpoints and the stream's alerts and actions come out once each, as replay gives them."""
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, "refuse", tmp_path, scenario)
+    kafka_topics.create("refuse.telemetry", partitions=PARTITIONS)
+    svc = ScaleOutService(cfg)
+    worker, errors = run_service(svc, 8.0)
+    pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.5), daemon=True)
+    pub.start()
+    deadline = time.monotonic() + 60
+    while svc.det.steps_evaluated < 20 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert svc.det.steps_evaluated >= 20, "the detect stage never got going"
+    steps = cfg.kafka.topics.steps
+    set_topic_limit(kafka_bootstrap, steps, 64)  # below any record batch
+    worker.join(60)
+    assert not worker.is_alive(), "the instance went on with a producer that sends nothing"
+    assert len(errors) == 1 and isinstance(errors[0], ProducerFailed), errors
+    assert steps in str(errors[0]), errors[0]
+    assert pub.is_alive(), "the stream ended before the instance stopped"
+    set_topic_limit(kafka_bootstrap, steps, MAX_MESSAGE_BYTES)
+    again = ScaleOutService(cfg)
+    worker, errors = run_service(again, 8.0)
+    pub.join(120)
+    worker.join(300)
+    assert not worker.is_alive() and not errors, errors
+    stats = again.summary()["stats"]
     assert not {k: v for k, v in stats.items() if k.startswith("late")}, stats
     assert_replay_outputs_once(kafka_bootstrap, cfg, replay_result)
 
