@@ -20,6 +20,7 @@ from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
+from rocewatch.errors import ProducerFailed
 from rocewatch.kafka_io import DetectService, TelemetryPublisher, ensure_topics, publish_scenario
 from rocewatch.replay import replay
 from rocewatch.sim import write_scenario
@@ -203,6 +204,52 @@ def test_scale_out_broker_restart_mid_stream_loses_and_doubles_nothing(
     late = {k: v for k, v in stats.items() if k.startswith("late")}
     assert not late, late
     assert svc.det.writer.commits > 0  # the detect stage did write in transactions
+
+
+def set_topic_limit(bootstrap: str, topic: str, max_bytes: int) -> None:
+    """Change ``topic``'s max.message.bytes on the running broker (an operator's edit)."""
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        res = ConfigResource(
+            ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": str(max_bytes)}
+        )
+        admin.alter_configs([res])
+    finally:
+        admin.close()
+
+
+def test_an_event_the_broker_refuses_stops_the_detector_and_its_restart_loses_nothing(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
+):
+    """The alerts topic's limit is lowered below an alert event while the detector runs. The
+    refusal is fatal to kafka-python's idempotent producer (every later send fails too), and
+    the detector's state is a local file: a checkpoint after the refusal would save offsets
+    past alerts that never reached Kafka. The detector stops with an error naming the topic
+    instead; restarted once the limit is back, it publishes the replay's events, once each."""
+    cfg = make_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
+    alerts = cfg.kafka.topics.alerts
+    svc = DetectService(cfg)
+    detect = Worker(lambda: svc.run(max_idle_s=8.0))
+    publish = Worker(lambda: publish_scenario(scenario, cfg, 1.5))
+    detect.start()
+    publish.start()
+    deadline = time.monotonic() + 60
+    while not read_topic(kafka_bootstrap, alerts, 0.5) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the first alerts are out (the storm, 5 s in): later ones follow
+    assert publish.is_alive(), "the stream ended before the limit was lowered"
+    set_topic_limit(kafka_bootstrap, alerts, 64)  # below any record batch
+    detect.join(120)
+    assert not detect.is_alive(), "the detector went on with a producer that sends nothing"
+    assert isinstance(detect.error, ProducerFailed), repr(detect.error)
+    assert alerts in str(detect.error), detect.error
+    set_topic_limit(kafka_bootstrap, alerts, 1 << 20)
+    publish.join(120)
+    assert publish.error is None, repr(publish.error)
+    again = DetectService(cfg)
+    again.run(max_idle_s=8.0)
+    assert_replay_events_once(kafka_bootstrap, cfg, replay_result)
 
 
 def scrape(port: int) -> dict[str, float]:

@@ -47,7 +47,7 @@ from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import default_scenario
 from tests.notify_receiver import free_port
 from tests.test_kafka_pipeline import comparable, read_topic, sorted_actions
-from tests.test_kafka_resilience import scrape
+from tests.test_kafka_resilience import scrape, set_topic_limit
 from tests.test_membership import SLURMD_NODE, submit_job
 
 pytestmark = pytest.mark.kafka
@@ -588,20 +588,6 @@ def test_a_lone_instance_that_loses_its_hold_takes_its_stage_back(
     assert stats.get("detect_stage_retaken", 0) >= 1, stats
     assert not {k: v for k, v in stats.items() if k.startswith("late")}, stats
     assert_replay_outputs_once(kafka_bootstrap, cfg, replay_result)
-
-
-def set_topic_limit(bootstrap: str, topic: str, max_bytes: int) -> None:
-    """Change ``topic``'s max.message.bytes on the running broker (an operator's edit)."""
-    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        res = ConfigResource(
-            ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": str(max_bytes)}
-        )
-        admin.alter_configs([res])
-    finally:
-        admin.close()
 
 
 def test_a_record_the_broker_refuses_stops_the_instance_and_its_restart_loses_nothing(
