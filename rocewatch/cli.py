@@ -431,7 +431,10 @@ def _int_listen(args: argparse.Namespace) -> int:
         close.append(pub)
         sink = pub.publish  # slices by time with its default slice
     coll = IntCollector(topology, listener, sink, interval_ns=int(args.interval_ms * 1e6))
-    metrics = _readings_endpoint(args.metrics_port or cfg.metrics_port, coll.readings)
+    readings = coll.readings
+    if args.out is None:
+        readings = lambda: [*coll.readings(), *pub.readings()]  # noqa: E731
+    metrics = _readings_endpoint(args.metrics_port or cfg.metrics_port, readings)
     if metrics is not None:
         close.append(metrics)
     log.info("listening for INT reports on %s:%d", args.host, listener.port)

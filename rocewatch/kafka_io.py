@@ -33,7 +33,7 @@ import orjson
 import polars as pl
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from actions.api import OperatorApi
@@ -167,6 +167,14 @@ class WatchedProducer:
         return getattr(self.inner, name)
 
 
+def producer_is_dead(producer: Any) -> bool:
+    """True once kafka-python's idempotent producer is in its fatal state (after a record the
+    broker refused for good): it fails every later send, so only a new producer sends again.
+    (kafka-python has no public call for it; a producer without the attribute is alive.)"""
+    tm = getattr(producer, "_transaction_manager", None)
+    return bool(tm is not None and tm.has_fatal_error())
+
+
 class TelemetryPublisher:
     """Sample frames -> TelemetryBatch messages on the telemetry topic, keyed by device.
 
@@ -174,6 +182,11 @@ class TelemetryPublisher:
     messages wait for the broker's acknowledgement. When that is full, ``publish_when_full``
     decides: ``block`` (wait for room; the collector is slowed, nothing is lost) or ``drop``
     (the new message is dropped and counted in ``dropped_messages``/``dropped_samples``).
+
+    A message the broker refuses for good (a topic limit lowered, a revoked ACL) is counted in
+    ``failed_messages`` and leaves kafka-python's producer failing every later send: the
+    publisher then starts a new producer (``producer_restarts``), so a collector keeps
+    streaming once the cause is fixed instead of failing quietly until it is restarted.
     """
 
     def __init__(self, k: KafkaConfig, source: str = "rocewatch", producer: Any = None) -> None:
@@ -186,17 +199,85 @@ class TelemetryPublisher:
         self.max_pending_bytes = 0
         self.dropped_messages = 0
         self.dropped_samples = 0
-        self.failed_messages = 0  # given up by the producer (delivery timeout)
+        self.failed_messages = 0  # given up by the producer (refused, delivery timeout)
+        self.producer_restarts = 0
+        self._dead: Any = None  # the producer that failed for good, until replaced
         self._room = threading.Condition()
 
-    def _acked(self, size: int, result: Any) -> None:
+    def _acked(self, size: int, producer: Any, result: Any) -> None:  # the sender thread
         with self._room:
             self.pending_bytes -= size
             if isinstance(result, Exception):
                 self.failed_messages += 1
+                if self._dead is None and producer_is_dead(producer):
+                    self._dead = producer
+                    log.error(
+                        "Kafka refused a telemetry message for good (%r): starting a new "
+                        "producer; the messages it held are counted as failed",
+                        result,
+                    )
             self._room.notify_all()
 
+    def _renew(self) -> None:
+        """Replace the producer that failed for good (its messages are already failed)."""
+        dead, self._dead = self._dead, None
+        if dead is not self.producer:
+            return
+        self.producer = make_producer(self.k)
+        self.producer_restarts += 1
+        with contextlib.suppress(Exception):
+            dead.close(timeout=1)
+
+    def readings(self) -> list[tuple[str, str, str, dict[str, str], float]]:
+        """Publishing's own numbers for /metrics (``rocewatch.metrics.Reading``)."""
+        return [
+            (
+                "rocewatch_publish_samples_total",
+                "counter",
+                "samples handed to Kafka",
+                {},
+                float(self.samples),
+            ),
+            (
+                "rocewatch_publish_pending_bytes",
+                "gauge",
+                "bytes sent to the producer, not yet acknowledged by the broker",
+                {},
+                float(self.pending_bytes),
+            ),
+            (
+                "rocewatch_publish_dropped_messages_total",
+                "counter",
+                "messages dropped while the publish buffer was full (publish_when_full: drop)",
+                {},
+                float(self.dropped_messages),
+            ),
+            (
+                "rocewatch_publish_dropped_samples_total",
+                "counter",
+                "samples in those messages",
+                {},
+                float(self.dropped_samples),
+            ),
+            (
+                "rocewatch_publish_failed_messages_total",
+                "counter",
+                "messages the producer gave up (refused by the broker, delivery timeout)",
+                {},
+                float(self.failed_messages),
+            ),
+            (
+                "rocewatch_publish_producer_restarts_total",
+                "counter",
+                "new producers started after one failed for good",
+                {},
+                float(self.producer_restarts),
+            ),
+        ]
+
     def _send(self, key: bytes, value: bytes, rows: int) -> None:
+        if self._dead is not None:
+            self._renew()
         size = len(value)
         limit = self.k.publish_buffer_bytes
         with self._room:
@@ -215,8 +296,9 @@ class TelemetryPublisher:
                     self._room.wait(1.0)
             self.pending_bytes += size
             self.max_pending_bytes = max(self.max_pending_bytes, self.pending_bytes)
-        fut = self.producer.send(self.k.topics.telemetry, key=key, value=value)
-        fut.add_both(self._acked, size)
+        producer = self.producer
+        fut = producer.send(self.k.topics.telemetry, key=key, value=value)
+        fut.add_both(self._acked, size, producer)
 
     def publish(self, df: pl.DataFrame, slice_ns: int = PUBLISH_SLICE_NS) -> None:
         """Send a frame as one message per device and time slice, in time order.
@@ -257,11 +339,26 @@ class TelemetryPublisher:
         self.samples += df.height
 
     def flush(self, timeout: float = 60.0) -> None:
-        self.producer.flush(timeout=timeout)
+        """Send what waits now, and wait until the broker has answered for every message
+        (acknowledged or failed, and counted)."""
+        deadline = time.monotonic() + timeout
+        # kafka-python's own flush raises "Future not done" for a batch it split after
+        # MESSAGE_TOO_LARGE, and after its producer failed for good: this publisher's own
+        # count of unanswered messages is the one waited for
+        with contextlib.suppress(KafkaError):
+            self.producer.flush(timeout=timeout)
+        with self._room:
+            while self.pending_bytes > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise KafkaTimeoutError(
+                        f"{self.pending_bytes} bytes still unacknowledged after {timeout:.0f} s"
+                    )
+                self._room.wait(left)
 
     def close(self) -> None:
-        self.producer.flush()
-        self.producer.close()
+        self.flush()
+        self.producer.close(timeout=1 if producer_is_dead(self.producer) else None)
 
 
 def _time_slices(df: pl.DataFrame, slice_ns: int = PUBLISH_SLICE_NS) -> list[pl.DataFrame]:

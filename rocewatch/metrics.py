@@ -241,7 +241,7 @@ class ServiceMetrics:
 Reading = tuple[str, str, str, dict[str, str], float]
 
 
-class _ReadOnScrape:
+class ReadOnScrape:
     """A prometheus collector that asks ``read`` for the current numbers on every scrape, so a
     process keeps plain counters and pays nothing between scrapes."""
 
@@ -281,7 +281,7 @@ class ReadingsEndpoint:
         self, port: int, read: Callable[[], Iterable[Reading]], addr: str = "0.0.0.0"
     ) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_ReadOnScrape(read))  # type: ignore[arg-type]
+        self.registry.register(ReadOnScrape(read))  # type: ignore[arg-type]
         self.server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
         self.port = int(self.server.server_port)
 

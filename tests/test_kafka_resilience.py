@@ -315,6 +315,44 @@ def count_messages(bootstrap: str, topic: str) -> int:
     return sum(ends.values())
 
 
+def test_a_publisher_whose_message_was_refused_streams_again_on_a_new_producer(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario
+):
+    """The telemetry topic's limit is lowered below a message, then put back. The refused
+    messages are counted as failed; kafka-python's producer would fail every later send, so
+    the publisher starts a new one, and the collector streams again once the limit is back
+    (before, it failed quietly until restarted)."""
+    cfg = make_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
+    ensure_topics(cfg.kafka)
+    topic = cfg.kafka.topics.telemetry
+    frames = scenario_frames(scenario)
+    pub = TelemetryPublisher(cfg.kafka, source="refused")
+    try:
+        set_topic_limit(kafka_bootstrap, topic, 64)  # below any record batch
+        deadline = time.monotonic() + 30
+        i = 0
+        while not pub.failed_messages and time.monotonic() < deadline:
+            pub.publish(frames[i % len(frames)])
+            pub.flush()
+            i += 1
+        assert pub.failed_messages, "no message was refused"
+        before = count_messages(kafka_bootstrap, topic)
+        set_topic_limit(kafka_bootstrap, topic, 1 << 20)
+        deadline = time.monotonic() + 30
+        while count_messages(kafka_bootstrap, topic) == before and time.monotonic() < deadline:
+            pub.publish(frames[i % len(frames)])
+            pub.flush()
+            i += 1
+        assert count_messages(kafka_bootstrap, topic) > before, "nothing sent after the refusal"
+        assert pub.producer_restarts >= 1
+        got = {name: value for name, _, _, _, value in pub.readings()}
+        assert got["rocewatch_publish_failed_messages_total"] == pub.failed_messages
+        assert got["rocewatch_publish_producer_restarts_total"] == pub.producer_restarts
+        assert got["rocewatch_publish_pending_bytes"] == 0
+    finally:
+        pub.close()
+
+
 def test_publisher_memory_is_bounded_while_the_broker_is_away(
     restartable_kafka_broker, kafka_topics, tmp_path, scenario
 ):

@@ -95,6 +95,10 @@ def run_collect(
         from prometheus_client import CollectorRegistry, start_http_server
 
         registry = CollectorRegistry()
+        if publisher is not None:
+            from rocewatch.metrics import ReadOnScrape
+
+            registry.register(ReadOnScrape(publisher.readings))
         start_http_server(cfg.metrics_port, registry=registry)
     shard = None
     if shard_group:
