@@ -27,8 +27,8 @@ class Fenced(RocewatchError):
 
 
 class ProducerFailed(RocewatchError):
-    """The broker refused a record this process sent, for good. kafka-python's idempotent
-    producer treats that as fatal: it fails every batch it holds and every later one, so
-    nothing more this process writes would reach Kafka. The process stops here, before a
-    checkpoint can commit offsets past what was lost; a restart (the supervisor's) resumes
-    from the last checkpoint and writes it again."""
+    """A record this process sent did not reach Kafka: the broker refused it (kafka-python's
+    idempotent producer treats that as fatal and fails every later batch too), or it was not
+    delivered in time. The process stops here, before a checkpoint can commit offsets past
+    what was lost; a restart (the supervisor's) resumes from the last checkpoint and writes
+    it again."""

@@ -138,8 +138,11 @@ def make_producer(k: KafkaConfig, **extra: Any) -> KafkaProducer:
 
 
 class WatchedProducer:
-    """A ``KafkaProducer`` that remembers the first send that failed for good (``check``
-    raises ``ProducerFailed`` from then on). Everything else is the producer's own."""
+    """A ``KafkaProducer`` that remembers the first send that failed (``check`` raises
+    ``ProducerFailed`` from then on): refused by the broker, which kafka-python's idempotent
+    producer takes as fatal, or not delivered in ``delivery_timeout_ms`` (a broker away for
+    minutes). Either way a record is lost unless the process stops before its next
+    checkpoint. Everything else is the producer's own."""
 
     def __init__(self, inner: KafkaProducer) -> None:
         self.inner = inner
@@ -158,9 +161,10 @@ class WatchedProducer:
     def check(self) -> None:
         if self.error is not None:
             raise ProducerFailed(
-                f"Kafka refused a record for {self.topic} ({self.error!r}); the producer "
-                "cannot send anything more, so this process stops: a restart resumes from "
-                "its last checkpoint and nothing it had accepted is lost"
+                f"a record for {self.topic} did not reach Kafka ({self.error!r}: refused by "
+                "the broker, or not delivered within delivery_timeout_ms); this process "
+                "stops before any checkpoint passes it: a restart resumes from its last "
+                "checkpoint and nothing it had accepted is lost"
             )
 
     def __getattr__(self, name: str) -> Any:
@@ -230,49 +234,39 @@ class TelemetryPublisher:
 
     def readings(self) -> list[tuple[str, str, str, dict[str, str], float]]:
         """Publishing's own numbers for /metrics (``rocewatch.metrics.Reading``)."""
+        rows = [
+            ("samples_total", "samples handed to Kafka", self.samples),
+            (
+                "pending_bytes",
+                "bytes sent to the producer, not yet acknowledged by the broker",
+                self.pending_bytes,
+            ),
+            (
+                "dropped_messages_total",
+                "messages dropped while the publish buffer was full (publish_when_full: drop)",
+                self.dropped_messages,
+            ),
+            ("dropped_samples_total", "samples in those messages", self.dropped_samples),
+            (
+                "failed_messages_total",
+                "messages the producer gave up (refused by the broker, delivery timeout)",
+                self.failed_messages,
+            ),
+            (
+                "producer_restarts_total",
+                "new producers started after one failed for good",
+                self.producer_restarts,
+            ),
+        ]
         return [
             (
-                "rocewatch_publish_samples_total",
-                "counter",
-                "samples handed to Kafka",
+                f"rocewatch_publish_{name}",
+                "counter" if name.endswith("_total") else "gauge",
+                doc,
                 {},
-                float(self.samples),
-            ),
-            (
-                "rocewatch_publish_pending_bytes",
-                "gauge",
-                "bytes sent to the producer, not yet acknowledged by the broker",
-                {},
-                float(self.pending_bytes),
-            ),
-            (
-                "rocewatch_publish_dropped_messages_total",
-                "counter",
-                "messages dropped while the publish buffer was full (publish_when_full: drop)",
-                {},
-                float(self.dropped_messages),
-            ),
-            (
-                "rocewatch_publish_dropped_samples_total",
-                "counter",
-                "samples in those messages",
-                {},
-                float(self.dropped_samples),
-            ),
-            (
-                "rocewatch_publish_failed_messages_total",
-                "counter",
-                "messages the producer gave up (refused by the broker, delivery timeout)",
-                {},
-                float(self.failed_messages),
-            ),
-            (
-                "rocewatch_publish_producer_restarts_total",
-                "counter",
-                "new producers started after one failed for good",
-                {},
-                float(self.producer_restarts),
-            ),
+                float(value),
+            )
+            for name, doc, value in rows
         ]
 
     def _send(self, key: bytes, value: bytes, rows: int) -> None:

@@ -524,6 +524,21 @@ def test_scale_out_forest_from_stage_one_raises_what_replay_raises(
     assert_replay_outputs_once(kafka_bootstrap, cfg, want)
 
 
+def start_mid_stream(
+    svc: ScaleOutService, cfg: Config, scenario: Path, max_idle_s: float
+) -> tuple[threading.Thread, list, threading.Thread]:
+    """Run ``svc`` and publish the scenario at 1.5x (20 s), both in threads; return once the
+    detect stage has evaluated 20 steps: the service's thread, its errors, the publisher's."""
+    worker, errors = run_service(svc, max_idle_s)
+    pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.5), daemon=True)
+    pub.start()
+    deadline = time.monotonic() + 60
+    while svc.det.steps_evaluated < 20 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert svc.det.steps_evaluated >= 20, "the detect stage never got going"
+    return worker, errors, pub
+
+
 def fence_from_elsewhere(svc: ScaleOutService, cfg: Config) -> None:
     """Another producer takes the stage's transactional id: the instance's next write is
     fenced."""
@@ -565,13 +580,7 @@ def test_a_lone_instance_that_loses_its_hold_takes_its_stage_back(
     cfg = so_cfg(kafka_bootstrap, kafka_topics, run, tmp_path, scenario)
     kafka_topics.create(f"{run}.telemetry", partitions=PARTITIONS)
     svc = ScaleOutService(cfg)
-    worker, errors = run_service(svc, 15.0)
-    pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.5), daemon=True)
-    pub.start()
-    deadline = time.monotonic() + 60
-    while svc.det.steps_evaluated < 20 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert svc.det.steps_evaluated >= 20, "the detect stage never got going"
+    worker, errors, pub = start_mid_stream(svc, cfg, scenario, 15.0)
     lose(svc, cfg)
     assert pub.is_alive(), "the stream ended before the hold was lost"
     pub.join(120)
@@ -602,13 +611,7 @@ def test_a_record_the_broker_refuses_stops_the_instance_and_its_restart_loses_no
     cfg = so_cfg(kafka_bootstrap, kafka_topics, "refuse", tmp_path, scenario)
     kafka_topics.create("refuse.telemetry", partitions=PARTITIONS)
     svc = ScaleOutService(cfg)
-    worker, errors = run_service(svc, 8.0)
-    pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.5), daemon=True)
-    pub.start()
-    deadline = time.monotonic() + 60
-    while svc.det.steps_evaluated < 20 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert svc.det.steps_evaluated >= 20, "the detect stage never got going"
+    worker, errors, pub = start_mid_stream(svc, cfg, scenario, 8.0)
     steps = cfg.kafka.topics.steps
     set_topic_limit(kafka_bootstrap, steps, 64)  # below any record batch
     worker.join(60)
