@@ -167,6 +167,16 @@ class WatchedProducer:
                 "checkpoint and nothing it had accepted is lost"
             )
 
+    def flush(self, timeout: float | None = None) -> None:
+        """The producer's flush; after a lost record, ``ProducerFailed`` (kafka-python's own
+        flush raises "Future not done" for a batch it split after MESSAGE_TOO_LARGE)."""
+        try:
+            self.inner.flush(timeout=timeout)
+        except KafkaError:
+            self.check()
+            raise
+        self.check()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
@@ -727,8 +737,7 @@ class DetectService:
         previous one and its offsets stay valid) and False returned.
         """
         try:
-            self.producer.flush(timeout=60)
-            self.producer.check()  # an event refused: no offset may pass it
+            self.producer.flush(timeout=60)  # ProducerFailed after a lost event
             out_ends = {
                 (tp.topic, tp.partition): off
                 for tp, off in self.consumer.end_offsets(self._output_tps()).items()
@@ -1080,7 +1089,8 @@ class DetectService:
             if self.notifier.outbox.store is not self.store:
                 self.notifier.outbox.store.close()
         try:
-            self.producer.flush(timeout=30)
+            with contextlib.suppress(ProducerFailed):  # raised already, by the loop
+                self.producer.flush(timeout=30)
             self.producer.close(timeout=10)
         finally:
             self.consumer.close(autocommit=False)

@@ -76,7 +76,14 @@ from detectors.registry import metrics_read
 from detectors.windows import AGG_SCHEMA, SeriesTable, Step, WindowEngine
 from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
-from rocewatch.errors import BadInput, ConfigError, Fenced, RetryableError, RocewatchError
+from rocewatch.errors import (
+    BadInput,
+    ConfigError,
+    Fenced,
+    ProducerFailed,
+    RetryableError,
+    RocewatchError,
+)
 from rocewatch.kafka_io import (
     GROUP_METADATA_MAX_AGE_MS,
     Published,
@@ -712,8 +719,7 @@ class DetectWriter:
         """Make what was sent since the last commit visible (with ``offsets``, the detect
         group's consumer offsets, in the same transaction)."""
         if not self.fenced:
-            self.shared.flush(timeout=60)
-            self.shared.check()  # an event refused: the state must not pass it
+            self.shared.flush(timeout=60)  # ProducerFailed after a lost event
             return
         if not self.open:
             return
@@ -1143,8 +1149,7 @@ class Aggregator:
         todo = [p for p in todo if self.parts[p].dirty and self.parts[p].offset is not None]
         if not todo:
             return
-        self.producer.flush(timeout=60)
-        self.producer.check()  # a steps message refused: no state may pass it
+        self.producer.flush(timeout=60)  # ProducerFailed after a lost steps message
         futures = []
         for p in todo:
             part = self.parts[p]
@@ -1850,7 +1855,8 @@ class ScaleOutService:
                 self.det.consumer.close(autocommit=False)
             finally:
                 self.det.writer.close()
-                self.producer.flush(timeout=30)
+                with contextlib.suppress(ProducerFailed):  # raised already, by the loop
+                    self.producer.flush(timeout=30)
                 self.producer.close(timeout=10)
                 self.store.close()
                 if self.det.db is not None:
