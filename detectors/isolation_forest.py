@@ -697,9 +697,10 @@ class _Accumulator:
         np.maximum.at(self.ts, self.series_entity[slot], ts)
         return fresh
 
-    def close(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def close(self, reset: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per entity: each metric's window value (rate/s for counters, mean for gauges; NaN when
-        absent), the covered seconds, and the newest sample time; then start a new window."""
+        absent), the covered seconds, and the newest sample time; then start a new window
+        (``reset=False``: the window goes on)."""
         n, m = self.n_entities, len(self.metrics)
         with np.errstate(divide="ignore", invalid="ignore"):
             v = np.where(self.b > 0, self.a / self.b, np.nan)
@@ -717,9 +718,10 @@ class _Accumulator:
         cov = np.zeros(n)
         np.maximum.at(cov, self.series_entity, np.where(self.gauge, 0.0, self.b).max(axis=1))
         ts = self.ts.copy()
-        self.a.fill(0.0)
-        self.b.fill(0.0)
-        self.ts.fill(0)
+        if reset:
+            self.a.fill(0.0)
+            self.b.fill(0.0)
+            self.ts.fill(0)
         return out, cov, ts
 
 
@@ -795,8 +797,10 @@ class FeatureFeed:
     (``IsolationForestDetector.offer``) and scores the fleet as replay does.
 
     A window is the ``feature_window_s`` its steps start in; it is done once the partition
-    has closed past its end (or reports idle: its steps are closed then, and a sample for it
-    arriving later would be late)."""
+    has closed past its end. A partition that reports idle sends its open window's values so
+    far, and keeps the window open: if the partition resumes inside it, the window is sent
+    again, whole, when it is done, and that copy replaces the first (unless the detect stage
+    scored the window in between: the resumed rows are late then, as late step rows are)."""
 
     def __init__(self, feature_window_s: float) -> None:
         self.window_ns = round(feature_window_s * S)
@@ -811,23 +815,29 @@ class FeatureFeed:
             self.window_end = (step.start // self.window_ns + 1) * self.window_ns
 
     def take(self, closed_to: int | None, idle: bool = False) -> pl.DataFrame | None:
-        """The windows done once the partition has closed to ``closed_to`` (all of them when
-        it is idle), as one frame (``window_frame``); None if none."""
-        if self.window_end is not None and (idle or (closed_to or 0) >= self.window_end):
+        """The windows done once the partition has closed to ``closed_to`` (and the open
+        window's values so far when it is idle: it stays open), as one frame
+        (``window_frame``); None if none."""
+        if self.window_end is not None and (closed_to or 0) >= self.window_end:
             self._finish()
+        elif self.window_end is not None and idle:
+            self._finish(keep=True)
         if not self.done:
             return None
         out = pl.concat(self.done, how="diagonal")
         self.done = []
         return out
 
-    def _finish(self) -> None:
-        end, self.window_end = self.window_end, None
+    def _finish(self, keep: bool = False) -> None:
+        """The window's values into ``done``; ``keep``: the window stays open (idle)."""
+        end = self.window_end
+        if not keep:
+            self.window_end = None
         assert end is not None
         for kind, acc in self.accs.items():
             if acc.n_entities == 0:
                 continue
-            v, cov, ts = acc.close()
+            v, cov, ts = acc.close(reset=not keep)
             have = np.flatnonzero(ts > 0)  # entities with a sample in this window
             if len(have):
                 self.done.append(window_frame(end, kind, acc, have, v, cov, ts))

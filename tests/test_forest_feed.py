@@ -118,3 +118,46 @@ def test_feed_splits_windows_on_their_boundaries() -> None:
     # NICs and switch ports, once per window each
     assert set(out["kind"]) == {"nic", "port"}
     assert out.select("end", "kind", "device", "port").is_duplicated().sum() == 0
+
+
+def test_a_partition_that_resumes_inside_the_window_it_went_idle_in_sends_it_whole() -> None:
+    """Idle, a partition sends its open window's values so far; if records come back inside
+    that window, the copy sent when the window is done holds all of it, as a partition that
+    never went idle sends (and it replaces the partial copy in the detect stage's forest)."""
+    sim_cfg = default_scenario(nodes=2, duration_s=4.0, seed=5)
+    frames = list(Simulator(sim_cfg).ticks())
+    e = WindowEngine(Config().window, Stats())
+    for f in frames:
+        e.add(f)
+    steps = e.close_until(int(pl.concat(frames)["ts"].max()) - e.lateness_ns())
+    w = 1_000_000_000
+    # the steps of the second window, split in the middle, and the first of the third
+    start = (steps[0].start // w + 1) * w
+    end = start + w
+    mid = [s for s in steps if start <= s.start < end]
+    after = next(s for s in steps if s.start >= end)
+    assert len(mid) >= 6
+    whole, idle = FeatureFeed(1.0), FeatureFeed(1.0)
+    for s in [*mid, after]:
+        whole.add(s)
+    ref = whole.take(after.end)
+    assert ref is not None and set(ref["end"]) == {end}
+
+    half = len(mid) // 2
+    for s in mid[:half]:
+        idle.add(s)
+    partial = idle.take(mid[half - 1].end, idle=True)
+    assert partial is not None and set(partial["end"]) == {end}
+    assert not partial.equals(ref)  # half the window's values
+    idle = pickle.loads(pickle.dumps(idle))  # a checkpoint while idle
+    for s in [*mid[half:], after]:
+        idle.add(s)
+    again = idle.take(after.end)
+    assert again is not None
+    assert again.equals(ref)
+
+    topology = build_topology(sim_cfg)
+    fed = IsolationForestDetector(topology, CFG)
+    fed.feed_from_stage1()
+    assert fed.offer(0, partial) == 0 and fed.offer(0, again) == 0
+    assert fed.fed[end][0].equals(ref)
