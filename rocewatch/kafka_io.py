@@ -148,15 +148,26 @@ class WatchedProducer:
         self.inner = inner
         self.error: BaseException | None = None
         self.topic: str | None = None
+        self.unanswered = 0  # sent, neither delivered nor failed yet
+        self.answered = threading.Condition()
 
     def send(self, topic: str, *args: Any, **kw: Any) -> Any:
         fut = self.inner.send(topic, *args, **kw)
+        with self.answered:
+            self.unanswered += 1
+        fut.add_callback(self._delivered)
         fut.add_errback(self._failed, topic)
         return fut
+
+    def _delivered(self, _: Any) -> None:  # the sender thread
+        with self.answered:
+            self.unanswered -= 1
+            self.answered.notify_all()
 
     def _failed(self, topic: str, exc: BaseException) -> None:  # the sender thread
         if self.error is None:
             self.error, self.topic = exc, topic
+        self._delivered(None)
 
     def check(self) -> None:
         if self.error is not None:
@@ -168,13 +179,16 @@ class WatchedProducer:
             )
 
     def flush(self, timeout: float | None = None) -> None:
-        """The producer's flush; after a lost record, ``ProducerFailed`` (kafka-python's own
-        flush raises "Future not done" for a batch it split after MESSAGE_TOO_LARGE)."""
+        """The producer's flush; after a lost record, ``ProducerFailed``. kafka-python's own
+        flush raises "Future not done" for a batch it split after MESSAGE_TOO_LARGE, though
+        the halves may still be delivered: then it waits for every record's answer."""
         try:
             self.inner.flush(timeout=timeout)
         except KafkaError:
             self.check()
-            raise
+            with self.answered:
+                if not self.answered.wait_for(lambda: self.unanswered <= 0, timeout):
+                    raise
         self.check()
 
     def __getattr__(self, name: str) -> Any:

@@ -145,21 +145,37 @@ def record_limit(k: KafkaConfig, topic: str) -> int:
     """The largest value the broker takes on ``topic`` (its ``max.message.bytes``, less the
     batch framing), at most MAX_MESSAGE_BYTES. A record above it would be refused, and a
     refused record is fatal to an idempotent producer: everything it holds is dropped, the
-    steps with it. So larger states are not sent (``state_too_large``)."""
+    steps with it. So larger states are not sent (``state_too_large``), and larger steps and
+    rollups go out in more messages."""
+    return record_limits(k, [topic])[topic]
+
+
+def record_limits(k: KafkaConfig, topics: list[str]) -> dict[str, int]:
+    """``record_limit`` of each topic, from one admin connection."""
+    out = dict.fromkeys(topics, MAX_MESSAGE_BYTES)
     try:
         admin = KafkaAdminClient(**k.client_kwargs(), request_timeout_ms=30000)
     except KafkaError as e:
-        log.warning("record limit of %s unknown (%s); taking %d", topic, e, MAX_MESSAGE_BYTES)
-        return MAX_MESSAGE_BYTES
+        log.warning("record limits of %s unknown (%s); taking %d", topics, e, MAX_MESSAGE_BYTES)
+        return out
     try:
-        res = admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, topic, ["max.message.bytes"])]
-        )
-        value = res["topic"][topic]["max.message.bytes"]["value"]
-        return max(0, min(MAX_MESSAGE_BYTES, int(value) - RECORD_OVERHEAD))
-    except (KafkaError, KeyError, TypeError, ValueError) as e:
-        log.warning("record limit of %s unknown (%s); taking %d", topic, e, MAX_MESSAGE_BYTES)
-        return MAX_MESSAGE_BYTES
+        want = [ConfigResource(ConfigResourceType.TOPIC, t, ["max.message.bytes"]) for t in topics]
+        try:
+            # every value: kafka-python's default filter ("modified") leaves out a topic on
+            # the broker's default limit (1 MiB), which must not be taken for 64 MiB
+            res = admin.describe_configs(want, config_filter="all")
+        except TypeError:  # an older kafka-python, without the argument
+            res = admin.describe_configs(want)
+        for t in topics:
+            try:
+                value = res["topic"][t]["max.message.bytes"]["value"]
+                out[t] = max(0, min(MAX_MESSAGE_BYTES, int(value) - RECORD_OVERHEAD))
+            except (KeyError, TypeError, ValueError) as e:
+                log.warning("record limit of %s unknown (%s); taking %d", t, e, MAX_MESSAGE_BYTES)
+        return out
+    except KafkaError as e:
+        log.warning("record limits of %s unknown (%s); taking %d", topics, e, MAX_MESSAGE_BYTES)
+        return out
     finally:
         admin.close()
 
@@ -607,7 +623,7 @@ class StateStore:
     partition's last offset may be a transaction marker, and a fenced instance's aborted state
     must never be restored."""
 
-    def __init__(self, k: KafkaConfig, producer: Any) -> None:
+    def __init__(self, k: KafkaConfig, producer: Any, max_bytes: int | None = None) -> None:
         self.topic = k.topics.state
         self.producer = producer
         self.reader = KafkaConsumer(
@@ -619,7 +635,8 @@ class StateStore:
             fetch_max_bytes=MAX_MESSAGE_BYTES,
         )
         self.written_end: dict[int, int] = {}  # end offset after our own last write
-        self.max_bytes = record_limit(k, self.topic)  # a state above it is not sent
+        # a state above it is not sent
+        self.max_bytes = record_limit(k, self.topic) if max_bytes is None else max_bytes
 
     def end(self, partition: int) -> int:
         tp = TopicPartition(self.topic, partition)
@@ -843,10 +860,37 @@ class _Part:
     forest: FeatureFeed | None = None  # with the isolation forest on: its window values
 
 
+def with_forest(
+    chunks: list[tuple[CodedRows | None, int | None]], forest: pl.DataFrame | None
+) -> list[tuple[CodedRows | None, int | None, pl.DataFrame | None]]:
+    """The messages of one close with its forest window values spread over them: each
+    window goes with the first message that closes past its end (it is done by then), the
+    rest (an idle partition's open window) with the last."""
+    out: list[tuple[CodedRows | None, int | None, pl.DataFrame | None]] = []
+    rest = forest
+    for i, (rows, to) in enumerate(chunks):
+        mine = rest
+        if i < len(chunks) - 1 and rest is not None and to is not None:
+            done = pl.col("end") <= to
+            mine, rest = rest.filter(done), rest.filter(~done)
+            mine = mine if mine.height else None
+        elif i < len(chunks) - 1:
+            mine = None
+        out.append((rows, to, mine))
+    return out
+
+
 class Aggregator:
     """Stage 1: per telemetry partition, samples -> closed steps on the steps topic."""
 
-    def __init__(self, cfg: Config, n_parts: int, producer: Any, store: StateStore) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        n_parts: int,
+        producer: Any,
+        store: StateStore,
+        limits: dict[str, int] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.k = cfg.kafka
         self.n_parts = n_parts
@@ -865,6 +909,12 @@ class Aggregator:
         # a stalled fetch): no partition is reported idle within partition_idle_s of that
         self.disrupted_at = -float("inf")
         self.samples = 0
+        # the largest steps and rollups records their topics take: a topic an operator created
+        # with a smaller max.message.bytes gets more, smaller messages
+        if limits is None:
+            limits = record_limits(self.k, [self.k.topics.steps, self.k.topics.rollups])
+        self.steps_limit = limits[self.k.topics.steps]
+        self.rollups_limit = limits[self.k.topics.rollups]
         self.consumer = KafkaConsumer(
             **self.k.client_kwargs(),
             group_id=self.k.group_id + "-agg",
@@ -1094,8 +1144,10 @@ class Aggregator:
                 else:
                     chunks.append((one, end))
             chunks[-1] = (chunks[-1][0], to)
-        for i, (chunk, chunk_to) in enumerate(chunks):
-            last = i == len(chunks) - 1
+        todo = deque(with_forest(chunks, forest))
+        while todo:
+            chunk, chunk_to, chunk_forest = todo.popleft()
+            last = not todo
             msg = StepsMessage(
                 p,
                 closed_from,
@@ -1104,12 +1156,40 @@ class Aggregator:
                 sent if last else [],
                 chunk,
                 offset,
-                forest if last else None,
+                chunk_forest,
             )
-            self.producer.send(
-                self.k.topics.steps, key=str(p).encode(), value=encode_steps(msg), partition=0
-            )
+            value = encode_steps(msg)
+            if len(value) > self.steps_limit:
+                # a topic created with a smaller max.message.bytes than rocewatch gives it:
+                # halves of the close, each ending on a whole step, until each one fits
+                halves = self._halves(p, chunk, chunk_to, len(value), step_ns)
+                todo.extendleft(reversed(with_forest(halves, chunk_forest)))
+                continue
+            self.producer.send(self.k.topics.steps, key=str(p).encode(), value=value, partition=0)
             closed_from = chunk_to
+
+    def _halves(
+        self, p: int, chunk: CodedRows | None, to: int | None, size: int, step_ns: int
+    ) -> list[tuple[CodedRows | None, int | None]]:
+        """A steps message too large for the steps topic, as two, split on a step boundary;
+        one step alone that does not fit is an error the operator must fix (the topic's
+        limit), since a refused record would stop the instance anyway."""
+        steps = chunk.slice_steps() if chunk is not None else []
+        if len(steps) < 2:
+            raise ConfigError(
+                f"kafka.topics.steps {self.k.topics.steps} takes records up to "
+                f"{self.steps_limit + RECORD_OVERHEAD} bytes (max.message.bytes), but one step "
+                f"of telemetry partition {p} needs {size + RECORD_OVERHEAD}: raise the topic's "
+                f"max.message.bytes (rocewatch creates it with {MAX_MESSAGE_BYTES})"
+            )
+        assert chunk is not None
+        half = len(steps) // 2
+
+        def rows(part: list[tuple[int, CodedRows]]) -> CodedRows:
+            return CodedRows(pl.concat([r.frame for _, r in part]), chunk.values)
+
+        self.stats.inc("steps_messages_split", detail=f"partition {p}")
+        return [(rows(steps[:half]), (steps[half - 1][0] + 1) * step_ns), (rows(steps[half:]), to)]
 
     def _rollups(self, p: int, part: _Part, steps: list[Step], idle: bool) -> None:
         """Fold closed steps into the rollup levels; send each bucket that completes and, when
@@ -1128,13 +1208,18 @@ class Aggregator:
                     out.append(done)
         if idle:
             out += [df for level in part.rollups if (df := level.peek()) is not None]
-        for df in out:
-            if df.height:
-                self.producer.send(
-                    self.k.topics.rollups,
-                    key=str(p).encode(),
-                    value=encode_rollups(df),
-                )  # keyed by partition: its buckets stay in order on one rollups partition
+        todo = deque(df for df in out if df.height)
+        while todo:
+            df = todo.popleft()
+            value = encode_rollups(df)
+            if len(value) > self.rollups_limit and df.height > 1:
+                # storage upserts rollups by bucket and series: any split of the rows will do
+                half = df.height // 2
+                todo.extendleft([df.slice(half), df.slice(0, half)])
+                self.stats.inc("rollups_messages_split", detail=f"partition {p}")
+                continue
+            # keyed by partition: its buckets stay in order on one rollups partition
+            self.producer.send(self.k.topics.rollups, key=str(p).encode(), value=value)
 
     def _dead_letter(self, m: Any, err: Exception) -> None:
         send_dead_letter(self.producer, self.k.topics.dead_letter, m, err, self.stats)
@@ -1729,9 +1814,16 @@ class ScaleOutService:
         self.cfg = cfg
         k = cfg.kafka
         self.n_parts = ensure_scaleout_topics(k)
-        self.producer = WatchedProducer(make_producer(k, max_request_size=MAX_MESSAGE_BYTES))
-        self.store = StateStore(k, self.producer)
-        self.agg = Aggregator(cfg, self.n_parts, self.producer, self.store)
+        t = k.topics
+        limits = record_limits(k, [t.steps, t.rollups, t.state])
+        # a batch of several records must fit each topic's limit too (kafka-python splits a
+        # refused batch, but its flush then fails); one larger record goes alone
+        batch = max(16 << 10, min(1 << 20, *limits.values()))
+        self.producer = WatchedProducer(
+            make_producer(k, max_request_size=MAX_MESSAGE_BYTES, batch_size=batch)
+        )
+        self.store = StateStore(k, self.producer, limits[t.state])
+        self.agg = Aggregator(cfg, self.n_parts, self.producer, self.store, limits)
         self.det = Detector(cfg, topology, self.n_parts, self.producer, self.store)
         self.stop_event = threading.Event()
         self.subscribed = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import threading
 import time
@@ -21,7 +22,14 @@ from kafka.structs import TopicPartition
 
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
 from rocewatch.errors import ProducerFailed
-from rocewatch.kafka_io import DetectService, TelemetryPublisher, ensure_topics, publish_scenario
+from rocewatch.kafka_io import (
+    DetectService,
+    TelemetryPublisher,
+    WatchedProducer,
+    ensure_topics,
+    make_producer,
+    publish_scenario,
+)
 from rocewatch.replay import replay
 from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import default_scenario
@@ -448,3 +456,34 @@ def test_a_detector_behind_its_topic_keeps_partitions_together_and_reads_everyth
     # the recording); with it, at most the allowed skew, the lateness and what one poll of one
     # partition brings (1,000 records, about 7 s of a partition's ~14 devices here)
     assert worst_spread < MAX_SKEW_S + 12.0, worst_spread
+
+
+def test_a_batch_the_broker_splits_is_flushed_whole_and_a_record_too_large_stops(
+    kafka_bootstrap, kafka_topics
+):
+    """Records that fit a topic's max.message.bytes one by one, batched past it: the broker
+    refuses the batch and kafka-python splits it and sends the halves, but its own flush
+    raises "Future not done". The detect services' producer waits for every record's answer
+    instead, so a flush after a split succeeds with every record delivered; a record too
+    large alone is lost, and flush says so (ProducerFailed)."""
+    topic = kafka_topics.create("split", partitions=1, **{"max.message.bytes": "20000"})
+    k = KafkaConfig(bootstrap_servers=kafka_bootstrap, compression_type="none")
+    w = WatchedProducer(make_producer(k))
+    values = [os.urandom(7000) for _ in range(8)]  # 56 kB in one batch
+    for v in values:
+        w.send(topic, value=v)
+    w.flush(30)
+    assert w.unanswered == 0 and w.error is None
+    got = KafkaConsumer(
+        bootstrap_servers=kafka_bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5000,
+        group_id=None,
+    )
+    got.assign([TopicPartition(topic, 0)])
+    assert sorted(m.value for m in got) == sorted(values)
+    got.close()
+    w.send(topic, value=os.urandom(30000))
+    with pytest.raises(ProducerFailed, match=topic):
+        w.flush(30)
+    w.close()

@@ -26,7 +26,7 @@ from kafka.structs import TopicPartition
 
 from detectors.registry import metrics_read
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
-from rocewatch.errors import Fenced, ProducerFailed
+from rocewatch.errors import ConfigError, Fenced, ProducerFailed
 from rocewatch.kafka_io import Published, make_producer, publish_scenario, send_events
 from rocewatch.model import Alert
 from rocewatch.pipeline import Output
@@ -42,6 +42,7 @@ from rocewatch.scaleout import (
     decode_steps,
     encode_steps,
     ensure_scaleout_topics,
+    record_limits,
 )
 from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import default_scenario
@@ -488,6 +489,72 @@ def test_states_too_large_for_the_state_topic_are_not_sent_and_the_stream_goes_o
     assert "detect_transaction_failed" not in stats and "detect_stage_fenced" not in stats
     assert not {k: v for k, v in stats.items() if k.startswith("late")}, stats
     assert_replay_outputs_once(kafka_bootstrap, cfg, replay_result)
+
+
+def test_steps_and_rollups_topics_with_a_small_record_limit_get_smaller_messages(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
+):
+    """Steps and rollups topics an operator created with a smaller max.message.bytes than
+    rocewatch gives them (here below one catch-up close). A refused record stops an instance,
+    so the aggregate stage reads both limits at start and sends more, smaller messages: the
+    steps split on whole steps, the rollups on rows. The stream's alerts and actions are
+    replay's, once each."""
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, "small", tmp_path, scenario)
+    # with storage the aggregate stage also makes the metric rollups
+    cfg = dataclasses.replace(cfg, storage_url=f"sqlite:///{tmp_path / 'rocewatch.db'}")
+    limit = 96_000
+    kafka_topics.create("small.telemetry", partitions=PARTITIONS)
+    kafka_topics.create("small.steps", partitions=1, **{"max.message.bytes": str(limit)})
+    kafka_topics.create("small.rollups", partitions=PARTITIONS, **{"max.message.bytes": "20000"})
+    publish_scenario(scenario, cfg)  # all of it first: the first closes span many steps
+    svc = ScaleOutService(cfg)
+    assert svc.agg.steps_limit == limit - RECORD_OVERHEAD
+    assert svc.agg.rollups_limit == 20000 - RECORD_OVERHEAD
+    worker, errors = run_service(svc, 8.0)
+    worker.join(300)
+    assert not worker.is_alive() and not errors, errors
+    stats = svc.summary()["stats"]
+    assert stats.get("steps_messages_split", 0) >= 1, stats
+    assert stats.get("rollups_messages_split", 0) >= 1, stats
+    assert not {k: v for k, v in stats.items() if k.startswith("late")}, stats
+    assert_replay_outputs_once(kafka_bootstrap, cfg, replay_result)
+    sizes = [len(m.value) for m in read_topic(kafka_bootstrap, cfg.kafka.topics.steps)]
+    assert sizes and max(sizes) <= limit - RECORD_OVERHEAD
+
+
+def test_a_topic_on_the_brokers_default_limit_reads_as_that_limit(kafka_bootstrap, kafka_topics):
+    """A topic without its own max.message.bytes takes the broker's default (1 MiB here), not
+    the 64 MiB rocewatch gives the topics it creates: kafka-python's describe_configs leaves
+    such a value out unless asked for every value, and a limit taken too high is a refused,
+    fatal record later."""
+    plain = kafka_topics.create("plain.steps", partitions=1)
+    own = kafka_topics.create("own.steps", partitions=1, **{"max.message.bytes": "300000"})
+    k = KafkaConfig(bootstrap_servers=kafka_bootstrap)
+    limits = record_limits(k, [plain, own, kafka_topics("absent.steps")])
+    assert limits[plain] == 1048588 - RECORD_OVERHEAD  # the broker's message.max.bytes
+    assert limits[own] == 300000 - RECORD_OVERHEAD
+    assert limits[kafka_topics("absent.steps")] == MAX_MESSAGE_BYTES  # created later, by us
+
+
+def test_a_steps_topic_too_small_for_one_step_stops_the_instance_with_what_to_change(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario
+):
+    """One step alone larger than the steps topic takes: the instance stops at once with an
+    error naming the topic and the size it needs, not a refused record."""
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, "tiny", tmp_path, scenario)
+    kafka_topics.create("tiny.telemetry", partitions=PARTITIONS)
+    kafka_topics.create("tiny.steps", partitions=1, **{"max.message.bytes": "5000"})
+    publish_scenario(scenario, cfg)
+    svc = ScaleOutService(cfg)
+    worker, errors = run_service(svc, 8.0)
+    worker.join(120)
+    assert not worker.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], ConfigError), errors
+    msg = str(errors[0])
+    assert cfg.kafka.topics.steps in msg and "max.message.bytes" in msg, msg
+    # what went out before (empty reports) fits: nothing was refused
+    sent = read_topic(kafka_bootstrap, cfg.kafka.topics.steps, timeout_s=3.0)
+    assert all(len(m.value) <= 5000 - RECORD_OVERHEAD for m in sent)
 
 
 def test_scale_out_forest_from_stage_one_raises_what_replay_raises(
