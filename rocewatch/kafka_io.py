@@ -150,6 +150,7 @@ class WatchedProducer:
         self.topic: str | None = None
         self.unanswered = 0  # sent, neither delivered nor failed yet
         self.answered = threading.Condition()
+        self.reported = False  # check raised the failure to the caller
 
     def send(self, topic: str, *args: Any, **kw: Any) -> Any:
         fut = self.inner.send(topic, *args, **kw)
@@ -171,6 +172,7 @@ class WatchedProducer:
 
     def check(self) -> None:
         if self.error is not None:
+            self.reported = True
             raise ProducerFailed(
                 f"a record for {self.topic} did not reach Kafka ({self.error!r}: refused by "
                 "the broker, or not delivered within delivery_timeout_ms); this process "
@@ -190,6 +192,16 @@ class WatchedProducer:
                 if not self.answered.wait_for(lambda: self.unanswered <= 0, timeout):
                     raise
         self.check()
+
+    def finish(self, timeout: float = 30.0) -> None:
+        """Flush and close, for a service's close: a record lost that the caller was not
+        told of yet (it stopped for another reason) is logged, not raised over that reason."""
+        try:
+            self.flush(timeout=timeout)
+        except (ProducerFailed, KafkaError) as e:
+            if not self.reported:
+                log.error("at close: %s", e)
+        self.inner.close(timeout=10)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -375,7 +387,11 @@ class TelemetryPublisher:
                 self._room.wait(left)
 
     def close(self) -> None:
-        self.flush()
+        try:
+            self.flush()
+        except KafkaError:
+            self.producer.close(timeout=1)  # what the broker never answered is lost: counted
+            raise
         self.producer.close(timeout=1 if producer_is_dead(self.producer) else None)
 
 
@@ -1103,9 +1119,7 @@ class DetectService:
             if self.notifier.outbox.store is not self.store:
                 self.notifier.outbox.store.close()
         try:
-            with contextlib.suppress(ProducerFailed):  # raised already, by the loop
-                self.producer.flush(timeout=30)
-            self.producer.close(timeout=10)
+            self.producer.finish()
         finally:
             self.consumer.close(autocommit=False)
             if self.store is not None:

@@ -80,7 +80,6 @@ from rocewatch.errors import (
     BadInput,
     ConfigError,
     Fenced,
-    ProducerFailed,
     RetryableError,
     RocewatchError,
 )
@@ -1947,9 +1946,7 @@ class ScaleOutService:
                 self.det.consumer.close(autocommit=False)
             finally:
                 self.det.writer.close()
-                with contextlib.suppress(ProducerFailed):  # raised already, by the loop
-                    self.producer.flush(timeout=30)
-                self.producer.close(timeout=10)
+                self.producer.finish()
                 self.store.close()
                 if self.det.db is not None:
                     self.det.db.close()
