@@ -713,6 +713,8 @@ class DetectWriter:
         self.producer = make_producer(
             self.k,
             max_request_size=MAX_MESSAGE_BYTES,
+            # batches no larger than the shared producer's (sized to the topics' limits)
+            batch_size=getattr(self.shared, "config", {}).get("batch_size", 1 << 20),
             linger_ms=0,  # a transaction is committed right after its last send
             max_in_flight_requests_per_connection=5,
             enable_idempotence=True,
