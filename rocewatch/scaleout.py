@@ -890,7 +890,7 @@ class Aggregator:
         n_parts: int,
         producer: Any,
         store: StateStore,
-        limits: dict[str, int] | None = None,
+        limits: dict[str, int],
     ) -> None:
         self.cfg = cfg
         self.k = cfg.kafka
@@ -910,10 +910,8 @@ class Aggregator:
         # a stalled fetch): no partition is reported idle within partition_idle_s of that
         self.disrupted_at = -float("inf")
         self.samples = 0
-        # the largest steps and rollups records their topics take: a topic an operator created
-        # with a smaller max.message.bytes gets more, smaller messages
-        if limits is None:
-            limits = record_limits(self.k, [self.k.topics.steps, self.k.topics.rollups])
+        # the largest steps and rollups records their topics take (``record_limits``): a topic
+        # an operator created with a smaller max.message.bytes gets more, smaller messages
         self.steps_limit = limits[self.k.topics.steps]
         self.rollups_limit = limits[self.k.topics.rollups]
         self.consumer = KafkaConsumer(
