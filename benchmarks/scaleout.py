@@ -1,8 +1,11 @@
 """Benchmark: scale-out detect (``rocewatch detect --scale-out``), one instance vs two.
 
 A simulated fabric (default 128 nodes x 8 NICs = 1,024 GPUs, every 100 ms) is published in
-real time to a 4-partition telemetry topic, once for one detector instance and once for two;
-then both again with the recording published as fast as the producer goes (``burst_*`` keys).
+real time to a 4-partition telemetry topic, once for one detector instance and once for two,
+``--rounds`` times over, alternated (the live figures pool the rounds: a shared machine's speed
+drifts between runs, and one pair of runs can show 15 % either way; ``efficiency_by_round``
+shows each); then both again with the recording published as fast as the producer goes
+(``burst_*`` keys).
 Every instance is its own process; its CPU (user + sys, from /proc and wait4) is counted from
 the moment the fabric starts talking until it exits. Prints one JSON object (--json) with:
 
@@ -26,7 +29,7 @@ figures leave those records out; ``latency_p99_incl_drain_s`` keeps them.
 Starts its own Kafka broker unless --bootstrap. Two cores shared with the broker and the
 publisher cannot show a wall-clock speed-up; the CPU figures are what scaling costs.
 
-  python benchmarks/scaleout.py --json [--nodes 128] [--seconds 20]
+  python benchmarks/scaleout.py --json [--nodes 128] [--seconds 20] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -211,6 +214,8 @@ def run(
         "p50": p50,
         "p99": p99,
         "p99_all": p99_all,
+        "live": live,
+        "all": sorted(x for _, x in pairs),
         # CPU seconds per second of telemetry: what each party asks of the 2 cores
         "cores": {
             "instances": round(cpu / seconds, 2),
@@ -223,12 +228,37 @@ def run(
     }
 
 
+def pooled(runs: list[dict[str, Any]], total: int) -> dict[str, Any]:
+    """Several runs of one setup as one: CPU summed over all their samples, latencies pooled."""
+    live = sorted(x for r in runs for x in r["live"])
+    every = sorted(x for r in runs for x in r["all"])
+    cpu = sum(r["cpu_s"] for r in runs)
+    return {
+        "cpu_s": cpu,
+        "per_msample": cpu / (len(runs) * total / 1e6),
+        "p50": pct(live, 0.5),
+        "p99": pct(live, 0.99),
+        "p99_all": pct(every, 0.99),
+        "cores": {
+            k: round(sum(r["cores"][k] for r in runs) / len(runs), 2) for k in runs[0]["cores"]
+        },
+        "per_instance_samples": runs[-1]["per_instance_samples"],
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--nodes", type=int, default=128, help="GPU nodes (8 NICs each)")
     ap.add_argument("--seconds", type=float, default=20.0, help="telemetry seconds")
     ap.add_argument("--bootstrap", help="use this broker instead of starting one")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="live one-instance and two-instance runs, alternated: a shared machine's speed "
+        "drifts by 10 %% and more between runs a minute apart, so the live figures pool them",
+    )
     args = ap.parse_args()
 
     import kafka_broker
@@ -246,8 +276,13 @@ def main() -> int:
             log(f"{total:,} samples in {msgs:,} messages ({total / args.seconds:,.0f} samples/s)")
             broker_pid = None if args.bootstrap else kafka_broker.Broker.from_dir(tmp / "kafka").pid
             common = (bench, bootstrap, data, topology_file, tmp, total, args.seconds)
-            one = run(1, *common, broker_pid=broker_pid)
-            two = run(2, *common, broker_pid=broker_pid)
+            ones: list[dict[str, Any]] = []
+            twos: list[dict[str, Any]] = []
+            for r in range(args.rounds):
+                log(f"live round {r + 1} of {args.rounds}")
+                ones.append(run(1, *common, broker_pid=broker_pid))
+                twos.append(run(2, *common, broker_pid=broker_pid))
+            one, two = pooled(ones, total), pooled(twos, total)
             # the same without pacing: both runs work through large batches, so the comparison
             # shows what splitting costs apart from how far behind one instance falls
             one_b = run(1, *common, 0.0)
@@ -256,6 +291,10 @@ def main() -> int:
                 "one_instance_cpu_s_per_msample": round(one["per_msample"], 3),
                 "two_instances_cpu_s_per_msample": round(two["per_msample"], 3),
                 "efficiency": round(one["per_msample"] / two["per_msample"], 3),
+                "efficiency_by_round": [
+                    round(a["per_msample"] / b["per_msample"], 3)
+                    for a, b in zip(ones, twos, strict=True)
+                ],
                 "latency_p99_s": round(two["p99"], 3),
                 "latency_p50_s": round(two["p50"], 3),
                 "latency_p99_one_instance_s": round(one["p99"], 3),
@@ -272,6 +311,7 @@ def main() -> int:
                 "nodes": args.nodes,
                 "gpus": args.nodes * 8,
                 "telemetry_partitions": PARTITIONS,
+                "live_rounds": args.rounds,
                 "telemetry_s": args.seconds,
                 "sample_interval_s": 0.1,
                 "cores": os.cpu_count(),

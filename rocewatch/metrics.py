@@ -160,9 +160,9 @@ class ServiceMetrics:
             self.update_notify(svc.notifier)
 
     def update_scaleout(self, svc: Any) -> None:
-        """Refresh from a ScaleOutService: lag on the telemetry partitions this instance
-        aggregates (partitions it no longer owns drop out), the detect stage's lag on the
-        steps topic, and the detectors' figures while it runs the detect stage."""
+        """Refresh from a ScaleOutService, in its aggregate stage's thread: lag on the
+        telemetry partitions this instance aggregates (partitions it no longer owns drop out)
+        and the counts of both stages (``update_detect_stage`` does the rest)."""
         from kafka.structs import TopicPartition
 
         agg, det = svc.agg, svc.det
@@ -176,12 +176,18 @@ class ServiceMetrics:
                 self.lag.labels(partition=str(p)).set(max(0, hw - part.offset))
                 total += max(0, hw - part.offset)
         self.lag_total.set(total)
+
+    def update_detect_stage(self, det: Any, steps_topic: str) -> None:
+        """Refresh from a scale-out Detector, in its own thread: its lag on the steps topic and
+        the detectors' figures while this instance runs the detect stage."""
+        from kafka.structs import TopicPartition
+
         st = det.state
         if st is None or not det.active:
             self.steps_lag.set(-1)
             self.firing.set(0)
             return
-        hw = det.consumer.highwater(TopicPartition(svc.cfg.kafka.topics.steps, 0))
+        hw = det.consumer.highwater(TopicPartition(steps_topic, 0))
         self.steps_lag.set(max(0, hw - st.offset) if hw is not None else 0)
         pipe = st.pipeline
         spent = pipe.detector_seconds - self._detector_seen

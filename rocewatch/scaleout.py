@@ -127,6 +127,9 @@ ROWS_PER_STEPS_MESSAGE = 200_000
 HEARTBEAT_S = 1.0  # an owned partition reports at least this often
 END_EVERY_S = 0.2  # how stale the telemetry end offsets behind an idle report may be
 MAX_SKEW_S = 2.0  # how far one owned partition may run ahead of the slowest
+POLL_MS = 100  # each stage's longest wait for records (a poll returns as soon as some come)
+STANDBY_POLL_MS = 250  # the detect stage's while another instance runs it
+DETECT_JOIN_S = 120.0  # how long a stopping instance waits for the detect stage's last step
 STEP_SCHEMA: dict[str, pl.DataType] = {"step": pl.Int64(), **AGG_SCHEMA}
 
 
@@ -620,11 +623,15 @@ class StateStore:
 
     Read committed: the detect stage writes its state in transactions (``DetectWriter``), so a
     partition's last offset may be a transaction marker, and a fenced instance's aborted state
-    must never be restored."""
+    must never be restored.
+
+    Both stages of an instance read through it, each from its own thread: a KafkaConsumer is
+    not safe to share between threads, so every read holds ``lock``."""
 
     def __init__(self, k: KafkaConfig, producer: Any, max_bytes: int | None = None) -> None:
         self.topic = k.topics.state
         self.producer = producer
+        self.lock = threading.RLock()
         self.reader = KafkaConsumer(
             **k.client_kwargs(),
             group_id=None,
@@ -639,10 +646,23 @@ class StateStore:
 
     def end(self, partition: int) -> int:
         tp = TopicPartition(self.topic, partition)
-        return int(self.reader.end_offsets([tp])[tp])
+        return int(self.end_offsets([tp])[tp])
+
+    def end_offsets(self, tps: list[TopicPartition], timeout_ms: int | None = None) -> Any:
+        """Any topic's end offsets (read committed), as ``KafkaConsumer.end_offsets``."""
+        with self.lock:
+            return self.reader.end_offsets(tps, timeout_ms=timeout_ms)
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        with self.lock:
+            return self.reader.partitions_for_topic(topic)  # type: ignore[no-any-return]
 
     def load(self, partition: int, key: str | None = None, timeout_s: float = 60.0) -> bytes | None:
         """The value of the partition's last committed record (with ``key``, if given)."""
+        with self.lock:
+            return self._load(partition, key, timeout_s)
+
+    def _load(self, partition: int, key: str | None, timeout_s: float) -> bytes | None:
         tp = TopicPartition(self.topic, partition)
         end = self.end(partition)
         want = None if key is None else key.encode()
@@ -673,7 +693,8 @@ class StateStore:
         self.written_end[partition] = int(future.get(timeout=60).offset) + 1
 
     def close(self) -> None:
-        self.reader.close()
+        with self.lock:
+            self.reader.close()
 
 
 class DetectWriter:
@@ -694,9 +715,12 @@ class DetectWriter:
     service.
     """
 
-    def __init__(self, k: KafkaConfig, shared: Any, state_partition: int) -> None:
+    def __init__(
+        self, k: KafkaConfig, shared: Any, state_partition: int, batch_size: int = 1 << 20
+    ) -> None:
         self.k = k
         self.shared = shared
+        self.batch_size = batch_size  # the shared producer's: sized to the topics' limits
         self.state_partition = state_partition
         self.fenced = k.fence_detect
         self.transactional_id = f"{k.group_id}-detect"
@@ -713,8 +737,7 @@ class DetectWriter:
         self.producer = make_producer(
             self.k,
             max_request_size=MAX_MESSAGE_BYTES,
-            # batches no larger than the shared producer's (sized to the topics' limits)
-            batch_size=getattr(self.shared, "config", {}).get("batch_size", 1 << 20),
+            batch_size=self.batch_size,
             linger_ms=0,  # a transaction is committed right after its last send
             max_in_flight_requests_per_connection=5,
             enable_idempotence=True,
@@ -779,8 +802,12 @@ class DetectWriter:
             return fn(*args, **kw)
         except KafkaError as e:
             # fenced shows as itself, or (a send after an earlier request of the transaction
-            # failed) as a KafkaError that carries it
-            if any(isinstance(x, _FENCED) for x in (e, e.__cause__, *e.args)):
+            # failed) as a KafkaError that carries it, or (any call once the sender met the
+            # fence first, as an instance waking from a stall does) only as the message of
+            # the transaction manager's error state, whose last error is the fence
+            manager = getattr(self.producer, "_transaction_manager", None)
+            last = getattr(manager, "last_error", None)
+            if any(isinstance(x, _FENCED) for x in (e, e.__cause__, last, *e.args)):
                 raise Fenced(f"another instance took the detect stage over ({e!r})") from e
             if self.fenced:
                 raise TransactionFailed(f"detect stage transaction failed: {e!r}") from e
@@ -1307,14 +1334,20 @@ class Detector:
     """Stage 2: assemble steps from every telemetry partition and run the detectors on them."""
 
     def __init__(
-        self, cfg: Config, topology: Topology, n_parts: int, producer: Any, store: StateStore
+        self,
+        cfg: Config,
+        topology: Topology,
+        n_parts: int,
+        producer: Any,
+        store: StateStore,
+        batch_size: int = 1 << 20,
     ) -> None:
         self.cfg = cfg
         self.k = cfg.kafka
         self.topology = topology
         self.n_parts = n_parts
         self.store = store
-        self.writer = DetectWriter(self.k, producer, n_parts)
+        self.writer = DetectWriter(self.k, producer, n_parts, batch_size)
         self.stats = Stats()  # the detect pipeline's (a restored stage brings its own)
         # what happened to this instance's hold on the stage (lost, fenced, taken back): its
         # own, kept across restores
@@ -1507,13 +1540,13 @@ class Detector:
         return None
 
     def _output_tps(self) -> list[TopicPartition]:
-        return output_partitions(self.cfg, self.store.reader)
+        return output_partitions(self.cfg, self.store)
 
     def _load_suppressions(self, st: DetectState) -> None:
         """Read what was published after the checkpoint: it must not be published again."""
         self.published = Published()
         tps = self._output_tps()
-        ends = self.store.reader.end_offsets(tps)
+        ends = self.store.end_offsets(tps)
         starts = {tp: st.out_ends.get((tp.topic, tp.partition), 0) for tp in tps}
         if not any(start < ends.get(tp, 0) for tp, start in starts.items()):
             return
@@ -1642,7 +1675,7 @@ class Detector:
             tps = [TopicPartition(self.k.topics.telemetry, p) for p in range(self.n_parts)]
             asked = time.monotonic()
             try:
-                got = self.store.reader.end_offsets(tps, timeout_ms=2000)
+                got = self.store.end_offsets(tps, timeout_ms=2000)
             except KafkaError as e:
                 log.info("telemetry end offsets unknown (%s): idle reports not trusted", e)
                 return []
@@ -1732,7 +1765,7 @@ class Detector:
         self.writer.commit()
         st.out_ends = {
             (tp.topic, tp.partition): int(off)
-            for tp, off in self.store.reader.end_offsets(self._output_tps()).items()
+            for tp, off in self.store.end_offsets(self._output_tps()).items()
         }
         blob = _dumps(st)
         if len(blob) > self.store.max_bytes:  # the stream goes on; a restart re-reads more
@@ -1823,8 +1856,10 @@ class ScaleOutService:
         )
         self.store = StateStore(k, self.producer, limits[t.state])
         self.agg = Aggregator(cfg, self.n_parts, self.producer, self.store, limits)
-        self.det = Detector(cfg, topology, self.n_parts, self.producer, self.store)
+        self.det = Detector(cfg, topology, self.n_parts, self.producer, self.store, batch)
         self.stop_event = threading.Event()
+        self.detect_error: BaseException | None = None
+        self.detect_input = -float("inf")  # when the detect stage last took records
         self.subscribed = False
         self.metrics: Any = None
         if cfg.metrics_port:
@@ -1847,46 +1882,46 @@ class ScaleOutService:
         return [a.node for a in pending_approvals(self.det.db.actions())]
 
     def run(self, max_idle_s: float = 0.0) -> None:
+        """The aggregate stage in this thread and the detect stage in its own
+        (``_detect_loop``). Each blocks on its own consumer until records come: neither waits
+        out the other's poll, and a quiet instance polls ten times a second, not fifty (a
+        kafka-python poll costs about a millisecond of CPU, records or not)."""
         k = self.cfg.kafka
         if not self.subscribed:
             self.subscribe()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
         log.info("scale-out detect on %s as groups %s-agg/-detect", k.topics.telemetry, k.group_id)
+        self.detect_error = None
+        detect = threading.Thread(target=self._detect_loop, name="rocewatch-detect", daemon=True)
         last_input = time.monotonic()
-        next_commands = time.monotonic()
-        next_save = next_commands + k.commit_interval_s
+        next_metrics = time.monotonic()
+        next_save = next_metrics + k.commit_interval_s
         turn = 0
+        detect.start()
         try:
             while not self.stop_event.is_set():
                 self.producer.check()
-                # each consumer waits on its own sockets: while this instance runs the detect
-                # stage, neither may block long, or steps wait for telemetry that is not coming
-                wait = 20 if self.det.active else 100
-                n = self.agg.poll_once(wait)
-                n += self.det.poll_once(20 if n else wait)
+                n = self.agg.poll_once(POLL_MS)
                 now = time.monotonic()
-                if now >= next_commands:
-                    next_commands = now + 0.5
-                    self.det.apply_operator_commands()
-                    if self.metrics is not None:
-                        self.metrics.update_scaleout(self)
+                if self.metrics is not None and now >= next_metrics:
+                    next_metrics = now + 0.5
+                    self.metrics.update_scaleout(self)
                 if n or not self.agg.consumer.assignment():
                     last_input = now  # idle time counts from the group join, not before it
                 # a rebalance is activity: a member joining or leaving restarts the idle clock
-                last_input = max(last_input, self.agg.group_changed, self.det.group_changed)
+                last_input = max(
+                    last_input, self.agg.group_changed, self.det.group_changed, self.detect_input
+                )
                 if now >= next_save:
-                    # one piece at a time, spread over the interval: each partition's state,
-                    # then the detect stage's; every piece is still saved once per interval,
-                    # and the stream pauses for one piece instead of all of them together
-                    pieces: list[int | None] = [*sorted(self.agg.parts), None]
-                    piece = pieces[turn % len(pieces)]
+                    # one partition's state at a time, spread over the interval: each is still
+                    # saved once per interval, and the stream pauses for one piece at a time
+                    # (the detect stage saves its own, in its thread)
+                    pieces = sorted(self.agg.parts)
+                    if pieces:
+                        self.agg.checkpoint([pieces[turn % len(pieces)]])
                     turn += 1
-                    if piece is None:
-                        self.det.checkpoint()
-                    else:
-                        self.agg.checkpoint([piece])
-                    next_save = now + k.commit_interval_s / len(pieces)
+                    next_save = now + k.commit_interval_s / max(1, len(pieces))
                 # (and not before this instance's partitions are reported idle: their last
                 # steps are closed then, which a recent stall can put off by partition_idle_s)
                 quiet = now - last_input
@@ -1896,11 +1931,48 @@ class ScaleOutService:
                     and (self.agg.all_idle() or quiet >= max_idle_s + k.partition_idle_s + 5)
                 ):
                     break
+            self._stop_detect(detect)
             self.checkpoint()
             if self.metrics is not None:
                 self.metrics.update_scaleout(self)
+                self.metrics.update_detect_stage(self.det, k.topics.steps)
         finally:
+            self.stop_event.set()
+            detect.join(DETECT_JOIN_S)
             self.close()
+
+    def _detect_loop(self) -> None:
+        """The detect stage's thread: steps in, alerts and actions out, the operators'
+        commands carried out, its state saved once per commit interval. An error stops the
+        instance (``run`` raises it); the final checkpoint is ``run``'s, once this has ended."""
+        k = self.cfg.kafka
+        next_commands = time.monotonic()
+        next_save = next_commands + k.commit_interval_s
+        try:
+            while not self.stop_event.is_set():
+                if self.det.poll_once(POLL_MS if self.det.active else STANDBY_POLL_MS):
+                    self.detect_input = time.monotonic()
+                now = time.monotonic()
+                if now >= next_commands:
+                    next_commands = now + 0.5
+                    self.det.apply_operator_commands()
+                    if self.metrics is not None:
+                        self.metrics.update_detect_stage(self.det, k.topics.steps)
+                if now >= next_save:
+                    next_save = now + k.commit_interval_s
+                    self.det.checkpoint()
+        except BaseException as e:  # handed to run(), which raises it
+            self.detect_error = e
+            self.stop_event.set()
+
+    def _stop_detect(self, detect: threading.Thread) -> None:
+        """End the detect stage's thread; its error, if it stopped the instance, is raised."""
+        self.stop_event.set()
+        detect.join(DETECT_JOIN_S)
+        if self.detect_error is not None:
+            raise self.detect_error
+        if detect.is_alive():
+            raise RocewatchError(f"the detect stage did not stop within {DETECT_JOIN_S:.0f} s")
 
     def subscribe(self) -> None:
         """Join both groups once the topics' partitions are known (else the first assignment

@@ -42,9 +42,11 @@ class Stats:
         stages, is their total, not the last one's)."""
         out = cls()
         for st in stats:
-            out.counts.update(st.counts)
-            for k, d in st.detail.items():
-                out.detail.setdefault(k, Counter()).update(d)
+            # copies first (each one call, whole under the GIL): a scale-out instance's stages
+            # count in their own threads, and a dict may not grow while it is iterated
+            out.counts.update(dict(st.counts))
+            for k, d in list(st.detail.items()):
+                out.detail.setdefault(k, Counter()).update(dict(d))
         return out
 
     def as_dict(self) -> dict[str, object]:

@@ -945,6 +945,39 @@ def test_scale_out_consumer_lag_is_a_prometheus_metric(
     assert steps_lag is not None and 0 <= steps_lag <= 2 * PARTITIONS
 
 
+def test_a_holder_whose_sender_meets_the_fence_first_learns_it_was_fenced(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario
+):
+    """An instance waking from a stall mid-stream: its producer's sender meets the new
+    holder's fence before any call of the instance's own does (the first request of a new
+    transaction is refused in the background), so the next call finds the producer in an
+    error state whose exception only names the fence in its message. That is a fence, not a
+    failed transaction of unknown outcome: the stage is handed over (``Fenced``)."""
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, "sendfence", tmp_path, scenario)
+    k = cfg.kafka
+    n_parts = ensure_scaleout_topics(k)
+    shared = make_producer(k)
+    old = DetectWriter(k, shared, n_parts)
+    new = DetectWriter(k, shared, n_parts)
+    try:
+        old.start()
+        old.send(k.topics.state, key=b"detect", value=b"old state", partition=n_parts)
+        old.commit()
+        new.start()  # the takeover, while `old` sleeps
+        old.send(k.topics.alerts, key=b"x", value=b"{}")  # accepted locally, refused later
+        manager = old.producer._transaction_manager
+        deadline = time.monotonic() + 30
+        while not manager.has_error() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert manager.has_error(), "the sender never met the fence"
+        with pytest.raises(Fenced):
+            old.commit()
+    finally:
+        old.close()
+        new.close()
+        shared.close()
+
+
 def test_a_stalled_detect_stage_is_fenced_out_of_kafka_and_the_scheduler(
     kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
 ):
