@@ -103,6 +103,7 @@ def run(
     seconds: float,
     interval_s: float = 0.1,
     broker_pid: int | None = None,
+    round_: int = 0,
 ) -> dict[str, Any]:
     """Publish the recording to ``k`` fresh instances (in real time, or as fast as the producer
     goes with ``interval_s`` 0); their CPU and latencies."""
@@ -111,7 +112,7 @@ def run(
 
     from detectors.windows import WindowConfig
 
-    prefix = f"bench.so{k}.{'live' if interval_s else 'burst'}.{os.getpid()}"
+    prefix = f"bench.so{k}.{'live' if interval_s else 'burst'}.r{round_}.{os.getpid()}"
     topics = {
         n: f"{prefix}.{n}"
         for n in ("telemetry", "alerts", "actions", "dead_letter", "steps", "state")
@@ -280,8 +281,8 @@ def main() -> int:
             twos: list[dict[str, Any]] = []
             for r in range(args.rounds):
                 log(f"live round {r + 1} of {args.rounds}")
-                ones.append(run(1, *common, broker_pid=broker_pid))
-                twos.append(run(2, *common, broker_pid=broker_pid))
+                ones.append(run(1, *common, broker_pid=broker_pid, round_=r))
+                twos.append(run(2, *common, broker_pid=broker_pid, round_=r))
             one, two = pooled(ones, total), pooled(twos, total)
             # the same without pacing: both runs work through large batches, so the comparison
             # shows what splitting costs apart from how far behind one instance falls
@@ -304,7 +305,7 @@ def main() -> int:
                 "burst_one_instance_cpu_s_per_msample": round(one_b["per_msample"], 3),
                 "burst_two_instances_cpu_s_per_msample": round(two_b["per_msample"], 3),
                 "burst_efficiency": round(one_b["per_msample"] / two_b["per_msample"], 3),
-                "one_instance_samples_per_cpu_s": round(total / one["cpu_s"]),
+                "one_instance_samples_per_cpu_s": round(1e6 / one["per_msample"]),
                 "two_instances_samples_split": two["per_instance_samples"],
                 "samples": total,
                 "live_rate_samples_per_s": round(total / args.seconds),
