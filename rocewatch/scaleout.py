@@ -1884,8 +1884,8 @@ class ScaleOutService:
     def run(self, max_idle_s: float = 0.0) -> None:
         """The aggregate stage in this thread and the detect stage in its own
         (``_detect_loop``). Each blocks on its own consumer until records come: neither waits
-        out the other's poll, and a quiet instance polls ten times a second, not fifty (a
-        kafka-python poll costs about a millisecond of CPU, records or not)."""
+        out the other's poll, and a quiet instance polls each consumer ten times a second, not
+        twenty-five (a kafka-python poll costs about a millisecond of CPU, records or not)."""
         k = self.cfg.kafka
         if not self.subscribed:
             self.subscribe()
