@@ -12,7 +12,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from actions.policy import DrainPolicy
@@ -90,11 +90,19 @@ def apply_command(policy: DrainPolicy, command: str, node: str) -> tuple[str, st
     return "refused", f"unknown command {command!r}"
 
 
-def apply_pending(policy: DrainPolicy, queues: Sequence[CommandQueue]) -> int:
-    """Apply every pending command of these queues, oldest first; return how many."""
+def apply_pending(
+    policy: DrainPolicy,
+    queues: Sequence[CommandQueue],
+    accept: Callable[[str], bool] | None = None,
+) -> int:
+    """Apply every pending command of these queues, oldest first; return how many. With
+    ``accept``, only the commands about the nodes it accepts (the others are left pending:
+    a detect stage split by fabric domain leaves a node to its domain's policy)."""
     n = 0
     for q in queues:
         for c in q.commands(status="pending"):
+            if accept is not None and not accept(c["node"]):
+                continue
             status, result = apply_command(policy, c["command"], c["node"])
             q.finish_command(c["id"], status, result)
             log.warning(

@@ -24,6 +24,11 @@ withholds a drain names the refusal (``refused: <rule>`` in the action record):
     nodes out of service at once (at least one node may always be drained); a FabricIncident
     names the job, rail or fabric.
 
+A policy of one fabric domain (the scale-out detect stage split by domain: ``domain`` set)
+sees only that domain's alerts and drains, so it applies the caps to the domain's share of
+them: a share counts the job's, rail's or fabric's nodes in the domain, and
+``max_drains_per_hour`` is split over the domains by their nodes (at least one each).
+
 A refusal other than ``blast_radius`` is reconsidered on every tick while the alert fires, and
 the drain goes ahead when the rule stops withholding it (a refusal is recorded once per rule).
 
@@ -202,6 +207,7 @@ class DrainPolicy:
         config.validate()
         self.config = config
         self.topology = topology
+        self.domain: str | None = None  # set by a pipeline of one fabric domain
         self.executor: Executor = executor if executor is not None else DryRunExecutor()
         self._hold = int(config.hold_down_s * S)
         self._cands: dict[str, _Candidate] = {}
@@ -412,8 +418,9 @@ class DrainPolicy:
                     return "job_cooldown", why, ""
         sched = self.topology.scheduler_of(c.node)
         recent = sum(1 for t, s in self._drain_log if s == sched and t > now - HOUR)
-        if recent >= cfg.max_drains_per_hour:
-            why = f"{recent} {sched} drains in the last hour (limit {cfg.max_drains_per_hour})"
+        limit = self._hourly_limit()
+        if recent >= limit:
+            why = f"{recent} {sched} drains in the last hour (limit {limit}{self._where()})"
             return "max_drains_per_hour", why, ""
         for j in jobs:
             members = set(self.topology.jobs[j].nodes)
@@ -431,7 +438,24 @@ class DrainPolicy:
             return "max_fabric_share", why, "fabric"
         return "", "", ""
 
+    def _hourly_limit(self) -> int:
+        """``max_drains_per_hour``, or a domain's part of it (by its share of the nodes)."""
+        limit = self.config.max_drains_per_hour
+        domain = getattr(self, "domain", None)
+        if domain is None or limit == 0 or not self.topology.nodes:
+            return limit
+        mine = sum(1 for n in self.topology.nodes if self.topology.domain_of(n) == domain)
+        return max(1, math.floor(limit * mine / len(self.topology.nodes)))
+
+    def _where(self) -> str:
+        domain = getattr(self, "domain", None)
+        return "" if domain is None else f" in domain {domain!r}"
+
     def _share_exceeded(self, what: str, members: set[str], share: float) -> str:
+        domain = getattr(self, "domain", None)
+        if domain is not None:  # this domain's part of the job, rail or fabric
+            members = {n for n in members if self.topology.domain_of(n) == domain}
+            what += self._where()
         held = sorted(n for n in self._nodes if n in members)
         allowed = max(1, math.floor(share * len(members) + 1e-9))
         if len(held) + 1 <= allowed:
@@ -639,8 +663,12 @@ class DrainPolicy:
             for k, rule in sorted(inc.members.items())
             if (m := self._cands.get(k))
         )
+        labels = {"alertname": "FabricIncident", "severity": "critical", "scope": inc.scope}
+        domain = getattr(self, "domain", None)
+        if domain is not None:  # one policy per fabric domain (the sharded detect stage)
+            labels["domain"] = domain
         return Alert(
-            labels={"alertname": "FabricIncident", "severity": "critical", "scope": inc.scope},
+            labels=labels,
             annotations={
                 "summary": f"{len(nodes)} nodes faulted at once in {inc.scope}: drains withheld",
                 "description": "; ".join(inc.why[r] for r in sorted(inc.why)),

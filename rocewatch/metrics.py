@@ -166,7 +166,7 @@ class ServiceMetrics:
         from kafka.structs import TopicPartition
 
         agg, det = svc.agg, svc.det
-        self._count(agg.samples, agg.stats, det.stats, det.holds)
+        self._count(agg.samples, agg.stats, *det.all_stats())
         self.lag.clear()
         total = 0
         topic = svc.cfg.kafka.topics.telemetry
@@ -177,25 +177,30 @@ class ServiceMetrics:
                 total += max(0, hw - part.offset)
         self.lag_total.set(total)
 
-    def update_detect_stage(self, det: Any, steps_topic: str) -> None:
-        """Refresh from a scale-out Detector, in its own thread: its lag on the steps topic and
-        the detectors' figures while this instance runs the detect stage."""
-        from kafka.structs import TopicPartition
-
-        st = det.state
-        if st is None or not det.active:
+    def update_detect_stage(self, stage: Any) -> None:
+        """Refresh from a scale-out DetectStage, in its own thread: the lag on the steps
+        partitions (fabric domains) this instance evaluates and their detectors' figures,
+        summed over them (-1 and 0 while it evaluates none)."""
+        held = [d for d in stage.shards if d.active and d.state is not None]
+        if not held:
             self.steps_lag.set(-1)
             self.firing.set(0)
             return
-        hw = det.consumer.highwater(TopicPartition(steps_topic, 0))
-        self.steps_lag.set(max(0, hw - st.offset) if hw is not None else 0)
-        pipe = st.pipeline
-        spent = pipe.detector_seconds - self._detector_seen
+        lag = 0
+        seconds = 0.0
+        firing = 0
+        for det in held:
+            hw = det.consumer.highwater(det.tp)
+            lag += max(0, hw - det.state.offset) if hw is not None else 0
+            seconds += det.state.pipeline.detector_seconds
+            firing += len(det.state.pipeline.lifecycle.firing)
+        self.steps_lag.set(lag)
+        spent = seconds - self._detector_seen
         if spent > 0:
             self.batch_s.observe(spent)
-        self._detector_seen = pipe.detector_seconds
-        self.detector_s.set(pipe.detector_seconds)
-        self.firing.set(len(pipe.lifecycle.firing))
+        self._detector_seen = seconds
+        self.detector_s.set(seconds)
+        self.firing.set(firing)
 
     def update_sink(self, sink: Any) -> None:
         """Refresh from an EventSink: rows written by kind, events held while the database is

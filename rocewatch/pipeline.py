@@ -6,6 +6,7 @@ and in how they move the watermark; what happens to the samples is this file.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ import polars as pl
 
 from actions.executors import DryRunExecutor, Executor
 from actions.policy import DrainPolicy
-from detectors.base import Detector, StepContext
+from detectors.base import Detector, Finding, StepContext
 from detectors.lifecycle import AlertLifecycle
 from detectors.rates import series_ids
 from detectors.registry import build_detectors
@@ -163,9 +164,16 @@ class Pipeline:
         stats: Stats | None = None,
         rollup_s: int | None = 10,
         retain: bool = True,
+        domain: str | None = None,
     ) -> None:
         """``retain=False`` (the long-running service) keeps no list of past alerts and actions:
-        they are emitted once and stored; replay and the demo retain them for their output."""
+        they are emitted once and stored; replay and the demo retain them for their output.
+
+        ``domain`` (the scale-out detect stage of a fabric split into domains): the steps hold
+        this domain's devices and the cable ends facing it from other domains, so findings
+        about a device of another domain are left to that domain's pipeline, and findings
+        about no device (a scope such as a rail or the fabric) carry a ``domain`` label.
+        """
         self.config = config or Config()
         self.topology = topology
         self.stats = stats or Stats()
@@ -184,6 +192,8 @@ class Pipeline:
         self.retain = retain
         self.lifecycle = AlertLifecycle(self.config.lifecycle, retain=retain)
         self.policy = DrainPolicy(self.config.policy, topology, executor or DryRunExecutor())
+        self.domain = domain
+        self.policy.domain = domain
         self.actions: list[Action] = []
         self.rollups: Rollups | None = None
         self.rollups_coarse: Rollups | None = None
@@ -233,8 +243,12 @@ class Pipeline:
                 self.engine, self.topology, step.start, step.end, firing=self._firing_labels
             )
             events: list[Alert] = []
+            domain = getattr(self, "domain", None)  # (None in a pipeline pickled before it)
             for det in self.detectors:
-                events += self.lifecycle.update(det.name, step.end, det.evaluate(ctx))
+                found = det.evaluate(ctx)
+                if domain is not None:
+                    found = self._in_domain(domain, found)
+                events += self.lifecycle.update(det.name, step.end, found)
             for ev in events:
                 self.policy.on_alert(ev, step.end)
             actions, incidents = self.policy.tick(step.end)
@@ -258,6 +272,18 @@ class Pipeline:
         out.steps = len(steps)
         self.detector_seconds += time.process_time() - t0
         return out
+
+    def _in_domain(self, domain: str, found: list[Finding]) -> list[Finding]:
+        """The findings this domain's pipeline speaks for: about a switch (its ``switch``
+        label) or a node of the domain, or about no device (then labelled with the domain)."""
+        mine = []
+        for f in found:
+            device = f.labels.get("switch") or f.labels.get("node")
+            if device is None:
+                mine.append(dataclasses.replace(f, labels={**f.labels, "domain": domain}))
+            elif self.topology.domain_of(device) == domain:
+                mine.append(f)
+        return mine
 
     def operator_tick(self) -> Output:
         """Let the policy act at once on an operator's command, without waiting for telemetry."""

@@ -53,7 +53,13 @@ import numpy as np
 import orjson
 import polars as pl
 from kafka import ConsumerRebalanceListener, KafkaConsumer
-from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
+from kafka.admin import (
+    ConfigResource,
+    ConfigResourceType,
+    KafkaAdminClient,
+    NewPartitions,
+    NewTopic,
+)
 from kafka.errors import (
     InvalidProducerEpochError,
     KafkaError,
@@ -182,8 +188,10 @@ def record_limits(k: KafkaConfig, topics: list[str]) -> dict[str, int]:
         admin.close()
 
 
-def ensure_scaleout_topics(k: KafkaConfig) -> int:
-    """Create the telemetry, output, steps and state topics; return the telemetry partitions."""
+def ensure_scaleout_topics(k: KafkaConfig, domains: int = 1) -> int:
+    """Create the telemetry, output, steps and state topics; return the telemetry partitions.
+    The steps topic has a partition per fabric domain (one more domain in the topology: one
+    more partition, added here)."""
     ensure_topics(k)
     try:
         admin = KafkaAdminClient(**k.client_kwargs(), request_timeout_ms=30000)
@@ -210,10 +218,21 @@ def ensure_scaleout_topics(k: KafkaConfig) -> int:
         have_state = count(k.topics.state)
         big = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
         want = [rollups_topic(k)] if k.topics.rollups not in existing else []
+        have_steps = count(k.topics.steps)
         if k.topics.steps not in existing:
             want.append(
-                NewTopic(k.topics.steps, 1, 1, topic_configs={**big, "retention.ms": "86400000"})
+                NewTopic(
+                    k.topics.steps, domains, 1, topic_configs={**big, "retention.ms": "86400000"}
+                )
             )
+        elif have_steps < domains:
+            log.warning(
+                "steps topic %s has %d partitions: adding up to %d, one per fabric domain",
+                k.topics.steps,
+                have_steps,
+                domains,
+            )
+            admin.create_partitions({k.topics.steps: NewPartitions(domains)})
         if have_state == 0:
             want.append(
                 NewTopic(
@@ -295,7 +314,8 @@ class CodedRows:
         cols = []
         for c, vals in zip(SERIES_KEY, self.values, strict=True):
             codes = self.frame.get_column(c)
-            if codes.len() and int(codes.max()) >= len(vals):  # type: ignore[arg-type]
+            top = codes.max()  # (None: every code null, as a column of null keys gives)
+            if top is not None and int(top) >= len(vals):  # type: ignore[arg-type]
                 raise BadInput(f"steps rows: {c} code past its table of {len(vals)}")
             cols.append(pl.Series(c, vals, dtype=pl.String).gather(codes))
         return self.frame.with_columns(cols)
@@ -343,6 +363,73 @@ def code_rows(rows: pl.DataFrame) -> CodedRows:
         values.append(col.drop_nulls().unique().sort().to_list())
         cols.append((col.rank("dense") - 1).cast(pl.UInt32).alias(c))
     return CodedRows(rows.with_columns(cols), values)
+
+
+class DomainRoutes:
+    """Where stage 1 sends each steps row: one steps partition per fabric domain
+    (``Topology.domains``, in sorted order), each evaluated by its own detect stage.
+
+    A row goes to its device's domain and, for a cable end whose other end is in another
+    domain, to that domain too: the pause graph (PFCStorm's origin) and a cable's two ends
+    (FlakyLink) are judged there with both sides, and each domain's pipeline speaks only for
+    its own devices (``Pipeline(domain=...)``). A device the topology does not know goes to
+    the domain '' if there is one, else to the first. The forest's window values are per
+    entity: they go to the entity's domain only."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.names: list[str] = list(topology.domains)
+        self.index = {d: i for i, d in enumerate(self.names)}
+        self.default = self.index[topology.domain_of("\0")]  # where unknown devices go
+        self.owner = {dev: self.index[d] for dev, d in topology.domain.items()}
+        halo: dict[tuple[str, str], tuple[int, ...]] = {}
+        for key, doms in topology.cross_domain_ends().items():
+            halo[key] = tuple(sorted(self.index[d] for d in doms))
+        self.halo = halo
+        self.halo_devices = {dev for dev, _ in halo}
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    def of(self, device: str | None) -> int:
+        """The steps partition of a device's domain."""
+        return self.default if device is None else self.owner.get(device, self.default)
+
+    def split(self, rows: CodedRows | None) -> list[CodedRows | None]:
+        """The rows of each domain, in their order (a subset of the canonical order keeps it)."""
+        if rows is None or rows.height == 0 or self.n == 1:
+            return [rows] + [None] * (self.n - 1)
+        devices, ports = rows.values[0], [*rows.values[1], None]
+        # (a null code, from a null key string, is the code past the table: no device)
+        owner = np.array([self.of(d) for d in [*devices, None]], dtype=np.int32)
+        frame = rows.frame
+        dev = frame.get_column("device").fill_null(len(devices)).to_numpy().astype(np.int64)
+        mine = owner[dev]
+        masks = [mine == k for k in range(self.n)]
+        edge = np.array([d in self.halo_devices for d in [*devices, None]], dtype=bool)
+        at = np.flatnonzero(edge[dev]) if edge.any() else np.empty(0, dtype=np.int64)
+        if len(at):
+            port = frame.get_column("port").fill_null(len(ports) - 1).to_numpy()[at]
+            pairs = dev[at] * len(ports) + port.astype(np.int64)
+            uniq, inv = np.unique(pairs, return_inverse=True)
+            for j, u in enumerate(uniq.tolist()):
+                key = (devices[u // len(ports)], ports[u % len(ports)])
+                for k in self.halo.get(key, ()):  # type: ignore[arg-type]
+                    masks[k][at[inv == j]] = True
+        out: list[CodedRows | None] = []
+        for m in masks:
+            out.append(CodedRows(rows.frame.filter(pl.Series(m)), rows.values) if m.any() else None)
+        return out
+
+    def split_forest(self, frame: pl.DataFrame | None) -> list[pl.DataFrame | None]:
+        if frame is None or self.n == 1:
+            return [frame] + [None] * (self.n - 1)
+        shard = np.array([self.of(d) for d in frame.get_column("device").to_list()])
+        out: list[pl.DataFrame | None] = []
+        for k in range(self.n):
+            m = shard == k
+            out.append(frame.filter(pl.Series(m)) if m.any() else None)
+        return out
 
 
 @dataclass
@@ -716,14 +803,21 @@ class DetectWriter:
     """
 
     def __init__(
-        self, k: KafkaConfig, shared: Any, state_partition: int, batch_size: int = 1 << 20
+        self,
+        k: KafkaConfig,
+        shared: Any,
+        state_partition: int,
+        batch_size: int = 1 << 20,
+        suffix: str = "",
     ) -> None:
         self.k = k
         self.shared = shared
         self.batch_size = batch_size  # the shared producer's: sized to the topics' limits
         self.state_partition = state_partition
         self.fenced = k.fence_detect
-        self.transactional_id = f"{k.group_id}-detect"
+        # (``suffix``: a fabric domain's own, "@<domain>", when the stage is split by domain)
+        self.transactional_id = f"{k.group_id}-detect{suffix}"
+        self.fence_key = f"fence{suffix}".encode()
         self.producer: Any = None if self.fenced else shared
         self.open = False
         self.commits = 0
@@ -794,7 +888,9 @@ class DetectWriter:
         if not self.fenced:
             return
         value = orjson.dumps({"pid": os.getpid(), "host": os.uname().nodename, "ts": time.time()})
-        self.send(self.k.topics.state, key=b"fence", value=value, partition=self.state_partition)
+        self.send(
+            self.k.topics.state, key=self.fence_key, value=value, partition=self.state_partition
+        )
         self.commit()
 
     def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
@@ -918,12 +1014,14 @@ class Aggregator:
         producer: Any,
         store: StateStore,
         limits: dict[str, int],
+        routes: DomainRoutes | None = None,
     ) -> None:
         self.cfg = cfg
         self.k = cfg.kafka
         self.n_parts = n_parts
         self.producer = producer
         self.store = store
+        self.routes = routes  # None: one domain, every row to steps partition 0
         # the isolation forest's window values are made here (one row per entity and window),
         # so the steps carry only what the other detectors read (rollups cover the rest)
         self.forest_s = forest_window_s(cfg)
@@ -1158,6 +1256,30 @@ class Aggregator:
         if offset is None:  # nothing read: the partition's end as the fetcher last saw it
             hw = self.consumer.highwater(TopicPartition(self.k.topics.telemetry, p))
             offset = -1 if hw is None else int(hw)
+        if self.routes is None or self.routes.n == 1:
+            self._send_steps(p, 0, rows, forest, closed_from, to, idle, sent, offset, step_ns)
+            return
+        # every domain hears of every close (its watermark waits for every partition), with
+        # its own rows
+        for k, (mine, trees) in enumerate(
+            zip(self.routes.split(rows), self.routes.split_forest(forest), strict=True)
+        ):
+            self._send_steps(p, k, mine, trees, closed_from, to, idle, sent, offset, step_ns)
+
+    def _send_steps(
+        self,
+        p: int,
+        shard: int,
+        rows: CodedRows | None,
+        forest: pl.DataFrame | None,
+        closed_from: int | None,
+        to: int | None,
+        idle: bool,
+        sent: list[int],
+        offset: int,
+        step_ns: int,
+    ) -> None:
+        """One close of partition ``p`` to steps partition ``shard``."""
         # very large closes go out in several messages, each ending on a whole step
         chunks: list[tuple[CodedRows | None, int | None]] = [(rows, to)]
         if rows is not None and rows.height > ROWS_PER_STEPS_MESSAGE:
@@ -1191,7 +1313,9 @@ class Aggregator:
                 halves = self._halves(p, chunk, chunk_to, len(value), step_ns)
                 todo.extendleft(reversed(with_forest(halves, chunk_forest)))
                 continue
-            self.producer.send(self.k.topics.steps, key=str(p).encode(), value=value, partition=0)
+            self.producer.send(
+                self.k.topics.steps, key=str(p).encode(), value=value, partition=shard
+            )
             closed_from = chunk_to
 
     def _halves(
@@ -1331,7 +1455,9 @@ class DetectState:
 
 
 class Detector:
-    """Stage 2: assemble steps from every telemetry partition and run the detectors on them."""
+    """Stage 2 for one fabric domain (steps partition ``shard``): assemble its steps from
+    every telemetry partition and run the detectors on them. ``DetectStage`` holds the
+    consumer this reads through and one of these per domain."""
 
     def __init__(
         self,
@@ -1340,14 +1466,28 @@ class Detector:
         n_parts: int,
         producer: Any,
         store: StateStore,
-        batch_size: int = 1 << 20,
+        batch_size: int,
+        consumer: Any,
+        routes: DomainRoutes,
+        shard: int = 0,
+        db: Any = None,
     ) -> None:
         self.cfg = cfg
         self.k = cfg.kafka
         self.topology = topology
         self.n_parts = n_parts
         self.store = store
-        self.writer = DetectWriter(self.k, producer, n_parts, batch_size)
+        self.consumer = consumer
+        self.routes = routes
+        self.shard = shard
+        self.tp = TopicPartition(self.k.topics.steps, shard)
+        # one domain keeps the names a single detect stage always had; with several, each
+        # domain's state, transactional id and pipeline are its own
+        self.domain: str | None = routes.names[shard] if routes.n > 1 else None
+        self.name = "detect stage" if self.domain is None else f"detect stage {self.domain!r}"
+        suffix = "" if self.domain is None else f"@{self.domain}"
+        self.state_key = "detect" + suffix
+        self.writer = DetectWriter(self.k, producer, n_parts, batch_size, suffix)
         self.stats = Stats()  # the detect pipeline's (a restored stage brings its own)
         # what happened to this instance's hold on the stage (lost, fenced, taken back): its
         # own, kept across restores
@@ -1372,13 +1512,8 @@ class Detector:
         self.static_jobs = list(topology.jobs.values())
         self.live_jobs: LiveJobs | None = None
         # operators' commands (`rocewatch approve`, `undrain`) arrive in the storage database;
-        # the instance running the detect stage carries them out
-        self.db: Any = None
-        if cfg.storage_url:
-            from storage.store import Store
-
-            self.db = Store(cfg.storage_url)
-            self.db.create_schema()
+        # the instance running the node's domain's detect stage carries them out
+        self.db = db
         self.steps_evaluated = 0
         self.alerts_sent = 0
         self.actions_sent = 0
@@ -1388,18 +1523,6 @@ class Detector:
         # after a fence: when to take the stage back if the group still gives it to this
         # instance (nobody else holds it: the fence came from a transaction timeout, say)
         self.retake_at: float | None = None
-        self.consumer = KafkaConsumer(
-            **self.k.client_kwargs(),
-            group_id=self.k.group_id + "-detect",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=200,
-            fetch_max_bytes=MAX_MESSAGE_BYTES,
-            max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
-            session_timeout_ms=self.k.session_timeout_ms,
-            heartbeat_interval_ms=max(1000, self.k.session_timeout_ms // 4),
-            metadata_max_age_ms=GROUP_METADATA_MAX_AGE_MS,
-        )
 
     @property
     def step_ns(self) -> int:
@@ -1422,6 +1545,7 @@ class Detector:
                 stats=self.stats,
                 rollup_s=None,  # the scale-out path stores no metrics: no rollups to compute
                 retain=False,
+                domain=self.domain,
             )
             st = DetectState(STATE_VERSION, pipe, {}, {}, {}, None, 0, {})
             self.consumer.seek_to_beginning(tps[0])
@@ -1442,7 +1566,7 @@ class Detector:
         self.active = True
         self.started = time.monotonic()
         self.seen = {p: self.started for p in st.part_closed}
-        log.info("detect stage active (steps offset %d)", st.offset)
+        log.info("%s active (steps offset %d)", self.name, st.offset)
 
     def _feed_forest(self, pipe: Pipeline) -> None:
         """The isolation forest takes its window values from stage 1 (``FeatureFeed``): the
@@ -1462,30 +1586,30 @@ class Detector:
             det.feed_from_stage1()
 
     def _restore(self) -> DetectState | None:
-        raw = self.store.load(self.n_parts, key="detect")
+        raw = self.store.load(self.n_parts, key=self.state_key)
         if raw is None:
             return None
         try:
             st = pickle.loads(raw)
         except Exception as e:  # a foreign record: start clean, say so
-            log.error("detect state unreadable (%s); starting from the first step", e)
+            log.error("%s state unreadable (%s); starting from the first step", self.name, e)
             return None
         if not isinstance(st, DetectState) or st.version != STATE_VERSION:
-            log.error("detect state has another version; starting from the first step")
+            log.error("%s state has another version; starting from the first step", self.name)
             return None
         return st
 
     def revoked(self, tps: list[TopicPartition]) -> None:
         if self.active and tps and not self.closing:
             self.checkpoint(commit=False)
-            self._drop("detect stage handed over")
+            self._drop(f"{self.name} handed over")
 
     def lost(self, tps: list[TopicPartition]) -> None:
         """Evicted from the group (a stall past the session timeout): another instance may
         hold the stage already, so nothing is written; it resumes from the last checkpoint."""
         if self.active and tps and not self.closing:
             self.holds.inc("detect_stage_lost")
-            self._drop("detect stage lost (evicted from the group); its unsaved state is dropped")
+            self._drop(f"{self.name} lost (evicted from the group); its unsaved state is dropped")
 
     def _drop(self, why: str) -> None:
         self.active = False
@@ -1498,7 +1622,7 @@ class Detector:
     def _fenced(self, e: Fenced) -> None:
         self.holds.inc("detect_stage_fenced")
         log.warning("%s: this instance's unsaved detect state is dropped", e)
-        self._drop("detect stage handed over (fenced)")
+        self._drop(f"{self.name} handed over (fenced)")
         self._retake_later()
 
     def _retake_later(self) -> None:
@@ -1511,7 +1635,7 @@ class Detector:
         if self.retake_at is None or time.monotonic() < self.retake_at:
             return
         self.retake_at = None
-        tps = [tp for tp in self.consumer.assignment() if tp.topic == self.k.topics.steps]
+        tps = [tp for tp in self.consumer.assignment() if tp == self.tp]
         if tps:
             self.holds.inc("detect_stage_retaken")
             log.warning(
@@ -1534,8 +1658,8 @@ class Detector:
             # back at once would fence a rightful new holder, so the stage waits for the
             # group, as after a fence, and starts again from its checkpoint if still assigned.
             self.holds.inc("detect_transaction_failed")
-            log.error("%s: the detect stage starts again from its checkpoint", e)
-            self._drop("detect stage stopped (transaction failed)")
+            log.error("%s: the %s starts again from its checkpoint", e, self.name)
+            self._drop(f"{self.name} stopped (transaction failed)")
             self._retake_later()
         return None
 
@@ -1558,20 +1682,21 @@ class Detector:
         )
 
     # --- the loop --------------------------------------------------------------------------------
-    def poll_once(self, timeout_ms: int) -> int:
-        return int(self._guarded(self._poll_once, timeout_ms) or 0)
+    def handle(self, msgs: list[Any]) -> int:
+        """This domain's records of one poll (none: time has passed), then every step the
+        watermark now allows evaluated; how many moved a partition on."""
+        return int(self._guarded(self._handle, msgs) or 0)
 
-    def _poll_once(self, timeout_ms: int) -> int:
-        recs = poll_group(self.consumer, timeout_ms)
+    def _handle(self, msgs: list[Any]) -> int:
         st = self.state
         if st is None or not self.active:
             self._maybe_retake()
             return 0
-        if self.live_jobs is not None:  # answers are applied here, in the loop's thread
+        if self.live_jobs is not None:  # answers are applied here, in the stage's thread
             self.live_jobs.maybe_refresh()
         n = 0
         now = time.monotonic()
-        for msgs in recs.values():
+        if msgs:
             for m in msgs:
                 st.offset = m.offset + 1
                 try:
@@ -1636,7 +1761,7 @@ class Detector:
         live: list[int] = []
         # silence means "no owner" only once this stage has read everything sent so far:
         # a detect stage behind on the steps topic has simply not read the reports yet
-        hw = self.consumer.highwater(TopicPartition(self.k.topics.steps, 0))
+        hw = self.consumer.highwater(self.tp)
         behind = hw is None or st.offset < hw
         if behind:
             self.seen = {p: now for p in self.seen}
@@ -1735,7 +1860,7 @@ class Detector:
         if st is None or not self.active or self.db is None:
             return 0
         try:
-            n = apply_pending(st.pipeline.policy, [self.db])
+            n = apply_pending(st.pipeline.policy, [self.db], accept=self._owns_node)
             if n:
                 self._emit(st.pipeline.operator_tick())
                 self._checkpoint(True)
@@ -1743,6 +1868,10 @@ class Detector:
             log.warning("operator commands: %s; trying again later", e)
             return 0
         return n
+
+    def _owns_node(self, node: str) -> bool:
+        """Commands about a node go to its domain's policy."""
+        return self.domain is None or self.topology.domain_of(node) == self.domain
 
     def _emit(self, out: Output) -> None:
         if self.state is not None and out.actions:
@@ -1769,15 +1898,18 @@ class Detector:
         }
         blob = _dumps(st)
         if len(blob) > self.store.max_bytes:  # the stream goes on; a restart re-reads more
-            self.stats.inc("state_too_large", detail="detect")
+            self.stats.inc("state_too_large", detail=self.state_key)
             log.error(
-                "detect state is %d bytes, above %d: not checkpointed",
+                "%s state is %d bytes, above %d: not checkpointed",
+                self.name,
                 len(blob),
                 self.store.max_bytes,
             )
             return
-        offsets = {TopicPartition(self.k.topics.steps, 0): OffsetAndMetadata(st.offset, "", -1)}
-        fut = self.writer.send(self.store.topic, key=b"detect", value=blob, partition=self.n_parts)
+        offsets = {self.tp: OffsetAndMetadata(st.offset, "", -1)}
+        fut = self.writer.send(
+            self.store.topic, key=self.state_key.encode(), value=blob, partition=self.n_parts
+        )
         # the transaction holds only the state and the offset (the events went before it), so
         # a broker that refuses the state (a record too large for the topic, say) costs this
         # checkpoint and nothing else: it is aborted and counted, and the stream goes on
@@ -1790,13 +1922,135 @@ class Detector:
             self.store.confirm(self.n_parts, fut)
         except (TransactionFailed, KafkaError) as e:
             self.writer.abort()
-            self.stats.inc("state_write_failed", detail="detect")
-            log.error("detect state not saved (%r); the stream goes on", e)
+            self.stats.inc("state_write_failed", detail=self.state_key)
+            log.error("%s state not saved (%r); the stream goes on", self.name, e)
             return
         if not commit:
             return
         with contextlib.suppress(KafkaError):  # the state record holds the offset
             self.consumer.commit(offsets)
+
+
+class DetectStage:
+    """Stage 2 of an instance: one consumer in the detect group (``<group_id>-detect``) on the
+    steps topic, and a ``Detector`` per steps partition, that is per fabric domain. The group
+    spreads the partitions over the instances, so a fabric of several domains runs its
+    detect stage on as many cores; each domain's stage fails over on its own."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        topology: Topology,
+        n_parts: int,
+        producer: Any,
+        store: StateStore,
+        batch_size: int,
+        routes: DomainRoutes,
+    ) -> None:
+        k = cfg.kafka
+        self.routes = routes
+        self.closing = False
+        self.db: Any = None
+        if cfg.storage_url:
+            from storage.store import Store
+
+            self.db = Store(cfg.storage_url)
+            self.db.create_schema()
+        self.consumer = KafkaConsumer(
+            **k.client_kwargs(),
+            group_id=k.group_id + "-detect",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=200,
+            fetch_max_bytes=MAX_MESSAGE_BYTES,
+            max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+            session_timeout_ms=k.session_timeout_ms,
+            heartbeat_interval_ms=max(1000, k.session_timeout_ms // 4),
+            metadata_max_age_ms=GROUP_METADATA_MAX_AGE_MS,
+        )
+        self.shards = [
+            Detector(cfg, topology, n_parts, producer, store, batch_size, self.consumer, routes, i)
+            for i in range(routes.n)
+        ]
+        for det in self.shards:
+            det.db = self.db
+
+    # --- assignment ------------------------------------------------------------------------------
+    def _mine(self, tps: list[TopicPartition]) -> list[tuple[Detector, list[TopicPartition]]]:
+        # (a steps partition past the domains, from a topology that had more, is not read)
+        return [(d, [tp for tp in tps if tp == d.tp]) for d in self.shards]
+
+    def assigned(self, tps: list[TopicPartition]) -> None:
+        for det, mine in self._mine(tps):
+            det.assigned(mine)
+        if self.routes.n > 1:
+            held = sorted(d.name for d in self.shards if d.active)
+            log.info("detect stages held here: %s", ", ".join(held) or "none")
+
+    def revoked(self, tps: list[TopicPartition]) -> None:
+        for det, mine in self._mine(tps):
+            det.revoked(mine)
+
+    def lost(self, tps: list[TopicPartition]) -> None:
+        for det, mine in self._mine(tps):
+            det.lost(mine)
+
+    # --- the loop --------------------------------------------------------------------------------
+    def poll_once(self, timeout_ms: int) -> int:
+        """One poll of the steps topic; each domain takes its records (and evaluates what its
+        watermark allows, records or not)."""
+        recs = poll_group(self.consumer, timeout_ms)
+        return sum(det.handle(recs.get(det.tp, [])) for det in self.shards)
+
+    def apply_operator_commands(self) -> int:
+        return sum(det.apply_operator_commands() for det in self.shards)
+
+    def checkpoint(self, commit: bool = True) -> None:
+        for det in self.shards:
+            det.checkpoint(commit)
+
+    # --- what the service reads ------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return any(d.active for d in self.shards)
+
+    @property
+    def group_changed(self) -> float:
+        return max(d.group_changed for d in self.shards)
+
+    @property
+    def steps_evaluated(self) -> int:
+        return sum(d.steps_evaluated for d in self.shards)
+
+    @property
+    def alerts_sent(self) -> int:
+        return sum(d.alerts_sent for d in self.shards)
+
+    @property
+    def actions_sent(self) -> int:
+        return sum(d.actions_sent for d in self.shards)
+
+    def latencies(self) -> list[tuple[int, float]]:
+        return sorted(x for d in self.shards for x in d.latencies)
+
+    def all_stats(self) -> list[Stats]:
+        return [s for d in self.shards for s in (d.stats, d.holds)]
+
+    def pending_snapshot(self) -> list[str] | None:
+        """Drains waiting for approval in the domains this instance runs (None: it runs none)."""
+        snaps = [d.pending_snapshot for d in self.shards if d.pending_snapshot is not None]
+        if not snaps:
+            return None
+        return sorted({n for snap in snaps for n in snap})
+
+    def close(self) -> None:
+        self.closing = True
+        for d in self.shards:
+            d.closing = True
+
+    def close_writers(self) -> None:
+        for d in self.shards:
+            d.writer.close()
 
 
 # --- the service ------------------------------------------------------------------------------
@@ -1817,7 +2071,7 @@ class _AggListener(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 class _DetectListener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, det: Detector) -> None:
+    def __init__(self, det: DetectStage) -> None:
         self.det = det
 
     def on_partitions_lost(self, lost: Any) -> None:
@@ -1845,7 +2099,8 @@ class ScaleOutService:
             )
         self.cfg = cfg
         k = cfg.kafka
-        self.n_parts = ensure_scaleout_topics(k)
+        self.routes = DomainRoutes(topology)
+        self.n_parts = ensure_scaleout_topics(k, self.routes.n)
         t = k.topics
         limits = record_limits(k, [t.steps, t.rollups, t.state])
         # a batch of several records must fit each topic's limit too (kafka-python splits a
@@ -1855,11 +2110,16 @@ class ScaleOutService:
             make_producer(k, max_request_size=MAX_MESSAGE_BYTES, batch_size=batch)
         )
         self.store = StateStore(k, self.producer, limits[t.state])
-        self.agg = Aggregator(cfg, self.n_parts, self.producer, self.store, limits)
-        self.det = Detector(cfg, topology, self.n_parts, self.producer, self.store, batch)
+        self.agg = Aggregator(cfg, self.n_parts, self.producer, self.store, limits, self.routes)
+        self.det = DetectStage(
+            cfg, topology, self.n_parts, self.producer, self.store, batch, self.routes
+        )
         self.stop_event = threading.Event()
         self.detect_error: BaseException | None = None
         self.detect_input = -float("inf")  # when the detect stage last took records
+        # CPU seconds of each stage's thread over the last run (the summary reports them)
+        self.agg_cpu_s = 0.0
+        self.detect_cpu_s = 0.0
         self.subscribed = False
         self.metrics: Any = None
         if cfg.metrics_port:
@@ -1874,12 +2134,19 @@ class ScaleOutService:
             self.api = OperatorApi(cfg.api, self.det.db, self.det.db, pending=self.pending).start()
 
     def pending(self) -> list[str]:
-        """Drains waiting for approval: live where this instance runs the detect stage, else
-        from the actions stored in the database (the sink stores them)."""
-        snap = self.det.pending_snapshot
-        if snap is not None:
-            return list(snap)
-        return [a.node for a in pending_approvals(self.det.db.actions())]
+        """Drains waiting for approval: live for the domains whose detect stage this
+        instance runs, else from the actions stored in the database (the sink stores them)."""
+        snap = self.det.pending_snapshot()
+        if snap is not None and all(d.active for d in self.det.shards):
+            return snap
+        held = {d.domain for d in self.det.shards if d.active}
+        topo = self.det.shards[0].topology
+        stored = [
+            a.node
+            for a in pending_approvals(self.det.db.actions())
+            if snap is None or topo.domain_of(a.node) not in held
+        ]
+        return sorted(set(stored) | set(snap or []))
 
     def run(self, max_idle_s: float = 0.0) -> None:
         """The aggregate stage in this thread and the detect stage in its own
@@ -1898,6 +2165,7 @@ class ScaleOutService:
         next_metrics = time.monotonic()
         next_save = next_metrics + k.commit_interval_s
         turn = 0
+        cpu0 = time.thread_time()
         detect.start()
         try:
             while not self.stop_event.is_set():
@@ -1932,10 +2200,11 @@ class ScaleOutService:
                 ):
                     break
             self._stop_detect(detect)
+            self.agg_cpu_s = time.thread_time() - cpu0
             self.checkpoint()
             if self.metrics is not None:
                 self.metrics.update_scaleout(self)
-                self.metrics.update_detect_stage(self.det, k.topics.steps)
+                self.metrics.update_detect_stage(self.det)
         finally:
             self.stop_event.set()
             detect.join(DETECT_JOIN_S)
@@ -1948,6 +2217,7 @@ class ScaleOutService:
         k = self.cfg.kafka
         next_commands = time.monotonic()
         next_save = next_commands + k.commit_interval_s
+        cpu0 = time.thread_time()
         try:
             while not self.stop_event.is_set():
                 if self.det.poll_once(POLL_MS if self.det.active else STANDBY_POLL_MS):
@@ -1957,13 +2227,15 @@ class ScaleOutService:
                     next_commands = now + 0.5
                     self.det.apply_operator_commands()
                     if self.metrics is not None:
-                        self.metrics.update_detect_stage(self.det, k.topics.steps)
+                        self.metrics.update_detect_stage(self.det)
                 if now >= next_save:
                     next_save = now + k.commit_interval_s
                     self.det.checkpoint()
         except BaseException as e:  # handed to run(), which raises it
             self.detect_error = e
             self.stop_event.set()
+        finally:
+            self.detect_cpu_s = time.thread_time() - cpu0
 
     def _stop_detect(self, detect: threading.Thread) -> None:
         """End the detect stage's thread; its error, if it stopped the instance, is raised."""
@@ -1991,20 +2263,26 @@ class ScaleOutService:
         log.debug("reclaimed %d objects in %.0f ms", freed, ms)
 
     def summary(self) -> dict[str, Any]:
-        lat = sorted(self.det.latencies)
+        lat = self.det.latencies()
         return {
             "pid": os.getpid(),
             "samples": self.agg.samples,
             "steps_evaluated": self.det.steps_evaluated,
             "alerts_sent": self.det.alerts_sent,
             "actions_sent": self.det.actions_sent,
+            # CPU seconds of the aggregate stage's thread and the detect stage's (the Kafka
+            # clients' own threads are in neither), and the fabric domains evaluated here
+            "agg_cpu_s": round(self.agg_cpu_s, 3),
+            "detect_cpu_s": round(self.detect_cpu_s, 3),
+            "domains_held": sorted((d.domain or "") for d in self.det.shards if d.steps_evaluated),
             "latencies": lat,  # [CreateTime ns, seconds to evaluation], by CreateTime
-            "stats": Stats.merged(self.agg.stats, self.det.stats, self.det.holds).as_dict(),
+            "stats": Stats.merged(self.agg.stats, *self.det.all_stats()).as_dict(),
         }
 
     def close(self) -> None:
         # the final checkpoint is done: leaving the groups must not write state again
-        self.agg.closing = self.det.closing = True
+        self.agg.closing = True
+        self.det.close()
         if self.metrics is not None:
             self.metrics.close()
         if self.api is not None:
@@ -2017,7 +2295,7 @@ class ScaleOutService:
                 self.agg.consumer.close(autocommit=False)
                 self.det.consumer.close(autocommit=False)
             finally:
-                self.det.writer.close()
+                self.det.close_writers()
                 self.producer.finish()
                 self.store.close()
                 if self.det.db is not None:

@@ -52,6 +52,7 @@ class Switch:
     int_ports: dict[int, str] = field(default_factory=dict)
     int_cell_bytes: int = 1
     buffer_bytes: int | None = None
+    domain: str | None = None  # the fabric domain (pod, scalable unit) it belongs to
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class Node:
     name: str
     scheduler: str
     nics: tuple[Nic, ...]
+    domain: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ class Topology:
                     self._peer[end] = nic.switch_port
         self.by_address = {s.address: s.name for s in switches if s.address}
         self.by_int_node_id = {s.int_node_id: s.name for s in switches if s.int_node_id is not None}
+        self.domains, self.domain = _domains(switches, nodes)
         self.node_jobs: dict[str, list[str]] = {}
         self.jobs_version = 0  # bumped by set_jobs, so detectors know to regroup peers
         for j in jobs:
@@ -142,6 +145,37 @@ class Topology:
         if host in self.switches:
             return host
         return self.by_address.get(host)
+
+    def domain_of(self, device: str) -> str:
+        """The fabric domain of a switch or node ('' for a device of none). A device the
+        topology does not know is in the domain '' if there is one, else in the first."""
+        # (a topology pickled in a checkpoint before domains existed has no map: all in '')
+        found = getattr(self, "domain", {}).get(device)
+        if found is not None:
+            return str(found)
+        domains = getattr(self, "domains", [""])
+        return "" if "" in domains else domains[0]
+
+    def cross_domain_ends(self) -> dict[tuple[str, str], set[str]]:
+        """(device, port) of every cable end whose other end is in another domain -> the
+        domains of its other ends. A NIC end is listed under its RDMA device and its netdev
+        (NIC telemetry names either)."""
+        out: dict[tuple[str, str], set[str]] = {}
+        for a, b in self.links:
+            da, db = self.domain_of(a.switch), self.domain_of(b.switch)
+            if da != db:
+                out.setdefault((a.switch, a.port), set()).add(db)
+                out.setdefault((b.switch, b.port), set()).add(da)
+        for (node, _), nic in self.nics.items():
+            sp = nic.switch_port
+            if sp is None:
+                continue
+            dn, ds = self.domain_of(node), self.domain_of(sp.switch)
+            if dn != ds:
+                for port in {nic.nic, nic.netdev} - {None}:
+                    out.setdefault((node, str(port)), set()).add(ds)
+                out.setdefault((sp.switch, sp.port), set()).add(dn)
+        return out
 
     def nic_rail(self, node: str, nic: str) -> int | None:
         n = self.nics.get((node, nic))
@@ -221,6 +255,7 @@ class Topology:
                     int_ports=int_ports,
                     int_cell_bytes=int(s.get("int_cell_bytes", 1)),
                     buffer_bytes=_opt_int(s.get("buffer_bytes")),
+                    domain=_opt_str(s.get("domain")),
                 )
             except (TypeError, ValueError, AttributeError) as e:
                 problems.append(f"{where} ({name}): bad value: {e}")
@@ -299,7 +334,7 @@ class Topology:
                     )
                 except (TypeError, ValueError) as e:
                     problems.append(f"{w}: bad value: {e}")
-            nodes.append(Node(name, sched, tuple(nics)))
+            nodes.append(Node(name, sched, tuple(nics), _opt_str(n.get("domain"))))
 
         jobs: list[Job] = []
         for i, j in enumerate(_list(doc, "jobs", problems)):
@@ -336,7 +371,7 @@ class Topology:
         sw = []
         for s in self.switches.values():
             d: dict[str, Any] = {"name": s.name, "role": s.role}
-            for k in ("rail", "address", "int_node_id", "buffer_bytes"):
+            for k in ("rail", "address", "int_node_id", "buffer_bytes", "domain"):
                 if getattr(s, k) is not None:
                     d[k] = getattr(s, k)
             if s.int_ports:
@@ -358,7 +393,10 @@ class Topology:
                 if c.switch_port:
                     cd["switch_port"] = str(c.switch_port)
                 nics.append(cd)
-            nodes.append({"name": n.name, "scheduler": n.scheduler, "nics": nics})
+            nd: dict[str, Any] = {"name": n.name, "scheduler": n.scheduler, "nics": nics}
+            if getattr(n, "domain", None) is not None:
+                nd["domain"] = n.domain
+            nodes.append(nd)
         out: dict[str, Any] = {"fabric": self.fabric, "switches": sw}
         if self.links:
             out["links"] = [{"a": str(a), "b": str(b)} for a, b in self.links]
@@ -392,3 +430,27 @@ def _list(doc: dict[str, Any], key: str, problems: list[str]) -> list[Any]:
 
 def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
+
+
+def _opt_str(v: Any) -> str | None:
+    return None if v is None or v == "" else str(v)
+
+
+def _domains(switches: list[Switch], nodes: list[Node]) -> tuple[list[str], dict[str, str]]:
+    """(the fabric's domains in sorted order, device -> its domain).
+
+    A switch's domain is its ``domain`` key; a node's is its own, else that of the switch its
+    first cabled NIC plugs into. A device with none is in the domain ''. A fabric where no
+    device names a domain is one domain, ''. Domains let the scale-out detect stage run on
+    more than one core: each domain's steps are evaluated on their own.
+    """
+    of: dict[str, str] = {}
+    for sw in switches:
+        of[sw.name] = sw.domain or ""
+    for n in nodes:
+        d = n.domain
+        if d is None:
+            cabled = [c.switch_port.switch for c in n.nics if c.switch_port is not None]
+            d = of.get(cabled[0], "") if cabled else ""
+        of[n.name] = d
+    return sorted(set(of.values()) or {""}), of

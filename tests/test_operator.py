@@ -378,14 +378,15 @@ def test_scale_out_detect_stage_carries_out_cli_and_api_commands(
     while not svc.det.active and time.monotonic() < deadline:
         svc.agg.poll_once(100)
         svc.det.poll_once(100)
-    assert svc.det.active and svc.det.state is not None
-    policy = svc.det.state.pipeline.policy
+    (det,) = svc.det.shards  # one fabric domain
+    assert det.active and det.state is not None
+    policy = det.state.pipeline.policy
     ex = Recorder()
     policy.executor = ex
     policy.on_alert(storm("gpu-02", T0), T0)  # as if the detectors had just raised it
-    svc.det._emit(svc.det.state.pipeline.operator_tick())
+    det._emit(det.state.pipeline.operator_tick())
     acts, _ = policy.tick(T0 + 3 * S)
-    svc.det._emit(Output(actions=acts))
+    det._emit(Output(actions=acts))
     assert policy.pending() == ["gpu-02"] and ex.calls == []
     assert svc.api is not None
     assert call(svc.api, None, "GET", "/api/v1/pending") == (200, {"nodes": ["gpu-02"]})

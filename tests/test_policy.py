@@ -630,3 +630,28 @@ def test_slurm_executor_against_slurmctld() -> None:
         assert show(ours)[0] is False
     finally:
         update(f"NodeName={theirs}", "State=RESUME")
+
+
+def test_a_domains_policy_caps_its_share_of_the_rail_and_of_the_hourly_drains() -> None:
+    """The detect stage split by fabric domain runs a policy per domain: each sees only its own
+    domain's drains, so it holds its own nodes to the caps (half the nodes: half the room)."""
+    doc = topology().to_dict()
+    for i, n in enumerate(doc["nodes"]):
+        n["domain"] = "pod-a" if i < N_NODES // 2 else "pod-b"
+    topo = Topology.from_dict(doc)
+    p = DrainPolicy(PolicyConfig(), topo)
+    p.domain = "pod-a"
+    for k, node in enumerate(["gpu-00", "gpu-01"]):
+        p.on_alert(storm(node, T0 + k * 10 * S), T0 + k * 10 * S)
+    acts, incs = run(p, T0, T0 + 30 * S, step=S)
+    # 10 % of the fabric's 20 nodes on rail 0 would allow 2; pod-a holds 10 of them: 1
+    assert [(a.node, a.outcome) for a in acts] == [
+        ("gpu-00", "dry-run"),
+        ("gpu-01", "refused: max_rail_share"),
+    ]
+    assert "rail 0 in domain 'pod-a' already has 1 of 10 nodes out (gpu-00)" in acts[1].reason
+    # its incident is its domain's: the other domain's policy may raise one of the same scope
+    assert [(i.labels["scope"], i.labels["domain"]) for i in incs] == [("rail:0", "pod-a")]
+    assert p._hourly_limit() == PolicyConfig().max_drains_per_hour // 2
+    p.domain = None  # the whole fabric (one detect stage): the caps as configured
+    assert p._hourly_limit() == PolicyConfig().max_drains_per_hour

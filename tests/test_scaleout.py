@@ -45,6 +45,7 @@ from rocewatch.scaleout import (
     record_limits,
 )
 from rocewatch.sim import write_scenario
+from rocewatch.sim.faults import FlakyLink
 from rocewatch.sim.scenarios import default_scenario
 from tests.notify_receiver import free_port
 from tests.test_kafka_pipeline import comparable, read_topic, sorted_actions
@@ -238,7 +239,7 @@ def test_idle_report_stops_counting_once_records_arrive(
     svc = ScaleOutService(cfg)
     producer = KafkaProducer(bootstrap_servers=[kafka_bootstrap])
     try:
-        det = svc.det
+        (det,) = svc.det.shards  # one fabric domain
         steps_tp = TopicPartition(cfg.kafka.topics.steps, 0)
         det.consumer.assign([steps_tp])
         det.assigned([steps_tp])
@@ -368,6 +369,102 @@ def test_two_instances_produce_what_one_produces(
     assert len(summaries) == 2
     assert all(s["samples"] > 0 for s in summaries), [s["samples"] for s in summaries]
     assert sum(s["samples"] for s in summaries) >= n
+
+
+@pytest.fixture(scope="module")
+def pod_scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The scenario on a fabric of two pods of four nodes, each pod a domain (its leaves and
+    nodes), the spines in none: the storm starts in pod-1 and crosses the spines, and a
+    flaky cable joins a pod-1 leaf to a spine (judged from both ends, one in each domain:
+    without the ends facing a domain in its steps, the spine's end raises an alert of its
+    own, which replay does not)."""
+    d = tmp_path_factory.mktemp("pods")
+    base = default_scenario(nodes=8, duration_s=30.0, seed=3)
+    uplink = FlakyLink(
+        onset_s=20.0, duration_s=8.0, uplink=True, switch="leaf-r5-p1", spine="spine-2"
+    )
+    cfg = dataclasses.replace(
+        base, nodes_per_leaf=4, pod_domains=True, faults=(*base.faults, uplink)
+    )
+    write_scenario(cfg, d)
+    return d
+
+
+def domains_held(inst: Instance) -> list[str] | None:
+    found = re.findall(r"detect stages held here: (.*)", inst.text())
+    if not found:
+        return None
+    return [] if found[-1] == "none" else re.findall(r"'([^']*)'", found[-1])
+
+
+def rule_alerts(alerts: list[dict]) -> dict[tuple[str, str], tuple]:
+    """Final states of every alert but the FabricIncidents (their scopes are per domain)."""
+    return {k: v for k, v in comparable(alerts).items() if v[2] != "FabricIncident"}
+
+
+def test_a_fabric_of_domains_runs_its_detect_stage_on_both_instances(
+    kafka_bootstrap, kafka_topics, tmp_path, pod_scenario
+):
+    """Split into domains, the detect stage runs as one stage per domain, spread over the
+    instances. A domain's alerts do not depend on who evaluates it, and each domain speaks
+    only for its own devices, judging the cable ends facing it with both sides: the storm
+    that crosses domains has the origin and victims replay finds, and nothing is doubled."""
+    expected = replay(pod_scenario, tmp_path / "replay")
+    one = so_cfg(kafka_bootstrap, kafka_topics, "dom1", tmp_path, pod_scenario)
+    kafka_topics.create("dom1.telemetry", partitions=PARTITIONS)
+    n = publish_scenario(pod_scenario, one)
+    svc = ScaleOutService(one)
+    assert [d.domain for d in svc.det.shards] == ["", "pod-0", "pod-1"]
+    svc.run(max_idle_s=4.0)
+    alerts1, actions1 = outputs(kafka_bootstrap, one)
+    assert max(event_keys(alerts1).values()) == 1
+    # the rule detectors' alerts are replay's, over the whole fabric
+    storm = {a["labels"].get("role") for a in alerts1 if a["labels"]["alertname"] == "PFCStorm"}
+    assert storm == {"origin", "victim"}
+    flaky = {
+        (a["labels"].get("switch"), a["labels"].get("port"))
+        for a in alerts1
+        if a["labels"]["alertname"] == "FlakyLink"
+    }
+    # the cable across domains raised once, at the leaf (the NIC cable is the other fault)
+    assert ("leaf-r5-p1", "Ethernet2/3") in flaky and len(flaky) == 2, flaky
+    assert rule_alerts(alerts1) == rule_alerts(expected.alerts)
+    # each fabric-wide scope (a rail, a job) is raised per domain, and says which
+    incidents = [a for a in alerts1 if a["labels"]["alertname"] == "FabricIncident"]
+    assert incidents and all(a["labels"].get("domain") in svc.routes.names for a in incidents)
+    drains = Counter(x["node"] for x in actions1 if x["action"] == "drain")
+    assert drains and all(c == 1 for c in drains.values()), drains
+
+    # two instances, as processes: the domains' stages split between them
+    two = so_cfg(kafka_bootstrap, kafka_topics, "dom2", tmp_path, pod_scenario)
+    kafka_topics.create("dom2.telemetry", partitions=PARTITIONS)
+    conf = write_conf(two, tmp_path / "dom2.yaml")
+    a = Instance(conf, tmp_path / "a.log", max_idle=45)
+    time.sleep(1.0)
+    b = Instance(conf, tmp_path / "b.log", max_idle=45)
+    try:
+        wait_for_split(a, b)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ha, hb = domains_held(a), domains_held(b)
+            if ha and hb and sorted(ha + hb) == svc.routes.names:
+                break
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"domains not split: {domains_held(a)} / {domains_held(b)}")
+        assert publish_scenario(pod_scenario, two) == n
+        assert a.wait(240) == 0, a.text()[-3000:]
+        assert b.wait(240) == 0, b.text()[-3000:]
+    finally:
+        a.stop()
+        b.stop()
+    alerts2, actions2 = outputs(kafka_bootstrap, two)
+    assert event_keys(alerts2) == event_keys(alerts1)
+    assert sorted_actions(actions2) == sorted_actions(actions1)
+    summaries = [json.loads(p.read_text()) for p in Path(two.state_dir).glob("scaleout-*.json")]
+    held = [s["domains_held"] for s in summaries]
+    assert all(held) and sorted(d for h in held for d in h) == svc.routes.names, held
+    assert all(s["detect_cpu_s"] > 0 for s in summaries)
 
 
 def test_kill_one_of_two_instances_loses_and_doubles_nothing(
@@ -622,7 +719,7 @@ def fail_next_commit(svc: ScaleOutService, cfg: Config) -> None:
     the client's transaction manager in its fatal state (every later call fails, the abort
     too). Injected there, as kafka-python's sender does it: no broker setting makes EndTxn
     fail on demand."""
-    producer = svc.det.writer.producer
+    producer = svc.det.shards[0].writer.producer
     commit = producer.commit_transaction
 
     def failing_once() -> Any:
@@ -756,6 +853,64 @@ def test_steps_rows_order_is_canonical() -> None:
     assert kr is not None and kr.equals(want)
 
 
+def test_steps_rows_go_to_their_devices_domain_and_cable_ends_to_both_sides() -> None:
+    """Stage 1 splits a close by fabric domain: a row to its device's domain, a cable end that
+    faces another domain to that one too, in the canonical order; the forest's window values
+    (per entity) to the entity's domain only."""
+    import polars as pl
+
+    from rocewatch.scaleout import STEP_SCHEMA, DomainRoutes, code_rows
+    from rocewatch.topology import Topology
+    from tests.test_topology import GOOD, pods
+
+    routes = DomainRoutes(Topology.from_dict(pods()))
+    assert routes.names == ["", "pod-a", "pod-b"]
+    keys = [
+        ("gpu-a1", "mlx5_0"),  # pod-a, its cable to leaf-a inside pod-a
+        ("gpu-b1", "mlx5_0"),  # pod-a by its own key, cabled to leaf-b: pod-b sees it too
+        ("leaf-a", "Ethernet1/1"),  # pod-a
+        ("leaf-a", "Ethernet2/1"),  # the uplink to spine-0: '' sees it too
+        ("leaf-b", "Ethernet1/1"),  # pod-b, facing gpu-b1: pod-a sees it too
+        ("spine-0", "Ethernet1/2"),  # '', facing leaf-b: pod-b sees it too
+        ("spine-0", "Ethernet1/9"),  # '', no cable in the topology
+        ("unknown-sw", "Ethernet1/1"),  # not in the topology: the domain ''
+        (None, None),  # a null key: no device, the domain ''
+    ]
+    rows = pl.DataFrame(
+        {
+            "step": list(range(len(keys))),
+            "device": [d for d, _ in keys],
+            "port": [p for _, p in keys],
+            "qual": [None] * len(keys),
+            "metric": ["m"] * len(keys),
+            "value": [float(i) for i in range(len(keys))],
+        }
+    )
+    rows = rows.select(
+        [
+            pl.col(c).cast(t) if c in rows.columns else pl.lit(None, dtype=t).alias(c)
+            for c, t in STEP_SCHEMA.items()
+        ]
+    )
+    coded = code_rows(rows)
+    got = [None if r is None else r.decoded()["step"].to_list() for r in routes.split(coded)]
+    assert got == [[3, 5, 6, 7, 8], [0, 1, 2, 3, 4], [1, 4, 5]]
+    for part in routes.split(coded):  # every row as it was, in its order
+        assert part is not None
+        mine = part.decoded()
+        assert mine.equals(rows.filter(pl.col("step").is_in(mine["step"].to_list())))
+    forest = pl.DataFrame({"device": ["gpu-b1", "spine-0", "leaf-b"], "v": [1.0, 2.0, 3.0]})
+    trees = routes.split_forest(forest)
+    assert [None if f is None else f["device"].to_list() for f in trees] == [
+        ["spine-0"],
+        ["gpu-b1"],
+        ["leaf-b"],
+    ]
+    # one domain: nothing is split
+    one = DomainRoutes(Topology.from_dict(GOOD))
+    assert one.n == 1 and one.split(coded) == [coded]
+
+
 def test_detect_stage_assembles_coded_steps_as_the_strings_give_them() -> None:
     """Stage 2 reads steps messages with the key as codes into its key table and each row's
     series id; the step it assembles holds, metric by metric, the rows (and order) the string
@@ -877,7 +1032,7 @@ def test_detect_stage_follows_live_slurm_jobs(kafka_bootstrap, kafka_topics, tmp
         name = f"rw-scaleout-{jobid}"
 
         def jobs() -> list[str]:
-            st = svc.det.state
+            st = svc.det.shards[0].state
             return [] if st is None else list(st.pipeline.topology.node_jobs.get(SLURMD_NODE, []))
 
         deadline = time.monotonic() + 60

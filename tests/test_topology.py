@@ -84,3 +84,61 @@ def test_cli_topology_check(tmp_path: Path):
     assert r.returncode == 2
     assert "undefined switch 'b'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def pods() -> dict:
+    """Two pods, each a leaf (domain pod-a / pod-b) with one node; one spine of no domain."""
+    return {
+        "switches": [
+            {"name": "leaf-a", "role": "leaf", "domain": "pod-a"},
+            {"name": "leaf-b", "role": "leaf", "domain": "pod-b"},
+            {"name": "spine-0", "role": "spine"},
+        ],
+        "links": [
+            {"a": "leaf-a/Ethernet2/1", "b": "spine-0/Ethernet1/1"},
+            {"a": "leaf-b/Ethernet2/1", "b": "spine-0/Ethernet1/2"},
+        ],
+        "nodes": [
+            {
+                "name": "gpu-a1",
+                "nics": [{"nic": "mlx5_0", "netdev": "eth0", "switch_port": "leaf-a/Ethernet1/1"}],
+            },
+            {
+                "name": "gpu-b1",
+                "domain": "pod-a",  # its own domain wins over its leaf's
+                "nics": [{"nic": "mlx5_0", "switch_port": "leaf-b/Ethernet1/1"}],
+            },
+        ],
+    }
+
+
+def test_domains_come_from_switches_and_nodes_inherit_their_leafs():
+    t = Topology.from_dict(pods())
+    assert t.domains == ["", "pod-a", "pod-b"]
+    assert [t.domain_of(d) for d in ("leaf-a", "spine-0", "gpu-a1", "gpu-b1")] == [
+        "pod-a",
+        "",
+        "pod-a",
+        "pod-a",
+    ]
+    assert t.domain_of("not-in-the-topology") == ""  # the domain of no name, which exists
+    # every cable end facing another domain, with the domains on its other side
+    assert t.cross_domain_ends() == {
+        ("leaf-a", "Ethernet2/1"): {""},
+        ("spine-0", "Ethernet1/1"): {"pod-a"},
+        ("leaf-b", "Ethernet2/1"): {""},
+        ("spine-0", "Ethernet1/2"): {"pod-b"},
+        ("gpu-b1", "mlx5_0"): {"pod-b"},
+        ("leaf-b", "Ethernet1/1"): {"pod-a"},
+    }
+    again = Topology.from_dict(t.to_dict())
+    assert again.to_dict() == t.to_dict() and again.domains == t.domains
+
+
+def test_a_fabric_without_domains_is_one_and_unknown_devices_join_the_first():
+    assert Topology.from_dict(GOOD).domains == [""]
+    doc = pods()
+    doc["switches"][2]["domain"] = "core"
+    t = Topology.from_dict(doc)
+    assert t.domains == ["core", "pod-a", "pod-b"]
+    assert t.domain_of("not-in-the-topology") == "core"

@@ -1,8 +1,9 @@
 """The simulated fabric: a rail-optimised leaf/spine topology and the index arrays behind it.
 
-NIC ``k`` of every node plugs into a leaf of rail ``k`` (one leaf per rail per 64 nodes, named
-``leaf-r{rail}-p{pod}``); every leaf has one uplink to every spine (``spine-{i}``). Ports are
-named ``Ethernet1/<n>`` (leaf downlinks, spine ports) and ``Ethernet2/<n>`` (leaf uplinks), so
+NIC ``k`` of every node plugs into a leaf of rail ``k`` (one leaf per rail per pod of
+``nodes_per_leaf`` nodes, 64 by default, named ``leaf-r{rail}-p{pod}``); every leaf has one
+uplink to every spine (``spine-{i}``). Ports are named ``Ethernet1/<n>`` (leaf downlinks,
+spine ports) and ``Ethernet2/<n>`` (leaf uplinks), so
 every "device/port" reference exercises the slash rule of CONTRACTS.md section 1.
 
 The simulator works on cable *directions*: cable ``c`` has direction ``2c`` (NIC->leaf, or
@@ -79,7 +80,9 @@ class Fabric:
         self.n_nodes = n = cfg.nodes
         self.n_rails = k = cfg.nics_per_node
         self.n_spines = s = cfg.spines
-        self.n_pods = pods = -(-n // NODES_PER_LEAF)
+        self.per_leaf = per = getattr(cfg, "nodes_per_leaf", NODES_PER_LEAF)
+        self.pod_domains = bool(getattr(cfg, "pod_domains", False))
+        self.n_pods = pods = -(-n // per)
         self.n_leaves = nl = k * pods
         self.nodes = [node_name(i) for i in range(n)]
         self.node_index = {name: i for i, name in enumerate(self.nodes)}
@@ -94,8 +97,8 @@ class Fabric:
         self.n_nics = e = n * k
         self.nic_node = np.repeat(np.arange(n), k)
         self.nic_rail = np.tile(np.arange(k), n)
-        self.nic_leaf = self.nic_rail * pods + self.nic_node // NODES_PER_LEAF
-        self.nic_port_name = [f"Ethernet1/{i % NODES_PER_LEAF + 1}" for i in self.nic_node]
+        self.nic_leaf = self.nic_rail * pods + self.nic_node // per
+        self.nic_port_name = [f"Ethernet1/{i % per + 1}" for i in self.nic_node]
 
         # cables, directions, ports
         self.n_uplinks = u = nl * s
@@ -170,6 +173,8 @@ class Fabric:
             d: dict[str, Any] = {"name": name, "role": "leaf" if i < self.n_leaves else "spine"}
             if i < self.n_leaves:
                 d["rail"] = i // self.n_pods
+                if self.pod_domains:
+                    d["domain"] = f"pod-{i % self.n_pods}"
             d["address"] = f"127.0.{i // 250 + 1}.{i % 250 + 1}"
             d["int_node_id"] = i + 1
             d["int_ports"] = {j + 1: p for j, p in enumerate(ports)}

@@ -123,6 +123,8 @@ class SimConfig:
     iterations) or ``"moe"`` (all-to-all bursts, more cross-rail traffic, brief heavy pauses).
     ``out_of_order`` is the share of NIC snapshots delivered 1-2 ticks late (never > 300 ms).
     ``wrap_counter`` starts one busy port's ``in-octets`` just below 2^64 so it wraps.
+    ``pod_domains`` names each pod (``nodes_per_leaf`` nodes) a fabric domain in the topology:
+    its leaves' ``domain``, which its nodes take (the spines are in none).
     """
 
     nodes: int = 16
@@ -140,6 +142,8 @@ class SimConfig:
     wrap_counter: bool = True
     kubernetes_nodes: tuple[str, ...] = ()
     name: str = "custom"
+    nodes_per_leaf: int = 64  # nodes per pod: each pod has a leaf per rail
+    pod_domains: bool = False  # the topology names each pod's leaves (and so nodes) a domain
 
     @property
     def n_ticks(self) -> int:
@@ -185,6 +189,8 @@ def _validate(cfg: SimConfig) -> None:
         problems.append("nics_per_node must be 1..64")
     if cfg.spines < 1:
         problems.append("spines must be >= 1")
+    if cfg.nodes_per_leaf < 1:
+        problems.append("nodes_per_leaf must be >= 1")
     if cfg.interval_s <= 0 or cfg.duration_s <= 0:
         problems.append("duration_s and interval_s must be > 0")
     elif cfg.duration_s / cfg.interval_s > 10_000_000:
