@@ -19,6 +19,11 @@ the moment the fabric starts talking until it exits. Prints one JSON object (--j
   live_cores_*                      CPU seconds per telemetry second of the instances, the
                                     publisher (this process) and the broker: above ~1.8 cores
                                     together, 2 cores fall behind and latency grows with the run
+  detect_stage_cpu_s_per_msample_*  the detect stage's thread alone (live runs): one instance,
+                                    and each of two instances, busiest first. With
+                                    ``--pod-domains`` the fabric is split into its two pods
+                                    (domains, each with half the spines), so the detect stage
+                                    runs as two, one per instance
 
 The recording ends; a fabric does not. A step closes when a sample newer than its end plus the
 allowed lateness arrives, so the records of the final lateness + one step + one tick (0.7 s) can
@@ -29,7 +34,7 @@ figures leave those records out; ``latency_p99_incl_drain_s`` keeps them.
 Starts its own Kafka broker unless --bootstrap. Two cores shared with the broker and the
 publisher cannot show a wall-clock speed-up; the CPU figures are what scaling costs.
 
-  python benchmarks/scaleout.py --json [--nodes 128] [--seconds 20] [--rounds 2]
+  python benchmarks/scaleout.py --json [--nodes 128] [--seconds 20] [--rounds 2] [--pod-domains]
 """
 
 from __future__ import annotations
@@ -225,8 +230,24 @@ def run(
         },
         "wall_s": wall,
         "per_instance_samples": [s["samples"] for s in summaries],
+        # the detect stage's thread CPU per instance, busiest first, and the domains it ran
+        "detect_cpu_s": sorted((s["detect_cpu_s"] for s in summaries), reverse=True),
+        "domains_held": [s["domains_held"] for s in summaries],
         "alerts": sum(s["alerts_sent"] for s in summaries),
     }
+
+
+def with_pod_domains(doc: dict[str, Any]) -> None:
+    """The simulated fabric's pods as domains: each leaf's (``leaf-r<rail>-p<pod>``) and so
+    its nodes', and the spines dealt out over the pods in turn."""
+    pods = sorted({sw["name"].rsplit("-p", 1)[1] for sw in doc["switches"] if sw["role"] == "leaf"})
+    spines = 0
+    for sw in doc["switches"]:
+        if sw["role"] == "leaf":
+            sw["domain"] = "pod-" + sw["name"].rsplit("-p", 1)[1]
+        else:
+            sw["domain"] = f"pod-{pods[spines % len(pods)]}"
+            spines += 1
 
 
 def pooled(runs: list[dict[str, Any]], total: int) -> dict[str, Any]:
@@ -244,6 +265,11 @@ def pooled(runs: list[dict[str, Any]], total: int) -> dict[str, Any]:
             k: round(sum(r["cores"][k] for r in runs) / len(runs), 2) for k in runs[0]["cores"]
         },
         "per_instance_samples": runs[-1]["per_instance_samples"],
+        "detect_per_msample": [
+            round(sum(cpu) / (len(runs) * total / 1e6), 3)
+            for cpu in zip(*(r["detect_cpu_s"] for r in runs), strict=True)
+        ],
+        "domains_held": runs[-1]["domains_held"],
     }
 
 
@@ -260,6 +286,12 @@ def main() -> int:
         help="live one-instance and two-instance runs, alternated: a shared machine's speed "
         "drifts by 10 %% and more between runs a minute apart, so the live figures pool them",
     )
+    ap.add_argument(
+        "--pod-domains",
+        action="store_true",
+        help="split the fabric into its pods (64 nodes each) as domains: the detect stage "
+        "then runs per domain, on both instances",
+    )
     args = ap.parse_args()
 
     import kafka_broker
@@ -273,7 +305,10 @@ def main() -> int:
             data = tmp / "ticks.bin"
             total, msgs, _, topology = bench.generate(args.nodes, args.seconds, data)
             topology_file = tmp / "topology.yaml"
-            topology_file.write_text(yaml.safe_dump(topology.to_dict()))
+            doc = topology.to_dict()
+            if args.pod_domains:
+                with_pod_domains(doc)
+            topology_file.write_text(yaml.safe_dump(doc))
             log(f"{total:,} samples in {msgs:,} messages ({total / args.seconds:,.0f} samples/s)")
             broker_pid = None if args.bootstrap else kafka_broker.Broker.from_dir(tmp / "kafka").pid
             common = (bench, bootstrap, data, topology_file, tmp, total, args.seconds)
@@ -306,6 +341,10 @@ def main() -> int:
                 "burst_two_instances_cpu_s_per_msample": round(two_b["per_msample"], 3),
                 "burst_efficiency": round(one_b["per_msample"] / two_b["per_msample"], 3),
                 "one_instance_samples_per_cpu_s": round(1e6 / one["per_msample"]),
+                "detect_stage_cpu_s_per_msample_one_instance": one["detect_per_msample"][0],
+                "detect_stage_cpu_s_per_msample_two_instances": two["detect_per_msample"],
+                "domains_held_two_instances": two["domains_held"],
+                "pod_domains": args.pod_domains,
                 "two_instances_samples_split": two["per_instance_samples"],
                 "samples": total,
                 "live_rate_samples_per_s": round(total / args.seconds),

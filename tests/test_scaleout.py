@@ -397,6 +397,31 @@ def domains_held(inst: Instance) -> list[str] | None:
     return [] if found[-1] == "none" else re.findall(r"'([^']*)'", found[-1])
 
 
+def wait_for_domains(a: Instance, b: Instance, names: list[str], timeout: float = 60) -> None:
+    """Both instances run the detect stage of some domain, together of every one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ha, hb = domains_held(a), domains_held(b)
+        if ha and hb and sorted(ha + hb) == names:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"domains not split: {domains_held(a)} / {domains_held(b)}")
+
+
+def one_instance(
+    bootstrap: str, kafka_topics: Any, tmp_path: Path, scenario: Path
+) -> tuple[ScaleOutService, int, list[dict], list[dict]]:
+    """The scenario through one scale-out instance in this process: (the service, samples
+    published, its alert events, its actions)."""
+    cfg = so_cfg(bootstrap, kafka_topics, "dom1", tmp_path, scenario)
+    kafka_topics.create("dom1.telemetry", partitions=PARTITIONS)
+    n = publish_scenario(scenario, cfg)
+    svc = ScaleOutService(cfg)
+    svc.run(max_idle_s=4.0)
+    alerts, actions = outputs(bootstrap, cfg)
+    return svc, n, alerts, actions
+
+
 def rule_alerts(alerts: list[dict]) -> dict[tuple[str, str], tuple]:
     """Final states of every alert but the FabricIncidents (their scopes are per domain)."""
     return {k: v for k, v in comparable(alerts).items() if v[2] != "FabricIncident"}
@@ -410,13 +435,8 @@ def test_a_fabric_of_domains_runs_its_detect_stage_on_both_instances(
     only for its own devices, judging the cable ends facing it with both sides: the storm
     that crosses domains has the origin and victims replay finds, and nothing is doubled."""
     expected = replay(pod_scenario, tmp_path / "replay")
-    one = so_cfg(kafka_bootstrap, kafka_topics, "dom1", tmp_path, pod_scenario)
-    kafka_topics.create("dom1.telemetry", partitions=PARTITIONS)
-    n = publish_scenario(pod_scenario, one)
-    svc = ScaleOutService(one)
+    svc, n, alerts1, actions1 = one_instance(kafka_bootstrap, kafka_topics, tmp_path, pod_scenario)
     assert [d.domain for d in svc.det.shards] == ["", "pod-0", "pod-1"]
-    svc.run(max_idle_s=4.0)
-    alerts1, actions1 = outputs(kafka_bootstrap, one)
     assert max(event_keys(alerts1).values()) == 1
     # the rule detectors' alerts are replay's, over the whole fabric
     storm = {a["labels"].get("role") for a in alerts1 if a["labels"]["alertname"] == "PFCStorm"}
@@ -444,14 +464,7 @@ def test_a_fabric_of_domains_runs_its_detect_stage_on_both_instances(
     b = Instance(conf, tmp_path / "b.log", max_idle=45)
     try:
         wait_for_split(a, b)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            ha, hb = domains_held(a), domains_held(b)
-            if ha and hb and sorted(ha + hb) == svc.routes.names:
-                break
-            time.sleep(0.3)
-        else:
-            raise AssertionError(f"domains not split: {domains_held(a)} / {domains_held(b)}")
+        wait_for_domains(a, b, svc.routes.names)
         assert publish_scenario(pod_scenario, two) == n
         assert a.wait(240) == 0, a.text()[-3000:]
         assert b.wait(240) == 0, b.text()[-3000:]
@@ -465,6 +478,42 @@ def test_a_fabric_of_domains_runs_its_detect_stage_on_both_instances(
     held = [s["domains_held"] for s in summaries]
     assert all(held) and sorted(d for h in held for d in h) == svc.routes.names, held
     assert all(s["detect_cpu_s"] > 0 for s in summaries)
+
+
+def test_kill_one_of_two_instances_running_domains_loses_and_doubles_nothing(
+    kafka_bootstrap, kafka_topics, tmp_path, pod_scenario
+):
+    """A kill -9 of an instance mid-stream: the other takes over its domains' detect stages
+    (each from its own checkpoint and transactional id), and publishes what one instance
+    publishes, nothing twice."""
+    _, _, alerts1, actions1 = one_instance(kafka_bootstrap, kafka_topics, tmp_path, pod_scenario)
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, "domkill", tmp_path, pod_scenario)
+    kafka_topics.create("domkill.telemetry", partitions=PARTITIONS)
+    conf = write_conf(cfg, tmp_path / "domkill.yaml")
+    names = ["", "pod-0", "pod-1"]
+    a = Instance(conf, tmp_path / "a.log", max_idle=45)
+    time.sleep(1.0)
+    b = Instance(conf, tmp_path / "b.log", max_idle=45)
+    try:
+        wait_for_split(a, b)
+        wait_for_domains(a, b, names)
+        pub = publish_until_alerts(kafka_bootstrap, cfg, pod_scenario, 1.5)
+        assert pub.is_alive(), "the stream ended before the kill"
+        victim, survivor = a, b
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        pub.join(120)
+        assert survivor.wait(240) == 0, survivor.text()[-3000:]
+    finally:
+        a.stop()
+        b.stop()
+    log = survivor.text()
+    assert domains_held(survivor) == names, log[-2000:]
+    alerts, actions = outputs(kafka_bootstrap, cfg)
+    doubled = [k for k, c in event_keys(alerts).items() if c > 1]
+    assert not doubled, f"published twice: {doubled}"
+    assert comparable(alerts) == comparable(alerts1)
+    assert sorted_actions(actions) == sorted_actions(actions1)
 
 
 def test_kill_one_of_two_instances_loses_and_doubles_nothing(
