@@ -43,6 +43,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -92,6 +93,18 @@ def held_partitions(log_text: str) -> list[int]:
     return [int(x) for x in listed.split(",") if x.strip()]
 
 
+def detect_stages_ready(texts: list[str], domains: list[str]) -> bool:
+    """One instance runs the detect stage (one domain), or the instances' latest assignments
+    split the domains' stages between them, every instance holding some."""
+    if len(domains) <= 1:
+        return any(t.rfind("detect stage active") > t.rfind("detect stage handed") for t in texts)
+    held = []
+    for t in texts:
+        found = re.findall(r"detect stages held here: (.*)", t)
+        held.append(re.findall(r"'([^']*)'", found[-1]) if found else [])
+    return all(held) and sorted(d for h in held for d in h) == sorted(domains)
+
+
 def pct(xs: list[float], q: float) -> float:
     """The q-quantile of sorted values (nearest rank), NaN for none."""
     return xs[min(len(xs) - 1, int(len(xs) * q))] if xs else float("nan")
@@ -109,9 +122,11 @@ def run(
     interval_s: float = 0.1,
     broker_pid: int | None = None,
     round_: int = 0,
+    domains: list[str] | None = None,
 ) -> dict[str, Any]:
     """Publish the recording to ``k`` fresh instances (in real time, or as fast as the producer
-    goes with ``interval_s`` 0); their CPU and latencies."""
+    goes with ``interval_s`` 0); their CPU and latencies. ``domains``: the fabric's domains."""
+    domains = domains or [""]
     import yaml
     from kafka.admin import KafkaAdminClient, NewTopic
 
@@ -167,7 +182,7 @@ def run(
         if (
             all(held)
             and sorted(p for h in held for p in h) == list(range(PARTITIONS))
-            and any(t.rfind("detect stage active") > t.rfind("detect stage handed") for t in texts)
+            and detect_stages_ready(texts, domains)
         ):
             break
         for p, lf in zip(procs, logs, strict=True):
@@ -312,17 +327,18 @@ def main() -> int:
             log(f"{total:,} samples in {msgs:,} messages ({total / args.seconds:,.0f} samples/s)")
             broker_pid = None if args.bootstrap else kafka_broker.Broker.from_dir(tmp / "kafka").pid
             common = (bench, bootstrap, data, topology_file, tmp, total, args.seconds)
+            domains = sorted({sw.get("domain") or "" for sw in doc["switches"]})
             ones: list[dict[str, Any]] = []
             twos: list[dict[str, Any]] = []
             for r in range(args.rounds):
                 log(f"live round {r + 1} of {args.rounds}")
-                ones.append(run(1, *common, broker_pid=broker_pid, round_=r))
-                twos.append(run(2, *common, broker_pid=broker_pid, round_=r))
+                ones.append(run(1, *common, broker_pid=broker_pid, round_=r, domains=domains))
+                twos.append(run(2, *common, broker_pid=broker_pid, round_=r, domains=domains))
             one, two = pooled(ones, total), pooled(twos, total)
             # the same without pacing: both runs work through large batches, so the comparison
             # shows what splitting costs apart from how far behind one instance falls
-            one_b = run(1, *common, 0.0)
-            two_b = run(2, *common, 0.0)
+            one_b = run(1, *common, 0.0, domains=domains)
+            two_b = run(2, *common, 0.0, domains=domains)
             result = {
                 "one_instance_cpu_s_per_msample": round(one["per_msample"], 3),
                 "two_instances_cpu_s_per_msample": round(two["per_msample"], 3),

@@ -4,14 +4,16 @@ Stage 1, *aggregate* (group ``<group_id>-agg`` on the telemetry topic): one wind
 assigned telemetry partition (rates, pending samples, steps), closed by that partition's own
 watermark (its newest sample time less the allowed lateness). A partition's steps therefore
 depend only on its own records, whichever instance runs it. Closed steps go to the steps topic
-(one partition, key = telemetry partition): a small JSON header and the aggregated rows as
-compressed Arrow IPC. After the step messages are flushed, the partition's engine and next
-offset are written to the compacted state topic (state partition = telemetry partition), and
-only then are the offsets committed. A partition (re)assigned to an instance resumes from its
-latest state; steps it emits again after a crash are the same and stage 2 drops them.
+(a partition per fabric domain, key = telemetry partition): a small JSON header and the
+aggregated rows as compressed Arrow IPC. After the step messages are flushed, the partition's
+engine and next offset are written to the compacted state topic (state partition = telemetry
+partition), and only then are the offsets committed. A partition (re)assigned to an instance
+resumes from its latest state; steps it emits again after a crash are the same and stage 2
+drops them.
 
-Stage 2, *detect* (group ``<group_id>-detect`` on the one-partition steps topic, so exactly one
-instance is active and another takes over when it dies): assembles every step from all telemetry
+Stage 2, *detect* (group ``<group_id>-detect`` on the steps topic, one partition per fabric
+domain, so exactly one instance is active per domain and another takes over when it dies; see
+:class:`DomainRoutes` for what a domain's steps hold): assembles every step from all telemetry
 partitions (merged in partition order, so the result does not depend on who sent what when),
 evaluates a step once every live partition has closed past it, runs the detectors, alert
 lifecycle and policy, and publishes alerts and actions. Its state (the pipeline, per-partition
@@ -412,10 +414,13 @@ class DomainRoutes:
             port = frame.get_column("port").fill_null(len(ports) - 1).to_numpy()[at]
             pairs = dev[at] * len(ports) + port.astype(np.int64)
             uniq, inv = np.unique(pairs, return_inverse=True)
+            # each distinct (device, port) of those rows: the domains its other end is in
+            extra = np.zeros((len(uniq), self.n), dtype=bool)
             for j, u in enumerate(uniq.tolist()):
                 key = (devices[u // len(ports)], ports[u % len(ports)])
-                for k in self.halo.get(key, ()):  # type: ignore[arg-type]
-                    masks[k][at[inv == j]] = True
+                extra[j, list(self.halo.get(key, ()))] = True  # type: ignore[arg-type]
+            for k in range(self.n):
+                masks[k][at[extra[inv, k]]] = True
         out: list[CodedRows | None] = []
         for m in masks:
             out.append(CodedRows(rows.frame.filter(pl.Series(m)), rows.values) if m.any() else None)
