@@ -328,6 +328,33 @@ def test_steps_message_round_trip() -> None:
     assert back.rows is not None and back.rows.equals(rows) and back.offset == -1
 
 
+def publish_to_pair(
+    conf: Path,
+    tmp_path: Path,
+    scenario: Path,
+    cfg: Config,
+    n: int,
+    domains: list[str] | None = None,
+) -> None:
+    """Two instance processes split the telemetry partitions (and, with ``domains``, the
+    domains' detect stages); the scenario is published and both run until idle."""
+    # (an instance exits after 45 s without input: on a loaded machine the second one may take
+    # a while to start and join, and the stream to begin)
+    a = Instance(conf, tmp_path / "a.log", max_idle=45)
+    time.sleep(1.0)  # a joins first and takes the detect stage
+    b = Instance(conf, tmp_path / "b.log", max_idle=45)
+    try:
+        wait_for_split(a, b)
+        if domains:
+            wait_for_domains(a, b, domains)
+        assert publish_scenario(scenario, cfg) == n
+        assert a.wait(240) == 0, a.text()[-3000:]
+        assert b.wait(240) == 0, b.text()[-3000:]
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_two_instances_produce_what_one_produces(
     kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
 ):
@@ -348,19 +375,7 @@ def test_two_instances_produce_what_one_produces(
     two = so_cfg(kafka_bootstrap, kafka_topics, "two", tmp_path, scenario)
     kafka_topics.create("two.telemetry", partitions=PARTITIONS)
     conf = write_conf(two, tmp_path / "two.yaml")
-    # (an instance exits after 45 s without input: on a loaded machine the second one may take
-    # a while to start and join, and the stream to begin)
-    a = Instance(conf, tmp_path / "a.log", max_idle=45)
-    time.sleep(1.0)  # a joins first and takes the detect stage
-    b = Instance(conf, tmp_path / "b.log", max_idle=45)
-    try:
-        wait_for_split(a, b)
-        assert publish_scenario(scenario, two) == n
-        assert a.wait(240) == 0, a.text()[-3000:]
-        assert b.wait(240) == 0, b.text()[-3000:]
-    finally:
-        a.stop()
-        b.stop()
+    publish_to_pair(conf, tmp_path, scenario, two, n)
     alerts2, actions2 = outputs(kafka_bootstrap, two)
     assert event_keys(alerts2) == event_keys(alerts1)
     assert sorted_actions(actions2) == sorted_actions(actions1)
@@ -459,18 +474,7 @@ def test_a_fabric_of_domains_runs_its_detect_stage_on_both_instances(
     two = so_cfg(kafka_bootstrap, kafka_topics, "dom2", tmp_path, pod_scenario)
     kafka_topics.create("dom2.telemetry", partitions=PARTITIONS)
     conf = write_conf(two, tmp_path / "dom2.yaml")
-    a = Instance(conf, tmp_path / "a.log", max_idle=45)
-    time.sleep(1.0)
-    b = Instance(conf, tmp_path / "b.log", max_idle=45)
-    try:
-        wait_for_split(a, b)
-        wait_for_domains(a, b, svc.routes.names)
-        assert publish_scenario(pod_scenario, two) == n
-        assert a.wait(240) == 0, a.text()[-3000:]
-        assert b.wait(240) == 0, b.text()[-3000:]
-    finally:
-        a.stop()
-        b.stop()
+    publish_to_pair(conf, tmp_path, pod_scenario, two, n, svc.routes.names)
     alerts2, actions2 = outputs(kafka_bootstrap, two)
     assert event_keys(alerts2) == event_keys(alerts1)
     assert sorted_actions(actions2) == sorted_actions(actions1)
@@ -680,6 +684,33 @@ def test_a_topic_on_the_brokers_default_limit_reads_as_that_limit(kafka_bootstra
     assert limits[plain] == 1048588 - RECORD_OVERHEAD  # the broker's message.max.bytes
     assert limits[own] == 300000 - RECORD_OVERHEAD
     assert limits[kafka_topics("absent.steps")] == MAX_MESSAGE_BYTES  # created later, by us
+
+
+def test_a_topology_with_more_domains_gets_a_steps_partition_for_each(
+    kafka_bootstrap, kafka_topics, tmp_path, scenario
+):
+    """A steps topic made for one domain (every topic before domains) grows to one partition
+    per domain when the topology names more; one domain asks for nothing more."""
+    from kafka import KafkaAdminClient
+
+    cfg = so_cfg(kafka_bootstrap, kafka_topics, "grow", tmp_path, scenario)
+    kafka_topics.create("grow.telemetry", partitions=PARTITIONS)
+    kafka_topics.create("grow.steps", partitions=1)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+
+    def steps_partitions() -> int:
+        return len(admin.describe_topics([cfg.kafka.topics.steps])[0]["partitions"])
+
+    try:
+        assert ensure_scaleout_topics(cfg.kafka, 1) == PARTITIONS
+        assert steps_partitions() == 1
+        assert ensure_scaleout_topics(cfg.kafka, 3) == PARTITIONS
+        deadline = time.monotonic() + 30
+        while steps_partitions() < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert steps_partitions() == 3
+    finally:
+        admin.close()
 
 
 def test_a_steps_topic_too_small_for_one_step_stops_the_instance_with_what_to_change(
