@@ -55,14 +55,9 @@ import numpy as np
 import orjson
 import polars as pl
 from kafka import ConsumerRebalanceListener, KafkaConsumer
-from kafka.admin import (
-    ConfigResource,
-    ConfigResourceType,
-    KafkaAdminClient,
-    NewPartitions,
-    NewTopic,
-)
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewTopic
 from kafka.errors import (
+    InvalidPartitionsError,
     InvalidProducerEpochError,
     KafkaError,
     ProducerFencedError,
@@ -234,7 +229,9 @@ def ensure_scaleout_topics(k: KafkaConfig, domains: int = 1) -> int:
                 have_steps,
                 domains,
             )
-            admin.create_partitions({k.topics.steps: NewPartitions(domains)})
+            # (another instance starting with the same topology may have grown it first)
+            with contextlib.suppress(InvalidPartitionsError):
+                admin.create_partitions({k.topics.steps: domains})
         if have_state == 0:
             want.append(
                 NewTopic(

@@ -692,6 +692,7 @@ def test_a_topology_with_more_domains_gets_a_steps_partition_for_each(
     """A steps topic made for one domain (every topic before domains) grows to one partition
     per domain when the topology names more; one domain asks for nothing more."""
     from kafka import KafkaAdminClient
+    from kafka.errors import InvalidPartitionsError
 
     cfg = so_cfg(kafka_bootstrap, kafka_topics, "grow", tmp_path, scenario)
     kafka_topics.create("grow.telemetry", partitions=PARTITIONS)
@@ -709,6 +710,9 @@ def test_a_topology_with_more_domains_gets_a_steps_partition_for_each(
         while steps_partitions() < 3 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert steps_partitions() == 3
+        # what a second instance starting at the same moment meets (and lets pass)
+        with pytest.raises(InvalidPartitionsError):
+            admin.create_partitions({cfg.kafka.topics.steps: 3})
     finally:
         admin.close()
 
