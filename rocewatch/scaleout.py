@@ -47,6 +47,7 @@ import struct
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -692,19 +693,93 @@ def coded_step(
 # --- the state topic -----------------------------------------------------------------------------
 
 
-class _CompressedPickler(_StatePickler):
-    """Frames as zstd-compressed Arrow IPC: state records travel through Kafka."""
+_ASSEMBLING = threading.local()  # the frames of the state record being read, in this thread
+# serialises the frames of a checkpoint off the stage's thread (one at a time, in order)
+_SERIALISER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rocewatch-state")
+
+
+def _frame_at(i: int) -> pl.DataFrame:
+    return _ASSEMBLING.frames[i]  # type: ignore[no-any-return]
+
+
+def _assemble(head: bytes, ipcs: list[bytes]) -> Any:
+    """A state record's object: its frames read back, then the rest, which refers to them."""
+    outer = getattr(_ASSEMBLING, "frames", None)
+    _ASSEMBLING.frames = [_frame_from_ipc(b) for b in ipcs]
+    try:
+        return pickle.loads(head)
+    finally:
+        _ASSEMBLING.frames = outer
+
+
+class _Assembled:
+    def __init__(self, head: bytes, ipcs: list[bytes]) -> None:
+        self.head, self.ipcs = head, ipcs
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes, list[bytes]]]:
+        return (_assemble, (self.head, self.ipcs))
+
+
+class _FramesApartPickler(_StatePickler):
+    """Everything but Polars frames, each of which it copies into ``frames``. A copy, not the
+    frame: a frame made from NumPy arrays shares their memory (``pl.DataFrame({"x": arr})``
+    is zero-copy), and a stage goes on changing such arrays in place (the rate engine's last
+    readings). Gathering every row copies the columns' buffers (strings keep theirs, which
+    nothing changes in place)."""
+
+    def __init__(self, file: io.BytesIO, frames: list[pl.DataFrame]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.frames = frames
+        self.seen: dict[int, int] = {}
+        self.held: list[pl.DataFrame] = []  # alive while pickling: their ids stay theirs
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, pl.DataFrame):
-            return (_frame_from_ipc, (_ipc(obj),))
+            i = self.seen.get(id(obj))
+            if i is None:
+                i = self.seen[id(obj)] = len(self.frames)
+                self.frames.append(obj[np.arange(obj.height)] if obj.height else obj.clear())
+                self.held.append(obj)
+            return (_frame_at, (i,))
         return NotImplemented
 
 
+class StateSnapshot:
+    """A stage's state as a state record, taken in two parts.
+
+    At once, in the stage's thread: a consistent copy of the state, its Polars frames copied
+    and the rest pickled (counters, NumPy arrays, dicts). Then, on a worker thread
+    (``start``), the part that costs: the frames as zstd Arrow IPC (Polars releases the GIL).
+    At 1,024 GPUs the copy takes 15 to 30 ms and the serialisation 0.1 to 0.2 s, which no
+    longer holds up the stream. The record is a plain pickle: ``pickle.loads`` gives the
+    state back."""
+
+    def __init__(self, obj: Any) -> None:
+        self.frames: list[pl.DataFrame] = []
+        buf = io.BytesIO()
+        _FramesApartPickler(buf, self.frames).dump(obj)
+        self.head = buf.getvalue()
+        self.future: Future[bytes] | None = None
+
+    def start(self) -> StateSnapshot:
+        self.future = _SERIALISER.submit(self._record)
+        return self
+
+    def done(self) -> bool:
+        return self.future is None or self.future.done()
+
+    def record(self) -> bytes:
+        """The state record (waits for the worker when started)."""
+        return self.future.result() if self.future is not None else self._record()
+
+    def _record(self) -> bytes:
+        ipcs = [_ipc(f) for f in self.frames]
+        self.frames = []
+        return pickle.dumps(_Assembled(self.head, ipcs), protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def _dumps(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    _CompressedPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buf.getvalue()
+    return StateSnapshot(obj).record()
 
 
 class StateStore:
@@ -1031,6 +1106,8 @@ class Aggregator:
         self.stats = Stats()
         self.parts: dict[int, _Part] = {}
         self.retired: dict[int, _Part] = {}
+        # checkpoints whose frames are being serialised: partition -> (its part, snapshot)
+        self.saving: dict[int, tuple[_Part, int, StateSnapshot]] = {}
         self.closing = False
         self.group_changed = time.monotonic()  # the last (re)assignment, for --max-idle
         # when a silent partition last turned out not to be read to its end (a broker outage,
@@ -1377,40 +1454,80 @@ class Aggregator:
         send_dead_letter(self.producer, self.k.topics.dead_letter, m, err, self.stats)
 
     def checkpoint(self, only: list[int] | None = None, commit: bool = True) -> None:
-        """Steps flushed, then each partition's state written, then its offset committed.
+        """Steps flushed, then each partition's state written, then its offset committed. At
+        once: for a handover and the final checkpoint (``begin_checkpoint`` is the stream's).
 
         Inside a rebalance callback (``commit=False``) the consumer cannot block: the state
         record carries the offset, and the next commit catches the group's offsets up.
         """
         todo = [p for p in (only if only is not None else list(self.parts)) if p in self.parts]
+        for p in todo:
+            if self.saving.pop(p, None) is not None:  # superseded by this one
+                self.parts[p].dirty = True
         todo = [p for p in todo if self.parts[p].dirty and self.parts[p].offset is not None]
         if not todo:
             return
         self.producer.flush(timeout=60)  # ProducerFailed after a lost steps message
-        futures = []
+        saves = []
         for p in todo:
             part = self.parts[p]
             assert part.offset is not None
-            st = AggState(
-                STATE_VERSION, p, part.engine, part.offset, part.hi, part.rollups, part.forest
-            )
-            blob = _dumps(st)
+            saves.append((p, part.offset, _dumps(self._state(p, part))))
+            part.dirty = False
+        self._save(saves, commit)
+
+    def begin_checkpoint(self, p: int) -> None:
+        """The stream's periodic checkpoint of partition ``p``, in two halves so the stream
+        does not wait for the serialisation: its state is copied now, its frames serialised on
+        a worker thread, and ``finish_checkpoint`` writes it once they are. The steps it
+        closed are sent before it is written (the flush there)."""
+        part = self.parts.get(p)
+        if part is None or p in self.saving or not part.dirty or part.offset is None:
+            return
+        self.saving[p] = (part, part.offset, StateSnapshot(self._state(p, part)).start())
+        part.dirty = False  # the records read from now on make it dirty again
+
+    def finish_checkpoint(self, wait: bool = False) -> None:
+        """Write the states ``begin_checkpoint`` copied, once serialised (``wait``: now)."""
+        ready = [p for p, (_, _, snap) in self.saving.items() if wait or snap.done()]
+        if not ready:
+            return
+        self.producer.flush(timeout=60)  # the steps each state closed: ProducerFailed if lost
+        saves = []
+        for p in ready:
+            part, offset, snap = self.saving.pop(p)
+            if self.parts.get(p) is part:  # still held here
+                saves.append((p, offset, snap.record()))
+        self._save(saves, True)
+
+    @staticmethod
+    def _state(p: int, part: _Part) -> AggState:
+        assert part.offset is not None
+        return AggState(
+            STATE_VERSION, p, part.engine, part.offset, part.hi, part.rollups, part.forest
+        )
+
+    def _save(self, saves: list[tuple[int, int, bytes]], commit: bool) -> None:
+        """Write partitions' states (partition, telemetry offset, record), then commit the
+        offsets (after the broker took the states: the state topic holds them)."""
+        futures = []
+        for p, offset, blob in saves:
             if len(blob) > self.store.max_bytes:  # the stream goes on; a restart re-reads more
                 self.stats.inc("state_too_large", detail=f"agg-{p}")
                 log.error("state of partition %d is %d bytes: not checkpointed", p, len(blob))
+                self.parts[p].dirty = True
                 continue
-            futures.append((p, self.store.save(p, f"agg-{p}", blob)))
+            futures.append((p, offset, self.store.save(p, f"agg-{p}", blob)))
+        if not futures:
+            return
         self.producer.flush(timeout=60)
-        for p, fut in futures:
+        for p, _, fut in futures:
             self.store.confirm(p, fut)
-            self.parts[p].dirty = False
         if not commit:
             return
         offsets = {
-            TopicPartition(self.k.topics.telemetry, p): OffsetAndMetadata(
-                self.parts[p].offset, "", -1
-            )
-            for p, _ in futures
+            TopicPartition(self.k.topics.telemetry, p): OffsetAndMetadata(offset, "", -1)
+            for p, offset, _ in futures
         }
         try:
             self.consumer.commit(offsets)
@@ -1525,6 +1642,8 @@ class Detector:
         # after a fence: when to take the stage back if the group still gives it to this
         # instance (nobody else holds it: the fence came from a transaction timeout, say)
         self.retake_at: float | None = None
+        # a checkpoint whose frames are being serialised: (state, steps offset, snapshot)
+        self.saving: tuple[DetectState, int, StateSnapshot] | None = None
 
     @property
     def step_ns(self) -> int:
@@ -1616,6 +1735,7 @@ class Detector:
     def _drop(self, why: str) -> None:
         self.active = False
         self.state = None
+        self.saving = None
         self.pending_snapshot = None
         self.live_jobs = None
         self.writer.close()
@@ -1886,19 +2006,59 @@ class Detector:
 
     def checkpoint(self, commit: bool = True) -> None:
         """Alerts and actions flushed, then the state written, then the steps offset committed
-        (fenced: the state and the offset in one transaction)."""
+        (fenced: the state and the offset in one transaction). At once: for a handover, a
+        final checkpoint and the operators' commands (``begin_checkpoint`` is the stream's)."""
         self._guarded(self._checkpoint, commit)
 
     def _checkpoint(self, commit: bool) -> None:
+        self.saving = None  # superseded by this one
         st = self.state
         if st is None or not self.active:
             return
+        self._mark_outputs(st)
+        self._write_state(_dumps(st), st.offset, commit)
+
+    def begin_checkpoint(self) -> None:
+        """The stream's periodic checkpoint, in two halves so the stream does not wait for the
+        state's serialisation: the state is copied now (its outputs flushed first, as for
+        ``checkpoint``), its frames serialised on a worker thread, and ``finish_checkpoint``
+        writes it once they are. The steps evaluated meanwhile are after its offset: a
+        restart from it evaluates them again, and what they published is suppressed, as for
+        any step after a checkpoint."""
+        self._guarded(self._begin_checkpoint)
+
+    def _begin_checkpoint(self) -> None:
+        st = self.state
+        if st is None or not self.active or self.saving is not None:
+            return
+        self._mark_outputs(st)
+        self.saving = (st, st.offset, StateSnapshot(st).start())
+
+    def finish_checkpoint(self, wait: bool = False) -> None:
+        """Write the state ``begin_checkpoint`` copied, once serialised (``wait``: now)."""
+        if self.saving is not None and (wait or self.saving[2].done()):
+            self._guarded(self._finish_checkpoint)
+
+    def _finish_checkpoint(self) -> None:
+        assert self.saving is not None
+        st, offset, snap = self.saving
+        self.saving = None
+        if st is not self.state or not self.active:  # handed over or taken again since
+            return
+        blob = snap.record()
+        self.writer.commit()  # the events of the steps since: the state's transaction holds none
+        self._write_state(blob, offset, True)
+
+    def _mark_outputs(self, st: DetectState) -> None:
+        """Flush what was published and note where the output topics end: a restart from
+        this state suppresses what was published after it."""
         self.writer.commit()
         st.out_ends = {
             (tp.topic, tp.partition): int(off)
             for tp, off in self.store.end_offsets(self._output_tps()).items()
         }
-        blob = _dumps(st)
+
+    def _write_state(self, blob: bytes, offset: int, commit: bool) -> None:
         if len(blob) > self.store.max_bytes:  # the stream goes on; a restart re-reads more
             self.stats.inc("state_too_large", detail=self.state_key)
             log.error(
@@ -1908,7 +2068,7 @@ class Detector:
                 self.store.max_bytes,
             )
             return
-        offsets = {self.tp: OffsetAndMetadata(st.offset, "", -1)}
+        offsets = {self.tp: OffsetAndMetadata(offset, "", -1)}
         fut = self.writer.send(
             self.store.topic, key=self.state_key.encode(), value=blob, partition=self.n_parts
         )
@@ -2010,6 +2170,14 @@ class DetectStage:
     def checkpoint(self, commit: bool = True) -> None:
         for det in self.shards:
             det.checkpoint(commit)
+
+    def begin_checkpoint(self) -> None:
+        for det in self.shards:
+            det.begin_checkpoint()
+
+    def finish_checkpoint(self) -> None:
+        for det in self.shards:
+            det.finish_checkpoint()
 
     # --- what the service reads ------------------------------------------------------------------
     @property
@@ -2173,6 +2341,7 @@ class ScaleOutService:
             while not self.stop_event.is_set():
                 self.producer.check()
                 n = self.agg.poll_once(POLL_MS)
+                self.agg.finish_checkpoint()
                 now = time.monotonic()
                 if self.metrics is not None and now >= next_metrics:
                     next_metrics = now + 0.5
@@ -2189,7 +2358,7 @@ class ScaleOutService:
                     # (the detect stage saves its own, in its thread)
                     pieces = sorted(self.agg.parts)
                     if pieces:
-                        self.agg.checkpoint([pieces[turn % len(pieces)]])
+                        self.agg.begin_checkpoint(pieces[turn % len(pieces)])
                     turn += 1
                     next_save = now + k.commit_interval_s / max(1, len(pieces))
                 # (and not before this instance's partitions are reported idle: their last
@@ -2224,6 +2393,7 @@ class ScaleOutService:
             while not self.stop_event.is_set():
                 if self.det.poll_once(POLL_MS if self.det.active else STANDBY_POLL_MS):
                     self.detect_input = time.monotonic()
+                self.det.finish_checkpoint()
                 now = time.monotonic()
                 if now >= next_commands:
                     next_commands = now + 0.5
@@ -2232,7 +2402,7 @@ class ScaleOutService:
                         self.metrics.update_detect_stage(self.det)
                 if now >= next_save:
                     next_save = now + k.commit_interval_s
-                    self.det.checkpoint()
+                    self.det.begin_checkpoint()
         except BaseException as e:  # handed to run(), which raises it
             self.detect_error = e
             self.stop_event.set()

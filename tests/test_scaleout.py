@@ -37,6 +37,7 @@ from rocewatch.scaleout import (
     DetectWriter,
     FencedExecutor,
     ScaleOutService,
+    StateSnapshot,
     StateStore,
     StepsMessage,
     decode_steps,
@@ -1085,6 +1086,53 @@ def test_detect_checkpoint_keeps_buffered_coded_rows_as_strings() -> None:
     joined = KEYS.concat([kept, coded("sw-b", 7, 1)])  # a part sent after the restore
     assert joined["device"].to_list() == ["sw-a", "sw-a", "sw-b", "sw-b"]
     assert joined.equals(pl.concat([rows("sw-a", 7), rows("sw-b", 7)]))
+
+
+def test_a_state_snapshot_is_the_state_when_taken_though_its_frames_serialise_later() -> None:
+    """The periodic checkpoint copies a stage's state at once and compresses its frames on a
+    worker thread while the stream goes on. The record is the state as it was when copied:
+    an array changed in place, a counter moved and a frame replaced afterwards are not in it,
+    nor is a change to the NumPy array a frame was made from (Polars shares its memory, and
+    the rate engine's state frame is made so). A frame held twice comes back as one, and
+    ``pickle.loads`` reads the record."""
+    import pickle
+
+    import numpy as np
+    import polars as pl
+
+    from rocewatch import scaleout
+
+    frame = pl.DataFrame({"device": ["leaf-0", "leaf-1"], "value": [1.0, 2.0]})
+    last_raw = np.array([10, 20], dtype=np.uint64)
+    readings = pl.DataFrame({"last_raw": last_raw}, schema={"last_raw": pl.UInt64})
+    state: dict[str, Any] = {
+        "n": 1,
+        "arr": np.arange(4.0),
+        "frames": [frame, frame],
+        "nested": {"f": frame},
+        "readings": readings,
+    }
+    gate = threading.Event()
+    scaleout._SERIALISER.submit(gate.wait, 30)  # the worker is busy: the stream moves on first
+    snap = StateSnapshot(state).start()
+    try:
+        assert not snap.done()
+        state["n"] = 2
+        state["arr"][0] = 99.0
+        state["frames"][0] = pl.DataFrame({"device": ["spine-0"], "value": [9.0]})
+        state["nested"]["g"] = 1
+        last_raw[0] = 11  # the array under ``readings``: the frame changes with it
+        assert readings["last_raw"].to_list() == [11, 20]
+    finally:
+        gate.set()
+    back = pickle.loads(snap.record())
+    assert snap.done()
+    assert back["n"] == 1 and back["arr"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert back["frames"][0].equals(frame)
+    assert back["frames"][0] is back["frames"][1] is back["nested"]["f"]
+    assert back["nested"].keys() == {"f"}
+    assert back["readings"]["last_raw"].to_list() == [10, 20]
+    assert pickle.loads(scaleout._dumps(state))["frames"][0]["device"].to_list() == ["spine-0"]
 
 
 @pytest.mark.skipif(not SLURMD_NODE, reason="needs the test Slurm cluster (scripts/services.sh)")
