@@ -727,9 +727,10 @@ class _FramesApartPickler(_StatePickler):
     readings). Gathering every row copies the columns' buffers (strings keep theirs, which
     nothing changes in place)."""
 
-    def __init__(self, file: io.BytesIO, frames: list[pl.DataFrame]) -> None:
+    def __init__(self, file: io.BytesIO, frames: list[pl.DataFrame], copy: bool) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.frames = frames
+        self.copy = copy
         self.seen: dict[int, int] = {}
         self.held: list[pl.DataFrame] = []  # alive while pickling: their ids stay theirs
 
@@ -738,7 +739,7 @@ class _FramesApartPickler(_StatePickler):
             i = self.seen.get(id(obj))
             if i is None:
                 i = self.seen[id(obj)] = len(self.frames)
-                self.frames.append(obj[np.arange(obj.height)] if obj.height else obj.clear())
+                self.frames.append(obj[np.arange(obj.height)] if self.copy else obj)
                 self.held.append(obj)
             return (_frame_at, (i,))
         return NotImplemented
@@ -754,10 +755,10 @@ class StateSnapshot:
     longer holds up the stream. The record is a plain pickle: ``pickle.loads`` gives the
     state back."""
 
-    def __init__(self, obj: Any) -> None:
+    def __init__(self, obj: Any, copy: bool = True) -> None:
         self.frames: list[pl.DataFrame] = []
         buf = io.BytesIO()
-        _FramesApartPickler(buf, self.frames).dump(obj)
+        _FramesApartPickler(buf, self.frames, copy).dump(obj)
         self.head = buf.getvalue()
         self.future: Future[bytes] | None = None
 
@@ -779,7 +780,8 @@ class StateSnapshot:
 
 
 def _dumps(obj: Any) -> bytes:
-    return StateSnapshot(obj).record()
+    """A state record at once: nothing changes the frames meanwhile, so they are not copied."""
+    return StateSnapshot(obj, copy=False).record()
 
 
 class StateStore:
@@ -1487,9 +1489,9 @@ class Aggregator:
         self.saving[p] = (part, part.offset, StateSnapshot(self._state(p, part)).start())
         part.dirty = False  # the records read from now on make it dirty again
 
-    def finish_checkpoint(self, wait: bool = False) -> None:
-        """Write the states ``begin_checkpoint`` copied, once serialised (``wait``: now)."""
-        ready = [p for p, (_, _, snap) in self.saving.items() if wait or snap.done()]
+    def finish_checkpoint(self) -> None:
+        """Write the states ``begin_checkpoint`` copied, once serialised."""
+        ready = [p for p, (_, _, snap) in self.saving.items() if snap.done()]
         if not ready:
             return
         self.producer.flush(timeout=60)  # the steps each state closed: ProducerFailed if lost
@@ -2034,9 +2036,9 @@ class Detector:
         self._mark_outputs(st)
         self.saving = (st, st.offset, StateSnapshot(st).start())
 
-    def finish_checkpoint(self, wait: bool = False) -> None:
-        """Write the state ``begin_checkpoint`` copied, once serialised (``wait``: now)."""
-        if self.saving is not None and (wait or self.saving[2].done()):
+    def finish_checkpoint(self) -> None:
+        """Write the state ``begin_checkpoint`` copied, once serialised."""
+        if self.saving is not None and self.saving[2].done():
             self._guarded(self._finish_checkpoint)
 
     def _finish_checkpoint(self) -> None:
