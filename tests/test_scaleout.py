@@ -1047,6 +1047,68 @@ def test_detect_stage_assembles_coded_steps_as_the_strings_give_them() -> None:
     assert checked > 5 and len(series) == plain.height
 
 
+def test_detect_stage_buffers_each_step_of_a_message_and_counts_late_and_stepless_rows() -> None:
+    """What a steps message leaves in the detect stage's buffer: its rows split by step (one
+    step, the usual message, is taken whole), steps the partition reported before (a
+    re-emission after an owner's restart) dropped, steps already evaluated counted as late,
+    and rows without a step (no owner sends them) counted and skipped."""
+    import polars as pl
+
+    from detectors.windows import AGG_SCHEMA
+    from rocewatch.keys import KEYS
+    from rocewatch.scaleout import Detector, DetectState
+    from rocewatch.stats import Stats
+
+    def rows(steps: list[int | None]) -> pl.DataFrame:
+        n = len(steps)
+        return pl.DataFrame(
+            {
+                "step": pl.Series(steps, dtype=pl.Int64),
+                "device": [f"sw-{i}" for i in range(n)],
+                "port": ["p1"] * n,
+                "qual": [""] * n,
+                "metric": ["m"] * n,
+                **{
+                    c: pl.Series([float(i) for i in range(n)]).cast(t)
+                    for c, t in AGG_SCHEMA.items()
+                    if c not in ("device", "port", "qual", "metric")
+                },
+            }
+        )
+
+    det = object.__new__(Detector)
+    det.cfg, det.n_parts, det.stats = Config(), 3, Stats()
+    det.seen, det.lat_pending, det.moved_at = {}, [], 0.0
+    step_ns = det.step_ns
+    st = DetectState(1, None, {}, {}, {}, None, 0, {})  # type: ignore[arg-type]
+
+    def take(p: int, frame: pl.DataFrame, to_step: int) -> bool:
+        msg = StepsMessage(p, 0, to_step * step_ns, False, [], frame)
+        return det._take(st, decode_steps(encode_steps(msg), KEYS), 0.0)
+
+    assert take(0, rows([5, 5, 5]), 6)  # one step: taken whole
+    assert sorted(st.buffer) == [5] and KEYS.decode(st.buffer[5][0])["device"].to_list() == [
+        "sw-0",
+        "sw-1",
+        "sw-2",
+    ]
+    assert take(1, rows([5, 6, 6, 7]), 8)  # several steps: split, order kept
+    assert sorted(st.buffer) == [5, 6, 7]
+    assert [st.buffer[s][1].height for s in (5, 6, 7)] == [1, 2, 1]
+    assert take(1, rows([7, 8]), 9)  # step 7 again after an owner's restart: only 8 is new
+    assert st.buffer[7][1].height == 1 and st.buffer[8][1].height == 1
+    st.closed_ns = 6 * step_ns  # steps 5 and before are evaluated
+    st.buffer.pop(5)
+    assert take(2, rows([5, 6]), 7)  # step 5 of partition 2 arrives after that: late
+    assert det.stats.counts["late_step_rows"] == 1 and sorted(st.buffer) == [6, 7, 8]
+    assert st.buffer[6][2].height == 1
+    assert take(0, rows([None, 7]), 8)  # a row without a step: counted, the rest taken
+    assert det.stats.counts["bad_steps_message"] == 1
+    assert st.buffer[7][0].height == 1
+    assert take(0, rows([None]), 9) and det.stats.counts["bad_steps_message"] == 2
+    assert det.lat_pending == []  # no send times given, none waiting
+
+
 def test_detect_checkpoint_keeps_buffered_coded_rows_as_strings() -> None:
     """Rows waiting in the detect stage's buffer have their key as codes of this process; its
     checkpoint holds them as strings, and after a restore the rows of the same step that
