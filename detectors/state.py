@@ -84,12 +84,20 @@ def lookup(
 
 # --- "held for sustain_s, with hysteresis", per entity ----------------------------------------
 
+# A dip (or the silence after the stay condition last held) is judged against the entity's
+# sampling interval: one missed sample plus jitter of a fifth of an interval is up to 2.2
+# intervals without a row, and the median of a few jittered intervals may itself read short.
+# Any duration shorter than that would read the silence between two samples of a slow series
+# as the condition ending.
+MISSED_SAMPLE_INTERVALS = 2.5
+RECENT_INTERVALS = 5  # the interval an episode uses: the median of its rows' last few
+
 
 @dataclass
 class Episode:
     """One entity's condition, from the first step it held to the step it cleared."""
 
-    since: int  # start of the first step the enter condition held
+    since: int  # when the enter condition began to hold (a counter row: its interval's start)
     last_hot: int  # end of the last step the enter condition held
     last_warm: int  # end of the last step the stay condition held
     crit_since: int | None = None  # start of the run of steps at the critical level
@@ -97,27 +105,67 @@ class Episode:
     ts: int = 0  # newest sample time that made it fire; 0 while pending
     severity: str = ""
     info: tuple[Any, ...] = ()  # what the detector needs to describe it, as of firing
+    # the sampling intervals (ns) of its last few rows; a tuple (and a class default) so an
+    # episode pickled before it existed restores
+    intervals: tuple[int, ...] = ()
+
+    @property
+    def interval(self) -> int:
+        """The entity's observed sampling interval (ns): the (lower) median of its recent rows'
+        (a row after a missed sample spans two intervals: one such gap does not stretch it);
+        0 before any row."""
+        iv = sorted(self.intervals)
+        return iv[(len(iv) - 1) // 2] if iv else 0
+
+    def slack(self) -> int:
+        """How long (ns) a series at this interval may go without a row before it says the
+        condition ended: one missed sample plus jitter."""
+        return round(MISSED_SAMPLE_INTERVALS * self.interval)
 
 
 @dataclass(frozen=True)
 class Row:
     """One entity's condition at this step: ``level`` 0 = only the stay (exit) condition holds,
-    1 = the enter condition holds, 2 = the critical enter condition holds."""
+    1 = the enter condition holds, 2 = the critical enter condition holds.
+
+    ``interval`` (ns) is the sampling interval of the series the row was read from: a counter's
+    sample interval (the step's ``dt / n``), a gauge's observed interval (``IntervalTracker``);
+    0 = unknown, taken as one step. ``held`` (ns) is how long before ``ts`` the condition is
+    known to have held: a counter rate measured over the sample's interval held over that
+    interval (the step's ``dt``); a single gauge reading, 0.
+    """
 
     key: Key
     level: int
     ts: int
     info: tuple[Any, ...]
+    interval: int = 0
+    held: int = 0
 
 
 @dataclass
 class Sustain:
     """Per-entity 'the condition held for ``sustain_s``', tolerating dips of ``gap_s`` before
-    firing and clearing ``clear_s`` after the stay condition last held.
+    firing and clearing ``clear_s`` after the stay condition last held, every duration judged
+    against the entity's observed sampling interval.
 
     The caller passes, each step, only the entities whose stay condition holds (a few rows);
-    an entity that is absent did not meet it. Severity only escalates within an episode.
-    At most ``max_entities`` episodes are tracked (bounded state).
+    an entity that is absent did not meet it, or was not sampled in this step: a series sampled
+    every second has a row in one 0.1 s step of ten. So an episode starts where its first row
+    says the condition began (``ts - held``), and before firing tolerates ``gap_s`` plus 2.5
+    intervals without a hot row (one missed sample and a fifth of an interval of jitter); once
+    firing it clears ``clear_s`` plus 2.5 intervals after the stay condition last held. A fault
+    that persists, at any cadence, is one episode until it ends. Severity only escalates within
+    an episode. At most ``max_entities`` episodes are tracked (bounded state).
+
+    >>> s, key = Sustain(sustain_s=2.0, gap_s=0.1, clear_s=0.5), ("nic", "gpu-1", "mlx5_0")
+    >>> fired = []
+    >>> for i in range(100):  # 0.1 s steps; one hot counter row per second for 6 s
+    ...     start = i * NS // 10
+    ...     rows = [Row(key, 1, start, (), NS, NS)] if i % 10 == 0 and 0 < i <= 60 else []
+    ...     fired += [round(ep.ts / NS, 1) for _, ep in s.update(start, start + NS // 10, rows)]
+    >>> fired[0], len(fired), key in s.episodes  # fired at 2 s, firing until 3 s after 6 s
+    (2.0, 70, False)
     """
 
     sustain_s: float
@@ -132,8 +180,10 @@ class Sustain:
         sustain = round(self.sustain_s * NS)
         gap = round(self.gap_s * NS)
         clear = round(self.clear_s * NS)
+        step = max(1, end - start)
         for r in rows:
             ep = self.episodes.get(r.key)
+            began = min(start, r.ts - max(0, r.held))
             if ep is None:
                 if r.level < 1:
                     continue
@@ -144,13 +194,15 @@ class Sustain:
                         )
                     self.dropped += 1
                     continue
-                ep = self.episodes[r.key] = Episode(since=start, last_hot=end, last_warm=end)
+                ep = self.episodes[r.key] = Episode(since=began, last_hot=end, last_warm=end)
+            iv = r.interval if r.interval > 0 else step
+            ep.intervals = (*ep.intervals[1 - RECENT_INTERVALS :], iv)
             ep.last_warm = end
             if r.level >= 1:
                 ep.last_hot = end
             if r.level >= 2:
-                if ep.crit_since is None or start - ep.last_crit > gap:
-                    ep.crit_since = start
+                if ep.crit_since is None or start - ep.last_crit > gap + ep.slack():
+                    ep.crit_since = began
                 ep.last_crit = end
             crit = r.level >= 2 and ep.crit_since is not None and end - ep.crit_since >= sustain
             if not ep.ts:
@@ -165,7 +217,11 @@ class Sustain:
                 ep.ts, ep.severity, ep.info = r.ts, "critical", r.info  # a new, critical alert
         for key in list(self.episodes):
             ep = self.episodes[key]
-            if (ep.ts and end - ep.last_warm >= clear) or (not ep.ts and end - ep.last_hot > gap):
+            slack = ep.slack() if ep.intervals else round(MISSED_SAMPLE_INTERVALS * step)
+            if ep.ts:
+                if end - ep.last_warm >= clear + slack:
+                    del self.episodes[key]
+            elif end - ep.last_hot > gap + slack:
                 del self.episodes[key]
         return [(k, ep) for k, ep in self.episodes.items() if ep.ts]
 
