@@ -54,11 +54,17 @@ class WindowConfig:
     # otherwise grow every per-series table, the checkpoint and the detectors' state without
     # end. Samples of series beyond it are dropped and counted (``series_over_limit``).
     max_series: int = 2_000_000
+    # a source's sample stamped further ahead of its newest accepted time (or, live, of the wall
+    # clock) than this, or further behind, is set aside and counted (detectors/clock_guard.py)
+    max_ahead_s: float = 30.0
+    max_behind_s: float = 600.0
 
     def __post_init__(self) -> None:
         ms = self.max_series
         if isinstance(ms, bool) or not isinstance(ms, int) or ms < 1:
             raise ConfigError(f"window.max_series: {ms!r} must be a whole number >= 1")
+        if not self.max_ahead_s > 0 or not self.max_behind_s > 0:
+            raise ConfigError("window.max_ahead_s and window.max_behind_s must be > 0")
 
 
 class Step:

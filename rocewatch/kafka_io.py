@@ -40,6 +40,7 @@ from actions.api import OperatorApi
 from actions.membership import build_live_jobs
 from actions.operator import MemoryCommands, apply_pending
 from actions.routing import RoutingExecutor
+from detectors.clock_guard import ClockGuard
 from rocewatch import wire
 from rocewatch.config import Config, KafkaConfig
 from rocewatch.errors import BadInput, ConfigError, ProducerFailed, RetryableError
@@ -465,6 +466,28 @@ def parse_record(m: Any) -> tuple[wire.Decoded, int, int]:
     return d, int(d.cols["ts"].max()), sent
 
 
+def admit_record(guard: ClockGuard, d: wire.Decoded) -> int:
+    """Set aside the rows of a decoded record whose device's clock disagrees with its
+    partition's (``ClockGuard``: far ahead of it, or of the wall clock; far behind); return the
+    newest sample time left, -1 when none is. A year-ahead snapshot thus never moves the
+    partition's watermark. Usually one comparison of the record's extremes."""
+    ts = d.cols["ts"]
+    if not d.rows or guard.quick(ts):
+        return int(ts.max()) if d.rows else -1
+    names = np.asarray(d.dict, dtype=object)
+    keep = guard.admit(ts, names[d.cols["device"]])
+    if not keep.all():
+        d.cols = {k: v[keep] for k, v in d.cols.items()}
+        d.rows = int(keep.sum())
+    return int(d.cols["ts"].max()) if d.rows else -1
+
+
+def partition_guard(cfg: Config, stats: Stats, name: str) -> ClockGuard:
+    """A live partition's ``ClockGuard``: bounded by the window config, and by the wall clock."""
+    w = cfg.window
+    return ClockGuard(w.max_ahead_s, w.max_behind_s, stats=stats, wall_ns=time.time_ns, name=name)
+
+
 def send_dead_letter(producer: Any, topic: str, m: Any, err: Exception, stats: Stats) -> None:
     """Count a record that could not be used and keep it, with why, on the dead-letter topic."""
     stats.inc("dead_letter", detail=type(err).__name__)
@@ -646,6 +669,7 @@ class DetectService:
         self.stats = Stats()
         self.offsets: dict[tuple[str, int], int] = {}
         self.part_hi: dict[tuple[str, int], int] = {}
+        self.guards: dict[tuple[str, int], ClockGuard] = {}  # per partition: bad clocks
         self.part_seen_wall: dict[tuple[str, int], float] = {}
         # when the broker last said a partition was read to its end; the last end-offset
         # check; when the input last stalled with records still to come (see _read_to_end)
@@ -928,6 +952,10 @@ class DetectService:
                 except BadInput as e:
                     self._dead_letter(m, e)
                     continue
+                guard = self.guards.get(key)
+                if guard is None:
+                    guard = self.guards[key] = partition_guard(self.cfg, self.stats, f"{key}")
+                hi = admit_record(guard, d)
                 if d.rows:
                     batches.append(d)
                     rows += d.rows

@@ -65,7 +65,7 @@ def replay(
         raise ConfigError(f"{scenario}: no topology.yaml")
     topology = Topology.load(topo_path)
     stats = Stats()
-    sources = scenario_sources(scenario, topology, stats)
+    sources = scenario_sources(scenario, topology, stats, config.window)
     if not sources:
         raise ConfigError(f"{scenario}: no telemetry (switch.jsonl, nic.jsonl or int.pcap)")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -70,6 +70,7 @@ from actions.api import OperatorApi
 from actions.membership import LiveJobs, build_live_jobs
 from actions.operator import apply_pending, pending_approvals
 from actions.routing import RoutingExecutor
+from detectors.clock_guard import ClockGuard
 from detectors.isolation_forest import (
     FeatureFeed,
     IsolationForestConfig,
@@ -94,11 +95,13 @@ from rocewatch.kafka_io import (
     WatchedProducer,
     _frame_from_ipc,
     _StatePickler,
+    admit_record,
     ensure_topics,
     kube_api,
     make_producer,
     output_partitions,
     parse_record,
+    partition_guard,
     send_dead_letter,
     send_events,
     wait_for_partitions,
@@ -1073,6 +1076,7 @@ class _Part:
     dirty: bool = True
     sent: SendTimes = field(default_factory=SendTimes)  # records waiting for their step
     rollups: list[Rollups] = field(default_factory=list)  # empty: no storage, none computed
+    guard: ClockGuard | None = None  # bad clocks: made at the first record
     # the last step's table positions and their canonical order (steps_coded)
     order: list[np.ndarray] = field(default_factory=list)
     forest: FeatureFeed | None = None  # with the isolation forest on: its window values
@@ -1242,6 +1246,9 @@ class Aggregator:
                 except BadInput as e:
                     self._dead_letter(m, e)
                     continue
+                if part.guard is None:
+                    part.guard = partition_guard(self.cfg, self.stats, f"partition {tp.partition}")
+                hi = admit_record(part.guard, d)
                 if d.rows:
                     batches.append(d)
                     part.hi = max(part.hi, hi)

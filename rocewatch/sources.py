@@ -9,6 +9,8 @@ from typing import IO
 import polars as pl
 
 from collector.decode import GnmicEventDecoder, NicSnapshotDecoder
+from detectors.clock_guard import ClockGuard
+from detectors.windows import WindowConfig
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
 
@@ -24,11 +26,14 @@ class LineFileSource:
         decode: Callable[[list[bytes]], pl.DataFrame],
         stats: Stats,
         chunk_lines: int = 20_000,
+        guard: ClockGuard | None = None,
     ) -> None:
         self.path = path
         self.name = path.name
         self.decode = decode
         self.stats = stats
+        # a device whose clock lies must not move this source's time (and so the watermark)
+        self.guard = guard or ClockGuard(stats=stats, name=path.name)
         self.chunk_lines = chunk_lines
         self.hi: int | None = None
         self.done = False
@@ -53,7 +58,7 @@ class LineFileSource:
             self.done = True
             self._fh.close()
             return None
-        df = self.decode(lines)
+        df = self.guard.filter(self.decode(lines))
         if df.height:
             m = int(df["ts"].max())  # type: ignore[arg-type]
             self.hi = m if self.hi is None else max(self.hi, m)
@@ -68,7 +73,12 @@ class PcapSource:
     """INT Telemetry Reports from a classic pcap file, aggregated into canonical samples."""
 
     def __init__(
-        self, path: Path, topology: Topology, stats: Stats, chunk_bytes: int = 4 << 20
+        self,
+        path: Path,
+        topology: Topology,
+        stats: Stats,
+        chunk_bytes: int = 4 << 20,
+        guard: ClockGuard | None = None,
     ) -> None:
         from collector.inband import InbandStats, PayloadChunk, PcapStats, iter_pcap_chunks
         from collector.inband.aggregate import IntAggregator
@@ -84,6 +94,7 @@ class PcapSource:
         self._istats = InbandStats()
         self._counted: dict[str, int] = {}
         self._agg = IntAggregator(topology, stats)
+        self.guard = guard or ClockGuard(stats=stats, name=path.name)
         try:
             self._it: Iterator[PayloadChunk] | None = iter_pcap_chunks(
                 path, chunk_bytes=chunk_bytes, stats=self._pstats
@@ -121,39 +132,48 @@ class PcapSource:
             df = self._agg.add(empty_reports(), final=True) if self._agg.carry is not None else None
             self._count()
             if df is not None and df.height:
-                self._note(df)
-                return df
+                return self._note(df)
             return None
         self._read += int(chunk.buf.shape[0])
         reports, _ = parse_buffer(chunk.buf, chunk.starts, chunk.lens, self._istats)
         df = self._agg.add(reports)
         self._count()
-        if df.height:
-            self._note(df)
-        return df
+        return self._note(df) if df.height else df
 
-    def _note(self, df: pl.DataFrame) -> None:
-        m = int(df["ts"].max())  # type: ignore[arg-type]
-        self.hi = m if self.hi is None else max(self.hi, m)
+    def _note(self, df: pl.DataFrame) -> pl.DataFrame:
+        """The samples whose clocks agree with this source's (``ClockGuard``); ``hi`` moves."""
+        df = self.guard.filter(df)
+        if df.height:
+            m = int(df["ts"].max())  # type: ignore[arg-type]
+            self.hi = m if self.hi is None else max(self.hi, m)
+        return df
 
     def close(self) -> None:
         self._it = None
 
 
 def scenario_sources(
-    scenario: Path, topology: Topology, stats: Stats
+    scenario: Path, topology: Topology, stats: Stats, window: WindowConfig | None = None
 ) -> list[LineFileSource | PcapSource]:
-    """The recorded inputs of a scenario directory (CONTRACTS.md section 5) that exist."""
+    """The recorded inputs of a scenario directory (CONTRACTS.md section 5) that exist; each
+    with its own ``ClockGuard`` bounded by ``window``'s ``max_ahead_s`` / ``max_behind_s``."""
+    w = window or WindowConfig()
+
+    def guard(p: Path) -> ClockGuard:
+        return ClockGuard(w.max_ahead_s, w.max_behind_s, stats=stats, name=p.name)
+
     out: list[LineFileSource | PcapSource] = []
     sw = scenario / "switch.jsonl"
     if sw.exists():
-        out.append(LineFileSource(sw, GnmicEventDecoder(topology, stats).decode_lines, stats))
+        dec = GnmicEventDecoder(topology, stats).decode_lines
+        out.append(LineFileSource(sw, dec, stats, guard=guard(sw)))
     nic = scenario / "nic.jsonl"
     if nic.exists():
-        out.append(LineFileSource(nic, NicSnapshotDecoder(topology, stats).decode_lines, stats))
+        dec = NicSnapshotDecoder(topology, stats).decode_lines
+        out.append(LineFileSource(nic, dec, stats, guard=guard(nic)))
     pcap = scenario / "int.pcap"
     if pcap.exists():
-        out.append(PcapSource(pcap, topology, stats))
+        out.append(PcapSource(pcap, topology, stats, guard=guard(pcap)))
     return out
 
 
