@@ -87,7 +87,7 @@ class ClockGuard:
             return np.ones(n, dtype=bool)
         ref = self.reference
         assert ref is not None  # quick() set it
-        ahead = ts > self._limit()
+        ahead = self._ahead_of(ts, ref)
         behind = ts < ref - self.behind_ns
         keep = ~(ahead | behind)
         devs = device if device is not None else np.full(n, self.name or "?", dtype=object)
@@ -119,7 +119,9 @@ class ClockGuard:
             # a first batch holding a lying sample must not make it the reference: start from
             # the batch's median, and judge the batch against that
             self.reference = int(np.median(ts))
-        if self._latest or hi > self._limit() or lo < self.reference - self.behind_ns:
+        if self._latest or lo < self.reference - self.behind_ns:
+            return False
+        if hi > self._limit() and self._ahead_of(ts, self.reference).any():
             return False
         self.reference = max(self.reference, hi)
         return True
@@ -146,6 +148,25 @@ class ClockGuard:
 
     def _close(self) -> None:
         self._latest, self._calls = {}, 0
+
+    def _ahead_of(self, ts: np.ndarray, ref: int) -> np.ndarray:
+        """The samples past a leap of more than the bound in time, or past the wall clock.
+
+        A batch of a recording may span minutes, so a sample is not judged against the
+        reference alone: the times above the reference, in order, must climb from it in steps
+        no longer than the bound; everything above the first longer step is ahead. Liars thus
+        never vouch for each other, and honest samples never need a liar to vouch for them."""
+        above = np.sort(ts[ts > ref])
+        ahead = np.zeros(len(ts), dtype=bool)
+        if len(above):
+            steps = np.diff(np.r_[ref, above])
+            leap = np.flatnonzero(steps > self.ahead_ns)
+            if len(leap):
+                cut = int(ref if leap[0] == 0 else above[leap[0] - 1])
+                ahead = ts > cut
+        if self.wall_ns is not None:
+            ahead |= ts > self.wall_ns() + self.ahead_ns
+        return ahead
 
     def _limit(self) -> int:
         assert self.reference is not None
