@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
@@ -37,11 +38,15 @@ class LineFileSource:
         self.chunk_lines = chunk_lines
         self.hi: int | None = None
         self.done = False
-        self._fh: IO[bytes] = path.open("rb")
+        # users keep recordings compressed: a .gz file is read as it is (progress in its bytes)
+        self._raw: IO[bytes] = path.open("rb")
+        self._fh: IO[bytes] = (
+            gzip.GzipFile(fileobj=self._raw, mode="rb") if path.suffix == ".gz" else self._raw
+        )
         self.bytes_total = path.stat().st_size
 
     def position(self) -> int:
-        return self._fh.tell() if not self.done else self.bytes_total
+        return self._raw.tell() if not self.done else self.bytes_total
 
     def next(self) -> pl.DataFrame | None:
         if self.done:
@@ -56,7 +61,7 @@ class LineFileSource:
                 break
         if not lines:
             self.done = True
-            self._fh.close()
+            self.close()
             return None
         df = self.guard.filter(self.decode(lines))
         if df.height:
@@ -65,8 +70,9 @@ class LineFileSource:
         return df
 
     def close(self) -> None:
-        if not self._fh.closed:
-            self._fh.close()
+        for fh in (self._fh, self._raw):
+            if not fh.closed:
+                fh.close()
 
 
 class PcapSource:
@@ -152,6 +158,14 @@ class PcapSource:
         self._it = None
 
 
+def recording(scenario: Path, name: str) -> Path | None:
+    """``name`` in the scenario directory, or its gzip-compressed ``name.gz``; None if neither."""
+    for p in (scenario / name, scenario / f"{name}.gz"):
+        if p.exists():
+            return p
+    return None
+
+
 def scenario_sources(
     scenario: Path, topology: Topology, stats: Stats, window: WindowConfig | None = None
 ) -> list[LineFileSource | PcapSource]:
@@ -163,12 +177,12 @@ def scenario_sources(
         return ClockGuard(w.max_ahead_s, w.max_behind_s, stats=stats, name=p.name)
 
     out: list[LineFileSource | PcapSource] = []
-    sw = scenario / "switch.jsonl"
-    if sw.exists():
+    sw = recording(scenario, "switch.jsonl")
+    if sw is not None:
         dec = GnmicEventDecoder(topology, stats).decode_lines
         out.append(LineFileSource(sw, dec, stats, guard=guard(sw)))
-    nic = scenario / "nic.jsonl"
-    if nic.exists():
+    nic = recording(scenario, "nic.jsonl")
+    if nic is not None:
         dec = NicSnapshotDecoder(topology, stats).decode_lines
         out.append(LineFileSource(nic, dec, stats, guard=guard(nic)))
     pcap = scenario / "int.pcap"
