@@ -82,6 +82,17 @@ def lookup(
     return out
 
 
+def counter_timing(f: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each counter row's sampling interval and the span its rate covers (ns), for ``Row``: a
+    step's row sums ``n`` samples' intervals in ``dt``, so one sample's interval is ``dt / n``
+    and the rate held over all of ``dt``. 0 where ``dt`` is null (a gauge)."""
+    if f.height == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    dt = np.nan_to_num(f.get_column("dt").to_numpy().astype(np.float64)) * NS
+    n = np.maximum(f.get_column("n").to_numpy().astype(np.float64), 1.0)
+    return (dt / n).astype(np.int64), dt.astype(np.int64)
+
+
 # --- "held for sustain_s, with hysteresis", per entity ----------------------------------------
 
 # A dip (or the silence after the stay condition last held) is judged against the entity's

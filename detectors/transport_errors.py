@@ -1,24 +1,31 @@
 """TransportErrors: RoCE retransmissions and sequence errors on a NIC, beyond its baseline.
 
-Two signals per NIC (``/sys/class/infiniband/<nic>/ports/<p>/hw_counters``):
+Two signals per NIC (``/sys/class/infiniband/<nic>/ports/<p>/hw_counters``), each judged on
+the NIC's own samples, at whatever interval the agent reads them:
 
-- ``out_of_sequence`` has a healthy baseline (adaptive routing reorders packets). Its rate in
-  the step is *hot* at ``oos_factor`` times the larger of the NIC's own baseline (an EWMA with
-  time constant ``baseline_tau_s``, sampled every ``baseline_every_s`` and frozen while the NIC
-  is suspect, so a fault never becomes its own baseline) and the fabric's (an EWMA of the median
-  over all NICs), and at least ``oos_min_pps``. A NIC with fewer than
-  ``baseline_min_samples`` samples of its own is judged on the errors below alone.
+- ``out_of_sequence`` has a healthy baseline (adaptive routing reorders packets). A sample's
+  rate is *hot* at ``oos_factor`` times the larger of the NIC's own baseline (an EWMA with time
+  constant ``baseline_tau_s``, each sample weighted by the time it covers, frozen while the NIC
+  is suspect so a fault never becomes its own baseline) and the fabric's (an EWMA of the median
+  of every NIC's latest rate, taken every ``baseline_every_s``), and at least ``oos_min_pps``.
+  A NIC with less than ``baseline_min_s`` (and ``baseline_min_samples`` samples) of history of
+  its own is judged on the errors below alone.
 - ``packet_seq_err``, ``local_ack_timeout_err``, ``rnr_nak_retry_err`` and
   ``implied_nak_seq_err`` should be ~0: each is a retransmission (go-back-N) or a timeout.
-  Their sum over the last ``window_s`` is hot at ``error_min_rate`` per second. The sliding
-  sums are kept per NIC only for NICs that had an error in the window (a few).
+  Their summed rate is hot at ``error_min_rate`` per second, each counter's rate taken over its
+  samples of the last ``window_s`` and at least its newest sample (a NIC read every 5 s has
+  one sample per 5 s, not a window with holes). Only NICs that had an error lately are
+  followed (a few).
 
-A NIC fires once hot for ``sustain_s`` (dips of ``gap_s`` tolerated), stays firing while either
-signal is at least ``exit_ratio`` of its threshold and clears ``clear_s`` after that last held.
-A counter reset yields a small delta, never a spike (detectors/rates.py), so it cannot fire.
+A NIC fires once hot for ``sustain_s`` (``Sustain``: dips of ``gap_s`` tolerated, plus one
+missed sample and jitter at the NIC's own sampling interval), stays firing while either
+signal is at least ``exit_ratio`` of its threshold and clears ``clear_s`` (plus two and a half
+sampling intervals) after that last held. A sample's rate is known to have held over its own
+interval, so a NIC read every 5 s fires on its first hot sample. A counter reset yields a small
+delta, never a spike (detectors/rates.py), so it cannot fire.
 
-A healthy step costs one vectorised filter per counter, plus the baseline update once per
-``baseline_every_s``.
+A healthy step costs one vectorised update of the baselines (NumPy over entity slots) and a
+filter per error counter.
 """
 
 from __future__ import annotations
@@ -28,10 +35,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
 import polars as pl
 
 from detectors.base import Finding, StepContext, node_labels
-from detectors.state import NKEY, NS, Episode, Key, Row, Sustain, lookup, over
+from detectors.state import NS, EntitySlots, Episode, Key, Row, Sustain, counter_timing, matches
 from detectors.windows import Step
 from rocewatch.errors import ConfigError
 from rocewatch.topology import Topology
@@ -43,14 +51,9 @@ ERRORS = (
     ("nic_rnr_nak_retry_err", "RNR NAK retries exceeded"),
     ("nic_implied_nak_seq_err", "implied NAK sequence errors"),
 )
-_NIC_SCHEMA: dict[str, pl.DataType] = {"device": pl.String(), "port": pl.String()}
-_BASE_SCHEMA: dict[str, pl.DataType] = {
-    "device": pl.String(),
-    "port": pl.String(),
-    "ewma": pl.Float64(),
-    "n": pl.Int64(),
-    "seen": pl.Int64(),
-}
+# a NIC's latest reading counts (for the fabric median, or as its current out_of_sequence
+# rate between its samples) until this many of its intervals passed without a new one
+STALE_INTERVALS = 2.5
 
 
 @dataclass(frozen=True)
@@ -62,14 +65,15 @@ class TransportErrorsConfig:
     # every retransmission or ACK timeout stalls a queue pair; a few per second, sustained, is
     # a fault (healthy NICs see one every few minutes)
     error_min_rate: float = 5.0
-    window_s: float = 1.0  # the sliding window the error rate is counted over
+    window_s: float = 1.0  # errors are counted over this (and at least the newest sample)
     exit_ratio: float = 0.5  # of a threshold: the stay condition once firing
     sustain_s: float = 2.0
     gap_s: float = 0.1
     clear_s: float = 0.5
     baseline_tau_s: float = 60.0
-    baseline_every_s: float = 1.0
-    baseline_min_samples: int = 10
+    baseline_every_s: float = 1.0  # how often the fabric median is taken
+    baseline_min_s: float = 10.0  # history a NIC needs before its own baseline judges it
+    baseline_min_samples: int = 3  # ... and samples
     baseline_forget_s: float = 3600.0  # a NIC unseen this long loses its baseline
     max_entities: int = 10_000
     enabled: bool = True
@@ -89,8 +93,39 @@ class TransportErrorsConfig:
             raise ConfigError(f"{where}: window_s, sustain_s must be > 0; gap_s, clear_s >= 0")
         if self.baseline_tau_s <= 0 or self.baseline_every_s <= 0 or self.baseline_forget_s <= 0:
             raise ConfigError(f"{where}: baseline times must be > 0")
-        if self.baseline_min_samples < 0 or self.max_entities < 1:
-            raise ConfigError(f"{where}: baseline_min_samples >= 0, max_entities >= 1")
+        if self.baseline_min_s < 0 or self.baseline_min_samples < 0 or self.max_entities < 1:
+            raise ConfigError(
+                f"{where}: baseline_min_s, baseline_min_samples >= 0, max_entities >= 1"
+            )
+
+
+@dataclass
+class _Errors:
+    """One NIC's recent error-counter samples: per counter, (ts, delta, dt) newest last."""
+
+    samples: list[deque[tuple[int, float, float]]] = field(
+        default_factory=lambda: [deque() for _ in ERRORS]
+    )
+
+    def rates(self) -> list[float]:
+        """Each counter's rate over its kept samples (0 without any)."""
+        out = []
+        for d in self.samples:
+            dt = sum(x[2] for x in d)
+            out.append(sum(x[1] for x in d) / dt if dt > 0 else 0.0)
+        return out
+
+    def prune(self, horizon: int, stale: int) -> bool:
+        """Keep each counter's samples newer than ``horizon`` and its newest one unless older
+        than ``stale``; return whether any error is left to follow."""
+        left = False
+        for d in self.samples:
+            while d and (d[0][0] <= horizon and len(d) > 1):
+                d.popleft()
+            if d and d[-1][0] < stale:
+                d.clear()
+            left |= any(x[1] > 0 for x in d)
+        return left
 
 
 @dataclass
@@ -104,13 +139,24 @@ class TransportErrorsDetector:
     def __post_init__(self) -> None:
         c = self.config
         self.sustain = Sustain(c.sustain_s, c.gap_s, c.clear_s, c.max_entities)
-        self.baseline = pl.DataFrame(schema=_BASE_SCHEMA)  # per NIC out_of_sequence EWMA
         self.fabric_oos: float | None = None  # EWMA of the fabric's median out_of_sequence rate
         self.next_baseline = 0
-        self.learned = 0
-        # the error window: per step, the NICs with errors and what each counter added
-        self.recent: deque[tuple[int, list[tuple[Key, int, float]]]] = deque()
-        self.sums: dict[Key, list[float]] = {}
+        self.next_forget = 0
+        # per NIC slot: its out_of_sequence baseline and latest reading
+        self.slots = EntitySlots()
+        self.ewma = np.empty(0)  # nan: none yet
+        self.learned_s = np.empty(0)  # seconds of history in the baseline
+        self.learned_n = np.empty(0, dtype=np.int64)
+        self.seen = np.empty(0, dtype=np.int64)  # newest reading's time
+        self.last_rate = np.empty(0)  # newest reading's rate
+        self.interval = np.empty(0)  # sampling interval (s), smoothed
+        # the NICs with errors lately, and their samples
+        self.errors: dict[tuple[str, str], _Errors] = {}
+
+    def __setstate__(self, d: dict[str, object]) -> None:
+        self.__dict__.update(d)
+        if "slots" not in d:  # a checkpoint from before the per-sample baselines: start over
+            self.__post_init__()
 
     @property
     def window_s(self) -> float:
@@ -121,130 +167,215 @@ class TransportErrorsDetector:
         cur = ctx.engine.current()
         rows: list[Row] = []
         if cur is not None:
-            self._errors(cur, ctx.end)
-            rows = self._rows(cur)
+            fresh = self._errors(cur, ctx.end)
+            rows = self._rows(cur, ctx.end, fresh)
             if ctx.end >= self.next_baseline:
-                self._learn(cur, ctx.end)
+                self._fabric(ctx.end)
         if not rows and not self.sustain.episodes:
             return []
         return [self._finding(k, ep) for k, ep in self.sustain.update(ctx.start, ctx.end, rows)]
 
-    # --- the error window ----------------------------------------------------------------------
-    def _errors(self, cur: Step, end: int) -> None:
-        """Slide the per-NIC error sums: add this step's errors, drop the oldest step's."""
-        win = self.config.window_s
-        added: list[tuple[Key, int, float]] = []
+    # --- the error counters ----------------------------------------------------------------------
+    def _errors(self, cur: Step, end: int) -> dict[tuple[str, str], tuple[int, int, int]]:
+        """Add this step's error samples of the NICs with errors (and of those followed);
+        return, per NIC with a new sample, (newest ts, sample interval, span) in ns."""
+        cfg = self.config
+        fresh: dict[tuple[str, str], tuple[int, int, int]] = {}
+        followed = list(self.errors)
         for i, (metric, _) in enumerate(ERRORS):
-            # a long interval (an agent gap) holds errors from before the window: pro-rate them
-            added += [
-                (("nic", r["device"], r["port"]), i, r["delta"] * min(1.0, win / r["dt"]))
-                for r in over(cur.get(metric), 0.5, rate=False)  # counts: any error at all
-                if r["dt"]
-            ]
-        if added:
-            self.recent.append((end, added))
-            for key, i, x in added:
-                self.sums.setdefault(key, [0.0] * len(ERRORS))[i] += x
-        horizon = end - round(win * NS)
-        while self.recent and self.recent[0][0] <= horizon:
-            _, old = self.recent.popleft()
-            for key, i, x in old:
-                s = self.sums.get(key)
-                if s is None:
+            f = cur.get(metric)
+            if f.height == 0:
+                continue
+            delta = np.nan_to_num(f.get_column("delta").to_numpy())
+            want = delta >= 0.5  # counts: any error at all
+            if followed:
+                want |= matches(f, followed)
+            idx = np.flatnonzero(want & ~f.get_column("dt").is_null().to_numpy())
+            if len(idx) == 0:
+                continue
+            iv, held = counter_timing(f)
+            sel = f[pl.Series(idx, dtype=pl.UInt32)].select("device", "port", "delta", "dt", "ts")
+            for j, (dev, port, d, dt, ts) in zip(idx.tolist(), sel.iter_rows(), strict=True):
+                if not dt:
                     continue
-                s[i] -= x
-                if sum(s) < 1e-9:
-                    del self.sums[key]
+                key = (dev, port)
+                e = self.errors.get(key)
+                if e is None:
+                    e = self.errors[key] = _Errors()
+                e.samples[i].append((int(ts), float(d), float(dt)))
+                t, _, _ = fresh.get(key, (0, 0, 0))
+                if ts >= t:
+                    fresh[key] = (int(ts), int(iv[j]), int(held[j]))
+        horizon = end - round(cfg.window_s * NS)
+        for key in list(self.errors):
+            e = self.errors[key]
+            # a NIC that stopped reporting: its last samples mean nothing after a while
+            newest = max((d[-1][2] for d in e.samples if d), default=cfg.window_s)
+            stale = end - round((cfg.window_s + STALE_INTERVALS * newest) * NS)
+            if not e.prune(horizon, stale):
+                del self.errors[key]
+        return fresh
 
     # --- per step ------------------------------------------------------------------------------
-    def _rows(self, cur: Step) -> list[Row]:
+    def _rows(
+        self, cur: Step, end: int, fresh: dict[tuple[str, str], tuple[int, int, int]]
+    ) -> list[Row]:
         cfg = self.config
         oos = cur.get(OOS)
-        floor = cfg.exit_ratio * max(cfg.oos_min_pps, cfg.oos_factor * (self.fabric_oos or 0))
-        cand = over(oos, floor)
-        err_min = cfg.exit_ratio * cfg.error_min_rate * cfg.window_s
-        errs = [k[1:] for k, s in self.sums.items() if sum(s) >= err_min]
-        if not cand and not errs:
-            return []
-        keys = sorted({*((r["device"], r["port"]) for r in cand), *errs})
-        rate = lookup(oos, keys, "rate")
-        tss = lookup(oos, keys, "ts")
-        own = lookup(self.baseline, keys, "ewma")
-        n = lookup(self.baseline, keys, "n")
+        cand: dict[tuple[str, str], tuple[float, int, int, int]] = {}
+        if oos.height:
+            cand = self._oos(cur, oos, end)
         fabric = self.fabric_oos or 0.0
         rows = []
-        for dev, port in keys:
-            ts = tss.get((dev, port))
-            if ts is None:
-                continue  # no reading of this NIC in the step
-            mine = own.get((dev, port))
-            if (n.get((dev, port)) or 0) < cfg.baseline_min_samples:
-                mine = None
+        # NICs with a new sample in this step whose out_of_sequence or errors are at least warm
+        for key in sorted({*cand, *(k for k in fresh if k in self.errors)}):
+            e = self.errors.get(key)
+            sums = e.rates() if e is not None else [0.0] * len(ERRORS)
+            err_rate = sum(sums)
+            i = self.slots.index.get(key, -1)
+            mine = None
+            if i >= 0 and self._ready(i):
+                mine = float(self.ewma[i])
             base = max(fabric, mine or 0.0)
             # a NIC still learning its own baseline is judged on its errors alone: a path that
             # always reorders more than its peers is that NIC's normal, not a fault
             thr = max(cfg.oos_min_pps, cfg.oos_factor * base) if mine is not None else math.inf
-            r = rate.get((dev, port)) or 0.0
-            key: Key = ("nic", dev, port)
-            sums = self.sums.get(key, [0.0] * len(ERRORS))
-            err_rate = sum(sums) / cfg.window_s
+            if key in cand:
+                r, ts, iv, held = cand[key]
+            else:
+                r = self._current_rate(i, end)
+                ts, iv, held = fresh[key]
+            if key in fresh and fresh[key][0] > ts:
+                ts, iv, held = fresh[key]
             hot = r >= thr or err_rate >= cfg.error_min_rate
             warm = r >= cfg.exit_ratio * thr or err_rate >= cfg.exit_ratio * cfg.error_min_rate
             if warm:
-                info = (r, thr, base, mine, fabric, tuple(sums), err_rate)
-                rows.append(Row(key, int(hot), int(ts), info))
+                span = self._error_span(e)
+                info = (r, thr, base, mine, fabric, tuple(sums), err_rate, span)
+                rows.append(Row(("nic", *key), int(hot), ts, info, interval=iv, held=held))
         return rows
 
-    # --- baselines ------------------------------------------------------------------------------
-    def _learn(self, cur: Step, end: int) -> None:
-        """Fold this step's out_of_sequence rates into the per-NIC and fabric baselines."""
+    def _ready(self, i: int) -> bool:
+        cfg = self.config
+        return bool(
+            self.learned_s[i] >= cfg.baseline_min_s
+            and self.learned_n[i] >= cfg.baseline_min_samples
+            and math.isfinite(self.ewma[i])
+        )
+
+    def _current_rate(self, i: int, end: int) -> float:
+        """A NIC's newest out_of_sequence rate, while it is not stale."""
+        if i < 0 or self.seen[i] == 0:
+            return 0.0
+        if end - self.seen[i] > STALE_INTERVALS * self.interval[i] * NS + NS:
+            return 0.0
+        return float(self.last_rate[i])
+
+    @staticmethod
+    def _error_span(e: _Errors | None) -> float:
+        """The seconds of samples the error rate was taken over (for the evidence)."""
+        if e is None:
+            return 0.0
+        return max((sum(x[2] for x in d) for d in e.samples), default=0.0)
+
+    # --- out_of_sequence and its baselines --------------------------------------------------------
+    def _grow(self) -> None:
+        add = len(self.slots) - len(self.ewma)
+        if add <= 0:
+            return
+        self.ewma = np.concatenate([self.ewma, np.full(add, np.nan)])
+        self.learned_s = np.concatenate([self.learned_s, np.zeros(add)])
+        self.learned_n = np.concatenate([self.learned_n, np.zeros(add, dtype=np.int64)])
+        self.seen = np.concatenate([self.seen, np.zeros(add, dtype=np.int64)])
+        self.last_rate = np.concatenate([self.last_rate, np.zeros(add)])
+        self.interval = np.concatenate([self.interval, np.zeros(add)])
+
+    def _oos(
+        self, cur: Step, oos: pl.DataFrame, end: int
+    ) -> dict[tuple[str, str], tuple[float, int, int, int]]:
+        """Judge this step's out_of_sequence samples against the baselines, then fold the
+        clean ones in; return the NICs at least warm: (rate, ts, interval, span)."""
+        cfg = self.config
+        known = cur.positions
+        at = (known[0], known[1][OOS]) if known is not None and OOS in known[1] else None
+        slot = self.slots.rows_at(oos, at)
+        self._grow()
+        dt = oos.get_column("dt").to_numpy().astype(np.float64)
+        ok = np.isfinite(dt) & (dt > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = oos.get_column("delta").to_numpy().astype(np.float64) / dt
+        ok &= np.isfinite(r)
+        ts = oos.get_column("ts").to_numpy()
+        n = np.maximum(oos.get_column("n").to_numpy().astype(np.float64), 1.0)
+        ewma = self.ewma[slot]
+        ready = (
+            (self.learned_s[slot] >= cfg.baseline_min_s)
+            & (self.learned_n[slot] >= cfg.baseline_min_samples)
+            & np.isfinite(ewma)
+        )
+        base = np.maximum(self.fabric_oos or 0.0, np.nan_to_num(ewma))
+        thr = np.where(ready, np.maximum(cfg.oos_min_pps, cfg.oos_factor * base), np.inf)
+        warm = ok & (r >= cfg.exit_ratio * thr)
+        hot = ok & (r >= thr)
+        # the latest reading of every NIC, and its interval
+        s, iv = slot[ok], dt[ok] / n[ok]
+        prev = self.interval[s]
+        self.interval[s] = np.where(prev > 0, prev + 0.25 * (iv - prev), iv)
+        self.seen[s] = ts[ok]
+        self.last_rate[s] = r[ok]
+        # learn from clean readings only, and never while the NIC is suspect
+        learn = ok & ~hot
+        if self.sustain.episodes:
+            index = self.slots.index
+            sus = [index.get((k[1], k[2]), -1) for k in self.sustain.episodes if k[0] == "nic"]
+            learn &= ~np.isin(slot, np.array(sus, dtype=np.int64))
+        s, x, w = slot[learn], r[learn], dt[learn]
+        alpha = -np.expm1(-w / cfg.baseline_tau_s)
+        old = self.ewma[s]
+        self.ewma[s] = np.where(np.isnan(old), x, old + alpha * (x - old))
+        self.learned_s[s] += w
+        self.learned_n[s] += 1
+        out: dict[tuple[str, str], tuple[float, int, int, int]] = {}
+        idx = np.flatnonzero(warm)
+        if len(idx):
+            iv_ns, held_ns = counter_timing(oos)
+            for j in idx.tolist():  # the few NICs reordering beyond their threshold
+                key = self.slots.keys[int(slot[j])]
+                out[key] = (float(r[j]), int(ts[j]), int(iv_ns[j]), int(held_ns[j]))
+        return out
+
+    def _fabric(self, end: int) -> None:
+        """Fold the median of every NIC's latest rate into the fabric's baseline."""
         cfg = self.config
         self.next_baseline = end + round(cfg.baseline_every_s * NS)
-        f = cur.get(OOS)
-        if f.height == 0:
+        if len(self.seen) == 0:
             return
-        f = f.select(*NKEY, (pl.col("delta") / pl.col("dt")).alias("r"))  # null without a dt
-        med = f["r"].median()
-        if med is None:
+        alive = (self.seen > 0) & (
+            end - self.seen <= (STALE_INTERVALS * self.interval + cfg.baseline_every_s) * NS
+        )
+        if not alive.any():
             return
-        alpha = min(1.0, cfg.baseline_every_s / cfg.baseline_tau_s)
-        # an EWMA of the median: one step's fabric-wide burst barely moves it
-        m = float(med)  # type: ignore[arg-type]
+        # an EWMA of the median: one moment's fabric-wide burst barely moves it
+        m = float(np.median(self.last_rate[alive]))
+        alpha = -math.expm1(-cfg.baseline_every_s / cfg.baseline_tau_s)
         self.fabric_oos = (
             m if self.fabric_oos is None else self.fabric_oos + alpha * (m - self.fabric_oos)
         )
-        if self.sustain.episodes:  # a suspect NIC's baseline is frozen
-            sus = pl.DataFrame(
-                [k[1:] for k in self.sustain.episodes if k[0] == "nic"],
-                schema=_NIC_SCHEMA,
-                orient="row",
-            )
-            f = f.join(sus, on=NKEY, how="anti")
-        r, ewma = pl.col("r"), pl.col("ewma")
-        self.baseline = self.baseline.join(f, on=NKEY, how="full", coalesce=True).select(
-            *NKEY,
-            pl.when(ewma.is_null())
-            .then(r)
-            .when(r.is_null())
-            .then(ewma)
-            .otherwise(ewma + alpha * (r - ewma))
-            .alias("ewma"),
-            (pl.col("n").fill_null(0) + r.is_not_null().cast(pl.Int64)).alias("n"),
-            pl.when(r.is_not_null()).then(end).otherwise(pl.col("seen")).alias("seen"),
-        )
-        self.learned += 1
-        if self.learned % 60 == 0:  # NICs gone from the fabric: forget them now and then
-            forget = end - round(cfg.baseline_forget_s * NS)
-            self.baseline = self.baseline.filter(pl.col("seen") >= forget)
+        if end >= self.next_forget:  # NICs gone from the fabric: forget them now and then
+            self.next_forget = end + 60 * NS
+            gone = (self.seen > 0) & (self.seen < end - round(cfg.baseline_forget_s * NS))
+            self.ewma[gone] = np.nan
+            self.learned_s[gone] = 0.0
+            self.learned_n[gone] = 0
 
     # --- findings -------------------------------------------------------------------------------
     def _finding(self, key: Key, ep: Episode) -> Finding:
         cfg = self.config
         _, dev, port = key
-        rate, thr, base, own, fabric, sums, err_rate = ep.info
+        rate, thr, base, own, fabric, sums, err_rate, span = ep.info
         who = f"{dev}/{port}"
         counts = ", ".join(
-            f"{x:,.0f} {label}" for (_, label), x in zip(ERRORS, sums, strict=True) if x >= 0.5
+            f"{x:,.1f}/s {label}" for (_, label), x in zip(ERRORS, sums, strict=True) if x > 0
         )
         if own is None:
             oos = f"out_of_sequence {rate:,.0f}/s (not judged: its own baseline is still learning)"
@@ -255,7 +386,7 @@ class TransportErrorsDetector:
                 f"{fabric:,.0f}/s))"
             )
         evidence = (
-            f"{who}: {oos}; retransmission errors {err_rate:,.1f}/s over {cfg.window_s:g} s "
+            f"{who}: {oos}; retransmission errors {err_rate:,.1f}/s over {span:.3g} s "
             f"({counts or 'none'}; threshold {cfg.error_min_rate:g}/s); held {cfg.sustain_s:g} s"
         )
         what = []

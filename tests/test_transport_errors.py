@@ -2,6 +2,8 @@
 NIC's own and the fabric's baseline; healthy reordering, stray errors and counter clears must
 not fire."""
 
+import dataclasses
+
 import numpy as np
 import polars as pl
 import pytest
@@ -12,6 +14,7 @@ from rocewatch.errors import ConfigError
 from rocewatch.model import conform
 from rocewatch.pipeline import Pipeline
 from rocewatch.topology import Topology
+from tests import cadence
 
 S = 1_000_000_000
 STEP = S // 10
@@ -168,3 +171,95 @@ def test_config_validation():
         config_from_dict({"detectors": {"transport_errors": {"exit_ratio": 0}}})
     with pytest.raises(ConfigError, match="oos_factor"):
         TransportErrorsConfig(oos_factor=0.5)
+
+
+# --- cadence: the same rules at any sampling interval ---------------------------------------
+
+
+def nic_series(interval, fault=None, sick=SICK, oos_fault=0.0, jitter=0.0, lost=frozenset()):
+    """Every NIC's transport counters read every ``interval`` s; ``fault`` = (from, until,
+    {metric: extra per second}) on ``sick``."""
+    out = []
+    for k, nic in enumerate(NICS):
+        for m in METRICS:
+            base = OOS_PPS if m == "nic_out_of_sequence" else 0.0
+            extra = []
+            if fault is not None and nic == sick and fault[2].get(m):
+                extra = [(fault[0], fault[1], fault[2][m])]
+            out.append(
+                cadence.Series(
+                    *nic,
+                    m,
+                    rate=cadence.Rate(base, extra),
+                    interval=interval,
+                    phase=0.003 + 0.37 * k % interval,  # NICs are read out of step
+                    jitter=jitter,
+                    lost=lost,
+                )
+            )
+    return out
+
+
+ONLY = ("transport_errors",)
+
+
+def test_field_report_nic_counters_every_second():
+    # 40 NAK sequence errors and 15 ACK timeouts a second for half a minute, NIC counters read
+    # every second (ethtool / hw_counters polling): one alert, in time, for the whole fault
+    fault = (10.0, 40.0, {"nic_packet_seq_err": 40.0, "nic_local_ack_timeout": 15.0})
+    r = cadence.run(TOPO, nic_series(1.0, fault), 50.0)  # every detector
+    (a,) = r.named("TransportErrors")
+    assert (a.labels["node"], a.labels["nic"]) == SICK
+    assert 0 < cadence.ttd(a, 10.0) <= cadence.bound(1.0)
+    assert cadence.still_firing_or_ended_after(a, 40.0)
+    assert a.ends_at and a.ends_at < cadence.T0 + 50 * S
+
+
+@pytest.mark.parametrize("interval", cadence.CADENCES)
+@pytest.mark.parametrize(
+    "rates",
+    [
+        {"nic_packet_seq_err": 40.0, "nic_local_ack_timeout": 15.0},
+        {"nic_rnr_nak_retry_err": 8.0},
+        {"nic_out_of_sequence": 2_500.0},
+    ],
+    ids=["naks+timeouts", "rnr-retries", "out-of-sequence"],
+)
+def test_one_fault_one_alert_at_any_cadence(interval, rates):
+    # out_of_sequence alone needs the NIC's own baseline: 10 s of history
+    onset, until, seconds = cadence.timeline(interval, learn_s=12.0)
+    r = cadence.run(
+        TOPO, nic_series(interval, (onset, until, rates), jitter=0.2), seconds, only=ONLY
+    )
+    (a,) = r.named("TransportErrors")
+    assert (a.labels["node"], a.labels["nic"]) == SICK
+    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+    assert cadence.still_firing_or_ended_after(a, until)
+    assert a.ends_at, "cleared once the fault ended"
+
+
+@pytest.mark.parametrize("interval", cadence.CADENCES)
+def test_healthy_nics_never_fire_at_any_cadence(interval):
+    # stray errors (one every few seconds) and a NIC that always reorders 10x its peers
+    noisy = ("gpu-003", "mlx5_0")
+    series = [
+        dataclasses.replace(s, rate=cadence.Rate(0.3))
+        if s.metric == "nic_packet_seq_err"
+        else dataclasses.replace(s, rate=cadence.Rate(250.0))
+        if (s.device, s.port) == noisy and s.metric == "nic_out_of_sequence"
+        else s
+        for s in nic_series(interval, jitter=0.2)
+    ]
+    r = cadence.run(TOPO, series, cadence.timeline(interval)[2] + 10.0, only=ONLY)
+    assert r.named("TransportErrors") == []
+
+
+@pytest.mark.parametrize("interval", cadence.CADENCES)
+def test_a_lost_sample_does_not_split_the_alert(interval):
+    onset, until, seconds = cadence.timeline(interval)
+    fault = (onset, until, {"nic_packet_seq_err": 40.0})
+    lost = frozenset({round(k * interval, 6) for k in range(4, 400, 7)})  # one in seven
+    r = cadence.run(TOPO, nic_series(interval, fault, lost=lost), seconds, only=ONLY)
+    (a,) = r.named("TransportErrors")
+    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval) + interval
+    assert cadence.still_firing_or_ended_after(a, until)
