@@ -16,9 +16,18 @@ from rocewatch.sim.faults import (
     FlakyLink,
     PcieDowngrade,
     PfcStorm,
+    QueueBuildup,
+    Straggler,
     TransportErrors,
 )
-from rocewatch.sim.simulator import SimConfig, Simulator, Tick, config_from_dict, config_to_dict
+from rocewatch.sim.simulator import (
+    Readings,
+    SimConfig,
+    Simulator,
+    Tick,
+    config_from_dict,
+    config_to_dict,
+)
 from rocewatch.sim.writers import write_scenario
 
 __all__ = [
@@ -32,8 +41,11 @@ __all__ = [
     "JobSpec",
     "PcieDowngrade",
     "PfcStorm",
+    "QueueBuildup",
+    "Readings",
     "SimConfig",
     "Simulator",
+    "Straggler",
     "Tick",
     "TransportErrors",
     "build_topology",

@@ -2,9 +2,15 @@
 
 NIC ``k`` of every node plugs into a leaf of rail ``k`` (one leaf per rail per pod of
 ``nodes_per_leaf`` nodes, 64 by default, named ``leaf-r{rail}-p{pod}``); every leaf has one
-uplink to every spine (``spine-{i}``). Ports are named ``Ethernet1/<n>`` (leaf downlinks,
-spine ports) and ``Ethernet2/<n>`` (leaf uplinks), so
-every "device/port" reference exercises the slash rule of CONTRACTS.md section 1.
+uplink to every spine (``spine-{i}``). Port names follow the config's ``naming``, as the three
+switch operating systems name front-panel ports:
+
+- ``openconfig`` (the default; EOS/NX-OS style): ``Ethernet1/<n>`` (leaf downlinks, spine
+  ports) and ``Ethernet2/<n>`` (leaf uplinks), so every "device/port" reference exercises the
+  slash rule of CONTRACTS.md section 1;
+- ``cumulus``: ``swp<n>``, downlinks first, then the uplinks;
+- ``sonic``: ``Ethernet<first lane>``, 8 serdes lanes per port at 400G and 800G, 4 below
+  (``Ethernet0``, ``Ethernet8``, ...).
 
 The simulator works on cable *directions*: cable ``c`` has direction ``2c`` (NIC->leaf, or
 leaf->spine) and ``2c + 1`` (leaf->NIC, or spine->leaf). NIC cables come first (cable ``e`` for
@@ -22,6 +28,7 @@ pause a receiver sends on a direction pauses that direction's sender.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +40,9 @@ if TYPE_CHECKING:
     from rocewatch.sim.simulator import SimConfig
 
 NODES_PER_LEAF = 64
-LINE_GBPS = 400
-BUFFER_BYTES = 64 * 1024 * 1024  # shared buffer per switch (one lossless queue may use it all)
+LINE_GBPS = 400  # the default link speed
+BUFFER_BYTES = 64 * 1024 * 1024  # default shared buffer per switch (one lossless queue may use it)
+NAMINGS = ("openconfig", "cumulus", "sonic")
 INT_CELL_BYTES = 256  # INT occupancy unit: 24 bits of cells must cover the whole buffer
 GNMI_PORT = 9339
 
@@ -61,6 +69,31 @@ def node_name(i: int) -> str:
     return f"gpu-{i + 1:03d}"
 
 
+def port_names(
+    naming: str, link_gbps: int, per_leaf: int
+) -> tuple[Callable[[int], str], Callable[[int], str], Callable[[int], str]]:
+    """Name functions for leaf downlink ``i``, the leaf uplink to spine ``s`` and the spine port
+    facing leaf ``lf``, in ``naming``'s convention (module docstring)."""
+    if naming == "cumulus":
+        return (
+            lambda i: f"swp{i + 1}",
+            lambda s: f"swp{per_leaf + s + 1}",
+            lambda lf: f"swp{lf + 1}",
+        )
+    if naming == "sonic":
+        lanes = 8 if link_gbps >= 400 else 4
+        return (
+            lambda i: f"Ethernet{i * lanes}",
+            lambda s: f"Ethernet{(per_leaf + s) * lanes}",
+            lambda lf: f"Ethernet{lf * lanes}",
+        )
+    return (
+        lambda i: f"Ethernet1/{i + 1}",
+        lambda s: f"Ethernet2/{s + 1}",
+        lambda lf: f"Ethernet1/{lf + 1}",
+    )
+
+
 def default_jobs(cfg: SimConfig) -> tuple[JobSpec, ...]:
     """Two jobs of two tenants over the two halves of the nodes (one job for a single node)."""
     names = [node_name(i) for i in range(cfg.nodes)]
@@ -82,6 +115,13 @@ class Fabric:
         self.n_spines = s = cfg.spines
         self.per_leaf = per = getattr(cfg, "nodes_per_leaf", NODES_PER_LEAF)
         self.pod_domains = bool(getattr(cfg, "pod_domains", False))
+        self.link_gbps = int(getattr(cfg, "link_gbps", LINE_GBPS))
+        self.buffer_bytes = int(getattr(cfg, "buffer_mb", BUFFER_BYTES >> 20)) << 20
+        self.naming = str(getattr(cfg, "naming", "openconfig"))
+        # an 800G NIC needs PCIe Gen6 x16 to run at line rate; slower ones come with Gen5 x16
+        self.pcie_max_gts = 64.0 if self.link_gbps >= 800 else 32.0
+        self.pcie_max_width = 16
+        down, up, spine_facing = port_names(self.naming, self.link_gbps, per)
         self.n_pods = pods = -(-n // per)
         self.n_leaves = nl = k * pods
         self.nodes = [node_name(i) for i in range(n)]
@@ -98,7 +138,7 @@ class Fabric:
         self.nic_node = np.repeat(np.arange(n), k)
         self.nic_rail = np.tile(np.arange(k), n)
         self.nic_leaf = self.nic_rail * pods + self.nic_node // per
-        self.nic_port_name = [f"Ethernet1/{i % per + 1}" for i in self.nic_node]
+        self.nic_port_name = [down(int(i) % per) for i in self.nic_node]
 
         # cables, directions, ports
         self.n_uplinks = u = nl * s
@@ -118,8 +158,8 @@ class Fabric:
         self.port_in_dir = self.port_out_dir ^ 1
         self.port_name = (
             self.nic_port_name
-            + [f"Ethernet2/{i + 1}" for i in self.uplink_spine]
-            + [f"Ethernet1/{i + 1}" for i in self.uplink_leaf]
+            + [up(int(i)) for i in self.uplink_spine]
+            + [spine_facing(int(i)) for i in self.uplink_leaf]
         )
         self.port_index = {
             (self.switches[int(sw)], name): i
@@ -179,15 +219,17 @@ class Fabric:
             d["int_node_id"] = i + 1
             d["int_ports"] = {j + 1: p for j, p in enumerate(ports)}
             d["int_cell_bytes"] = INT_CELL_BYTES
-            d["buffer_bytes"] = BUFFER_BYTES
+            d["buffer_bytes"] = self.buffer_bytes
             switches.append(d)
-        links = [
-            {
-                "a": f"{self.leaves[int(lf)]}/Ethernet2/{int(sp) + 1}",
-                "b": f"{self.spines[int(sp)]}/Ethernet1/{int(lf) + 1}",
-            }
-            for lf, sp in zip(self.uplink_leaf, self.uplink_spine, strict=True)
-        ]
+        links = []
+        for c in range(self.n_uplinks):
+            a, b = self.n_nics + c, self.n_nics + self.n_uplinks + c
+            links.append(
+                {
+                    "a": f"{self.switches[int(self.port_switch[a])]}/{self.port_name[a]}",
+                    "b": f"{self.switches[int(self.port_switch[b])]}/{self.port_name[b]}",
+                }
+            )
         nodes = []
         for i, name in enumerate(self.nodes):
             nics = []
@@ -197,7 +239,7 @@ class Fabric:
                     {
                         "nic": self.rail_nics[r],
                         "netdev": self.rail_netdevs[r],
-                        "speed_gbps": LINE_GBPS,
+                        "speed_gbps": self.link_gbps,
                         "rail": r,
                         "switch_port": (
                             f"{self.leaves[int(self.nic_leaf[e])]}/{self.nic_port_name[e]}"

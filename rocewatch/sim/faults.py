@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from rocewatch.errors import ConfigError
-from rocewatch.sim.fabric import BUFFER_BYTES, Fabric
+from rocewatch.sim.fabric import Fabric
 
 if TYPE_CHECKING:
     from rocewatch.sim.simulator import SimConfig
@@ -50,15 +50,23 @@ class Fault:
 
 @dataclass(frozen=True, kw_only=True)
 class PfcStorm(Fault):
-    """A NIC whose receive path stalled keeps sending PFC pause on the job's priority.
+    """A device keeps sending PFC pause on the job's priority.
 
+    ``origin="nic"`` (the default): a NIC whose receive path stalled (``node``/``nic``; a node
+    listed in the config's ``no_agent_nodes`` makes it a dark origin only the switches see).
     The pause spreads hop by hop (leaf, spines, the other leaves, the job's NICs), each hop
     ``hop_delays_s[i]`` (100-300 ms) after the previous one.
+
+    ``origin="switch"``: a leaf (``switch``) that pauses its neighbours (its NICs and the
+    spines) while nothing pauses it, e.g. a wedged egress pipeline; the spines then pause the
+    other leaves and those their NICs. No node is to blame: the truth has no culprit node.
     """
 
     node: str | None = None
     nic: str | None = None
     hop_delays_s: tuple[float, ...] | None = None
+    origin: str = "nic"
+    switch: str | None = None
 
     kind: ClassVar[str] = "PfcStorm"
     alertname: ClassVar[str | None] = "PFCStorm"
@@ -80,6 +88,9 @@ class FlakyLink(Fault):
     flaps: int = 3
     peak_ber: float = 1e-4
     flap_windows_s: tuple[tuple[float, float], ...] | None = None  # (start, length)
+    # the peak as a multiple of the link's own healthy pre-FEC BER (instead of ``peak_ber``)
+    ber_factor: float | None = None
+    errors: bool = True  # False: the link only flaps, its error counters stay healthy
 
     kind: ClassVar[str] = "FlakyLink"
     alertname: ClassVar[str | None] = "FlakyLink"
@@ -88,11 +99,13 @@ class FlakyLink(Fault):
 
 @dataclass(frozen=True, kw_only=True)
 class PcieDowngrade(Fault):
-    """The NIC's PCIe link trained down (Gen5 32 GT/s -> ``speed_gts``): a straggler."""
+    """The NIC's PCIe link trained down (Gen5 32 GT/s -> ``speed_gts``, and/or x16 ->
+    ``width`` lanes): a straggler where the link's bandwidth falls below the network's."""
 
     node: str | None = None
     nic: str | None = None
     speed_gts: float = 16.0
+    width: int = 16
 
     kind: ClassVar[str] = "PcieDowngrade"
     alertname: ClassVar[str | None] = "PCIeDowngrade"
@@ -108,10 +121,21 @@ class EcnIncast(Fault):
     senders: int = 8
     fill: float | None = None  # share of the queue's buffer held, 0.85..0.98
     sender_nics: tuple[str, ...] | None = None  # "node/nic"
+    ecn: float | None = None  # share of the queue's packets marked (None: 0.4..0.7)
 
     kind: ClassVar[str] = "EcnIncast"
     alertname: ClassVar[str | None] = "ECNCongestion"
     also: ClassVar[tuple[str, ...]] = ("QueueBuildup", "PortAnomaly")
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueBuildup(EcnIncast):
+    """A standing queue: the leaf's egress queue toward one NIC holds ``fill`` of the buffer
+    (incast the congestion control does not tame); the physics of ``EcnIncast``."""
+
+    kind: ClassVar[str] = "QueueBuildup"
+    alertname: ClassVar[str | None] = "QueueBuildup"
+    also: ClassVar[tuple[str, ...]] = ("ECNCongestion", "PortAnomaly")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,9 +145,27 @@ class TransportErrors(Fault):
     node: str | None = None
     nic: str | None = None
     scale: float = 1.0
+    # errors per second (all transport counters together, averaged over the job's traffic)
+    # instead of ``scale``
+    rate_per_s: float | None = None
 
     kind: ClassVar[str] = "TransportErrors"
     alertname: ClassVar[str | None] = "TransportErrors"
+    also: ClassVar[tuple[str, ...]] = ("PortAnomaly",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Straggler(Fault):
+    """A NIC that runs ``slow`` (0.1 = 10 %) below line rate once it heats up (thermal
+    throttling, reached over ~3 s): it pauses its leaf when it cannot drain what arrives, and
+    its job's ring waits for it. Its PCIe link stays as it was."""
+
+    node: str | None = None
+    nic: str | None = None
+    slow: float = 0.25
+
+    kind: ClassVar[str] = "Straggler"
+    alertname: ClassVar[str | None] = "Straggler"
     also: ClassVar[tuple[str, ...]] = ("PortAnomaly",)
 
 
@@ -157,7 +199,9 @@ FAULT_KINDS: dict[str, type[Fault]] = {
         FlakyLink,
         PcieDowngrade,
         EcnIncast,
+        QueueBuildup,
         TransportErrors,
+        Straggler,
         CounterClear,
         AgentGap,
     )
@@ -287,8 +331,13 @@ def resolve_faults(cfg: SimConfig, fab: Fabric) -> list[Fault]:
         if t0 >= run:  # a shortened run: the fault never happens, so it is not in the truth
             log.info("%s at %.2f s is after the end of the run (%.2f s): left out", f.kind, t0, run)
             continue
-        nic_fault = PfcStorm | FlakyLink | PcieDowngrade | EcnIncast | TransportErrors
-        if isinstance(f, nic_fault) and not (isinstance(f, FlakyLink) and f.uplink):
+        nic_fault = PfcStorm | FlakyLink | PcieDowngrade | EcnIncast | TransportErrors | Straggler
+        on_switch = (isinstance(f, FlakyLink) and f.uplink) or (
+            isinstance(f, PfcStorm) and f.origin == "switch"
+        )
+        if isinstance(f, PfcStorm) and f.origin not in ("nic", "switch"):
+            raise ConfigError(f"PfcStorm: origin {f.origin!r} is not 'nic' or 'switch'")
+        if isinstance(f, nic_fault) and not on_switch:
             _check_nic(fab, f.kind, f.node, f.nic)
             e = pick.nic(rng, t0, t1)
             node = f.node or fab.nodes[int(fab.nic_node[e])]
@@ -300,6 +349,14 @@ def resolve_faults(cfg: SimConfig, fab: Fabric) -> list[Fault]:
             pick.claim(t0, t1, affected, {int(fab.nic_rail[e])})
             f = dataclasses.replace(f, node=node, nic=nic)  # type: ignore[call-arg]
         if isinstance(f, PfcStorm):
+            if f.origin == "switch":
+                if f.switch is not None and f.switch not in fab.leaves:
+                    raise ConfigError(f"PfcStorm: {f.switch!r} is not a leaf")
+                leaf = fab.leaves.index(f.switch) if f.switch else pick.leaf(rng, t0, t1)
+                jobs = set(fab.nic_job[fab.nics_on_leaf(leaf)].tolist()) - {-1}
+                nodes = {i for i in range(fab.n_nodes) if int(fab.job_of_node[i]) in jobs}
+                pick.claim(t0, t1, nodes, {leaf // fab.n_pods})
+                f = dataclasses.replace(f, switch=fab.leaves[leaf])
             drawn = tuple(float(x) for x in np.round(rng.uniform(0.1, 0.3, 3), 3))
             delays = f.hop_delays_s or drawn
             if len(delays) != 3 or not all(0 < d <= 1.0 for d in delays):
@@ -380,8 +437,11 @@ def storm_hops(fab: Fabric, storm: PfcStorm) -> list[Hop]:
     1. the origin pauses its leaf port; 2. the leaf pauses the spines (its uplinks) and the
     job's other NICs on that leaf; 3. the spines pause the uplinks of the other leaves that
     carry the job; 4. those leaves pause the job's NICs below them. Every paused entity only
-    pauses others because it is paused; the origin is not paused.
+    pauses others because it is paused; the origin is not paused. A switch origin: see
+    ``switch_storm_hops``.
     """
+    if storm.origin == "switch":
+        return switch_storm_hops(fab, storm)
     assert storm.node is not None and storm.nic is not None and storm.hop_delays_s is not None
     x = fab.nic_index(storm.node, storm.nic)
     leaf = int(fab.nic_leaf[x])
@@ -428,13 +488,67 @@ def storm_hops(fab: Fabric, storm: PfcStorm) -> list[Hop]:
     return hops
 
 
+def switch_storm_hops(fab: Fabric, storm: PfcStorm) -> list[Hop]:
+    """How the pause spreads from a leaf that pauses everything it receives from.
+
+    1. the leaf pauses its NICs and the spines (every port it has); 2. the spines, their
+    queues toward the leaf stuck, pause the uplinks of the other leaves that carry jobs with
+    NICs on it; 3. those leaves pause those jobs' NICs below them. The leaf itself is never
+    paused.
+    """
+    assert storm.switch is not None and storm.hop_delays_s is not None
+    leaf = fab.leaves.index(storm.switch)
+    d1, d2, _ = storm.hop_delays_s
+    mine = [int(e) for e in fab.nics_on_leaf(leaf)]
+    ups = [fab.uplink_port(leaf, s) for s in range(fab.n_spines)]
+    sps = [fab.spine_port(leaf, s) for s in range(fab.n_spines)]
+    hops: list[Hop] = [
+        Hop(
+            0.0,
+            tuple(fab.port_labels(p) for p in mine + ups),
+            tuple(fab.nic_labels(e) for e in mine) + tuple(fab.port_labels(p) for p in sps),
+            np.array(
+                [2 * e for e in mine] + [2 * int(fab.port_cable[p]) + 1 for p in ups], dtype=int
+            ),
+        )
+    ]
+    jobs = set(fab.nic_job[mine].tolist()) - {-1}
+    in_jobs = np.isin(fab.nic_job, sorted(jobs))
+    others = [lf for lf in np.unique(fab.nic_leaf[in_jobs]).tolist() if lf != leaf]
+    far_sp = [fab.spine_port(lf, s) for lf in others for s in range(fab.n_spines)]
+    far_up = [fab.uplink_port(lf, s) for lf in others for s in range(fab.n_spines)]
+    hops.append(
+        Hop(
+            d1,
+            tuple(fab.port_labels(p) for p in far_sp),
+            tuple(fab.port_labels(p) for p in far_up),
+            np.array([2 * int(fab.port_cable[p]) for p in far_up], dtype=int),
+        )
+    )
+    far = [int(e) for e in np.flatnonzero(in_jobs & (fab.nic_leaf != leaf))]
+    hops.append(
+        Hop(
+            d1 + d2,
+            tuple(fab.port_labels(e) for e in far),
+            tuple(fab.nic_labels(e) for e in far),
+            np.array([2 * e for e in far], dtype=int),
+        )
+    )
+    return hops
+
+
 # --- ground truth --------------------------------------------------------------------------------
 
 
 def truth(
-    cfg: SimConfig, fab: Fabric, faults: list[Fault], wrap: dict[str, Any] | None
+    cfg: SimConfig,
+    fab: Fabric,
+    faults: list[Fault],
+    wrap: dict[str, Any] | None,
+    sampling: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ground truth of a run (see ``Simulator.truth``)."""
+    """The ground truth of a run (see ``Simulator.truth``); ``sampling``: how each source was
+    read (cadenced runs only), added as it is."""
     ns = 1_000_000_000
     start = cfg.start_ns
     out_faults: list[dict[str, Any]] = []
@@ -482,8 +596,27 @@ def truth(
             a = fab.port_labels(fab.uplink_port(leaf, spine))
             b = fab.port_labels(fab.spine_port(leaf, spine))
             d.update(labels=a, match=[a, b], culprit_node=None, victims=[])
+        elif isinstance(f, PfcStorm) and f.origin == "switch":
+            # no node to blame: the origin alert names the switch (and its ports)
+            leaf = fab.leaves.index(str(f.switch))
+            hops = storm_hops(fab, f)
+            sw = {"switch": str(f.switch)}
+            d.update(
+                labels=sw,
+                match=[sw],
+                priority=prio,
+                role="origin",
+                culprit_node=None,
+                origin_ports=[
+                    fab.port_labels(int(p)) for p in np.flatnonzero(fab.port_switch == leaf)
+                ],
+                victims=[v for h in hops for v in h.paused],
+            )
+            details["origin"] = "switch"
+            details["propagation"] = _propagation(hops, t0)
         else:
-            assert isinstance(f, PfcStorm | FlakyLink | PcieDowngrade | EcnIncast | TransportErrors)
+            nic_kinds = PfcStorm | FlakyLink | PcieDowngrade | EcnIncast | TransportErrors
+            assert isinstance(f, nic_kinds | Straggler)
             e = fab.nic_index(str(f.node), str(f.nic))
             nic_l, port_l = fab.nic_labels(e), fab.port_labels(e)
             node = nic_l["node"]
@@ -499,15 +632,7 @@ def truth(
                     victims=[v for h in hops for v in h.paused],
                 )
                 details["agent"] = node not in cfg.no_agent_nodes
-                details["propagation"] = [
-                    {
-                        "hop": i + 1,
-                        "onset_ns": t0 + round(h.delay_s * ns),
-                        "pausers": list(h.pausers),
-                        "paused": list(h.paused),
-                    }
-                    for i, h in enumerate(hops)
-                ]
+                details["propagation"] = _propagation(hops, t0)
             elif isinstance(f, FlakyLink):
                 d.update(labels=port_l, match=[port_l, nic_l], culprit_node=node, victims=[])
                 details["cable"] = [port_l, nic_l]
@@ -515,15 +640,27 @@ def truth(
                 q = {**port_l, "queue": prio}
                 d.update(labels=q, match=[q, port_l, nic_l], culprit_node=None, victims=[])
                 details.update(fill=f.fill, senders=list(f.sender_nics or ()))
-            else:  # PCIe downgrade, transport errors: the NIC itself
+                if f.ecn is not None:
+                    details["ecn"] = f.ecn
+            else:  # PCIe downgrade, stragglers, transport errors: the NIC itself
                 d.update(labels=nic_l, match=[nic_l, {"node": node}], culprit_node=node, victims=[])
         if isinstance(f, FlakyLink):
             details["flaps"] = [
                 {"down_ns": at(s), "up_ns": at(s + length)} for s, length in f.flap_windows_s or ()
             ]
             details["peak_ber"] = f.peak_ber
+            if f.ber_factor is not None:
+                details["ber_factor"] = f.ber_factor
+            if not f.errors:
+                details["errors"] = False
         if isinstance(f, PcieDowngrade):
-            details.update(speed_gts=f.speed_gts, max_speed_gts=32.0)
+            details.update(speed_gts=f.speed_gts, max_speed_gts=fab.pcie_max_gts)
+            if f.width != fab.pcie_max_width:
+                details.update(width=f.width, max_width=fab.pcie_max_width)
+        if isinstance(f, Straggler):
+            details["slow"] = f.slow
+        if isinstance(f, TransportErrors) and f.rate_per_s is not None:
+            details["rate_per_s"] = f.rate_per_s
         d["details"] = details
         out_faults.append(d)
     for n in cfg.no_agent_nodes:
@@ -538,10 +675,23 @@ def truth(
         "end_ns": at(cfg.duration_s),
         "interval_ns": round(cfg.interval_s * ns),
         "priority": prio,
-        "queue_share_bytes": BUFFER_BYTES,
+        "queue_share_bytes": fab.buffer_bytes,
         "match_rule": "an alert hits a fault when its alertname is 'alertname' or in 'also', "
         "it overlaps [onset_ns, end_ns], and its labels contain every key/value "
         "of one of the 'match' label sets",
         "faults": out_faults,
         "not_faults": not_faults,
+        **({"sampling": sampling} if sampling is not None else {}),
     }
+
+
+def _propagation(hops: list[Hop], t0: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "hop": i + 1,
+            "onset_ns": t0 + round(h.delay_s * 1_000_000_000),
+            "pausers": list(h.pausers),
+            "paused": list(h.paused),
+        }
+        for i, h in enumerate(hops)
+    ]
