@@ -141,7 +141,9 @@ class PcapSource:
                 return self._note(df)
             return None
         self._read += int(chunk.buf.shape[0])
-        reports, _ = parse_buffer(chunk.buf, chunk.starts, chunk.lens, self._istats)
+        reports, _ = parse_buffer(
+            chunk.buf, chunk.starts, chunk.lens, self._istats, rx_ts=chunk.ts, seq=self._agg.seq
+        )
         df = self._agg.add(reports)
         self._count()
         return self._note(df) if df.height else df

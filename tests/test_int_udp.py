@@ -3,9 +3,13 @@ garbage counted; a flood is dropped and counted with the ring's memory fixed."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +27,9 @@ from rocewatch.sources import PcapSource
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
 from tests.notify_receiver import free_port
-from tests.support.prom import scrape
+from tests.support.prom import Samples, scrape
 from tests.test_int_replay import T0, int_payloads, topology
+from tests.test_int_spec import group, int_report, spec_example
 
 KEYS = ["ts", "device", "port", "qual", "metric"]
 
@@ -119,71 +124,153 @@ def test_flood_is_dropped_and_counted() -> None:
         listener.close()
 
 
-def test_cli_int_listen_and_send(tmp_path: Path) -> None:
-    """`rocewatch int-send` a pcap to `rocewatch int-listen --out`: the file holds the samples."""
-    import subprocess
-    import sys
+def run_int_listen(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], send: Callable[[int], int]
+) -> tuple[str, pl.DataFrame, Samples]:
+    """`rocewatch int-listen --out` in this process, fed by ``send(port)`` (returns datagrams
+    sent). It runs in the main thread (it installs a SIGTERM handler); a driver thread waits for
+    its /metrics, sends, waits until /metrics count every datagram, then stops it with SIGTERM.
+    Returns its stdout, the samples it wrote and the last /metrics scrape."""
+    from rocewatch.cli import main
 
-    topo = Topology.from_dict(topology())
-    want, _ = _pcap_samples(tmp_path, topo)
     (tmp_path / "topology.yaml").write_text(yaml.safe_dump(topology()))
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    out = tmp_path / "samples.jsonl"
-    cli = [sys.executable, "-m", "rocewatch.cli"]
     metrics_port = free_port()
-    listen = subprocess.Popen(
-        [
-            *cli,
-            "int-listen",
-            "--topology",
-            str(tmp_path / "topology.yaml"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--out",
-            str(out),
-            "--duration",
-            "10",
-            "--metrics-port",
-            str(metrics_port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        time.sleep(2.0)  # the interpreter starting and binding
-        sent = subprocess.run(
-            [*cli, "int-send", str(tmp_path), "--to", f"127.0.0.1:{port}", "--rate", "20000"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-        assert f"sent {len(int_payloads())} datagrams" in sent.stdout
-        # while it runs, its /metrics count what arrived and what was skipped
-        n = len(int_payloads())
-        deadline = time.monotonic() + 6
-        m = scrape(metrics_port)
-        while m.get(("rocewatch_int_datagrams_total", ())) != n and time.monotonic() < deadline:
-            time.sleep(0.2)
+    out = tmp_path / "samples.jsonl"
+    before = signal.getsignal(signal.SIGTERM)
+    done = threading.Event()
+    seen: Samples = {}
+    errors: list[BaseException] = []
+
+    def drive() -> None:
+        deadline = time.monotonic() + 30
+        try:
+            while not done.is_set():  # up once /metrics answer: the socket is bound by then
+                try:
+                    scrape(metrics_port)
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "int-listen did not start"
+                    time.sleep(0.01)
+            n = send(port)
             m = scrape(metrics_port)
-        assert m[("rocewatch_int_datagrams_total", ())] == n
-        assert m[("rocewatch_int_reports_total", ())] > 0
-        assert m[("rocewatch_input_skipped", (("reason", "int_report_loss"),))] == 5
-        stdout, stderr = listen.communicate(timeout=60)
+            while m.get(("rocewatch_int_datagrams_total", ())) != n and not done.is_set():
+                assert time.monotonic() < deadline, f"int-listen did not get {n} datagrams"
+                time.sleep(0.01)
+                m = scrape(metrics_port)
+            seen.update(m)
+        except BaseException as e:  # reported by the test below
+            errors.append(e)
+        finally:
+            if not done.is_set() and signal.getsignal(signal.SIGTERM) is not before:
+                os.kill(os.getpid(), signal.SIGTERM)  # its handler: stop and flush
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    try:
+        rc = main(
+            [
+                "int-listen",
+                "--topology",
+                str(tmp_path / "topology.yaml"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--out",
+                str(out),
+                "--duration",
+                "30",  # a bound only: SIGTERM ends it
+                "--metrics-port",
+                str(metrics_port),
+            ]
+        )
     finally:
-        if listen.poll() is None:
-            listen.kill()
-            listen.wait()
-    assert listen.returncode == 0, stderr
-    assert f"datagrams={len(int_payloads())}" in stdout and "int_report_loss=5" in stdout
-    got = pl.read_ndjson(out).sort(KEYS)
+        done.set()
+        driver.join(30)
+        signal.signal(signal.SIGTERM, before)
+    assert not errors, errors
+    assert rc == 0
+    samples = pl.read_ndjson(out) if out.exists() and out.stat().st_size else pl.DataFrame()
+    return capsys.readouterr().out, samples, seen
+
+
+def test_cli_int_listen_and_send(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rocewatch int-send` a pcap to `rocewatch int-listen --out`: the file holds the samples."""
+    from rocewatch.cli import main
+
+    topo = Topology.from_dict(topology())
+    want, _ = _pcap_samples(tmp_path, topo)
+    n = len(int_payloads())
+
+    def send(port: int) -> int:
+        assert (
+            main(["int-send", str(tmp_path), "--to", f"127.0.0.1:{port}", "--rate", "20000"]) == 0
+        )
+        return n
+
+    stdout, got, m = run_int_listen(tmp_path, capsys, send)
+    assert f"sent {n} datagrams" in stdout
+    # while it ran, its /metrics counted what arrived, what was skipped and what was lost
+    assert m[("rocewatch_int_datagrams_total", ())] == n
+    assert m[("rocewatch_int_reports_total", ())] > 0
+    assert m[("rocewatch_input_skipped", (("reason", "int_report_loss"),))] == 5
+    assert m[("rocewatch_int_reports_lost_total", (("switch", "leaf-0"),))] == 5
+    assert f"datagrams={n}" in stdout and "int_report_loss=5" in stdout
+    got = got.sort(KEYS)
     assert got.height == want.height
     assert got["value"].to_list() == want["value"].to_list()
+
+
+def test_cli_int_listen_spec_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Datagrams laid out byte by byte as the specification's text writes them, its worked
+    example among them (no timestamps: placed by their receive time), sent with `rocewatch
+    int-send`: samples for the switch named by Node ID and the port by int_ports, occupancy in
+    bytes (x int_cell_bytes), hop latency in ns, and nothing counted malformed."""
+    from rocewatch.cli import main
+
+    def md(eg: int, lat: int, q: int, occ: int) -> bytes:  # RepMdBits 1, 2, 3
+        return struct.pack(">HHII", 9, eg, lat, (q << 24) | occ)
+
+    dgrams = []
+    for seq in range(40):
+        dgrams.append(spec_example(seq=2 * seq))  # leaf-0 port 1, queue 3, 1234 cells
+        dgrams.append(
+            group(11, 2 * seq + 1)
+            + int_report([1, 2, 3], md=md(2, 1500, 3, 100))  # leaf-0 port 2
+            + int_report([1, 2, 3], md=md(1, 800, 3, 1234))  # leaf-0 port 1 again
+        )
+        dgrams.append(group(12, seq) + int_report([1, 2, 3], md=md(5, 700, 1, 10)))  # leaf-1
+    write_pcap(tmp_path / "int.pcap", dgrams)
+
+    def send(port: int) -> int:
+        assert main(["int-send", str(tmp_path), "--to", f"127.0.0.1:{port}"]) == 0
+        return len(dgrams)
+
+    t0 = time.time_ns()
+    stdout, got, _ = run_int_listen(tmp_path, capsys, send)
+    t1 = time.time_ns()
+    counts = dict(kv.split("=") for kv in stdout.split("\n")[-2].split())
+    assert counts["datagrams"] == str(len(dgrams)) and counts["reports"] == str(160)
+    assert not [k for k in counts if "malformed" in k or "truncated" in k or "loss" in k], counts
+    want = {
+        ("leaf-0", "Ethernet1/1", "3", "int_queue_p99_bytes"): {1234 * 80.0},
+        ("leaf-0", "Ethernet1/1", "3", "queue_peak_bytes"): {1234 * 80.0},
+        ("leaf-0", "Ethernet1/1", "3", "int_hop_latency_max_ns"): {800.0},
+        ("leaf-0", "Ethernet1/2", "3", "int_queue_mean_bytes"): {100 * 80.0},
+        ("leaf-0", "Ethernet1/2", "3", "int_hop_latency_mean_ns"): {1500.0},
+        ("leaf-1", "5", "1", "int_queue_mean_bytes"): {10 * 80.0},
+        ("leaf-1", "5", "1", "int_hop_latency_max_ns"): {700.0},
+    }
+    values = got.group_by(["device", "port", "qual", "metric"]).agg(pl.col("value").unique())
+    have = {tuple(r[:4]): set(r[4]) for r in values.iter_rows()}
+    for key, v in want.items():
+        assert have.get(key) == v, key
+    assert {k[:3] for k in have} == {k[:3] for k in want}
+    # no timestamp of their own: stamped with the time they arrived (interval end: + 100 ms)
+    assert t0 <= got["ts"].min() and got["ts"].max() <= t1 + 100_000_000  # type: ignore[operator]
 
 
 @pytest.mark.kafka

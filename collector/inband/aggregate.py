@@ -5,8 +5,12 @@ Each interval (100 ms by default) of reports becomes, per (switch, port, queue):
 buffer), ``int_queue_mean_bytes``, ``int_queue_p99_bytes``, ``int_hop_latency_max_ns`` and
 ``int_hop_latency_mean_ns``, stamped at the interval's end. The group header's Node ID names the
 switch (topology ``int_node_id``), ``int_ports`` names the port, and occupancy is converted from
-the switch's ``int_cell_bytes`` to bytes. Reports from unknown nodes or without a timestamp are
-counted and skipped. Sequence gaps per node are counted as lost reports. Memory is bounded:
+the switch's ``int_cell_bytes`` to bytes. A report is placed by its egress timestamp, else its
+ingress timestamp, else the time its datagram was received or captured (``rx_ts``: reports need
+carry no timestamp, as the specification's own example shows); one with none of them, or from an
+unknown node, is counted and skipped. Sequence gaps (a ``SequenceTracker`` the parser feeds) are
+counted as lost reports per switch (``int_report_loss``, detail and ``lost_by_switch`` by switch
+name); late / duplicate datagrams and exporter restarts are counted too. Memory is bounded:
 an interval that piles up more than ``max_open_rows`` reports before a later one arrives is
 closed early (counted in ``int_interval_closed_early``; its samples then come in more than one
 part, each with the interval's timestamp).
@@ -14,8 +18,11 @@ part, each with the interval's timestamp).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import polars as pl
 
+from collector.inband.sequence import SequenceTracker
 from rocewatch.model import conform, empty_samples
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
@@ -38,8 +45,13 @@ class IntAggregator:
         stats: Stats,
         interval_ns: int = 100_000_000,
         max_open_rows: int = 2_000_000,
+        seq: SequenceTracker | None = None,
     ) -> None:
         self.stats = stats
+        # the parser feeds it (parse_buffer(seq=...)): it sees every datagram, reports or not
+        self.seq = seq if seq is not None else SequenceTracker()
+        self.lost_by_switch: Counter[str] = Counter()
+        self._seq_counted = {"late": 0, "restarts": 0, "untracked": 0}
         self.interval_ns = interval_ns
         # rows of the newest (still open) interval are kept until a later one shows up; a flood
         # inside one interval closes it early instead of growing without bound
@@ -67,15 +79,19 @@ class IntAggregator:
             },
             schema={"node_id": pl.UInt32, "egress_port": pl.UInt32, "port_name": pl.String},
         )
+        self.names = {s.int_node_id: s.name for s in sw if s.int_node_id is not None}
         self.carry: pl.DataFrame | None = None
-        self.last_seq: dict[int, int] = {}
 
     def add(self, reports: pl.DataFrame, final: bool = False) -> pl.DataFrame:
         """Report rows (collector.inband.REPORT_SCHEMA) -> samples of the closed intervals."""
-        if reports.height:
-            self._count_loss(reports)
+        self._count_loss()
         r = reports.with_columns(
-            pl.coalesce("egress_ts", "ingress_ts").cast(pl.Int64).alias("ts"),
+            pl.coalesce(
+                # a timestamp past Int64 is garbage: null, so the next one in line is used
+                pl.col("egress_ts").cast(pl.Int64, strict=False),
+                pl.col("ingress_ts").cast(pl.Int64, strict=False),
+                pl.col("rx_ts"),
+            ).alias("ts"),
             pl.col("node_id").cast(pl.UInt32),
             pl.col("egress_port").cast(pl.UInt32),
         )
@@ -141,18 +157,14 @@ class IntAggregator:
         long = long.with_columns(pl.col("m").replace_strict(_METRICS).alias("metric"))
         return conform(long.select("ts", "device", "port", "qual", "metric", "value"))
 
-    def _count_loss(self, reports: pl.DataFrame) -> None:
-        firsts = reports.group_by("node_id", maintain_order=True).agg(
-            pl.col("seq").first().alias("first"),
-            pl.col("seq").last().alias("last"),
-            pl.col("seq").n_unique().alias("n"),
-        )
-        lost = 0
-        for node, first, last, n in firsts.iter_rows():
-            prev = self.last_seq.get(node)
-            start = first if prev is None else prev + 1
-            expected = (int(last) - start + 1) if last >= start else 0
-            lost += max(0, expected - int(n))
-            self.last_seq[node] = int(last)
-        if lost:
-            self.stats.inc("int_report_loss", lost)
+    def _count_loss(self) -> None:
+        """Move the tracker's new losses (per switch) and other counts into ``stats``."""
+        for (node, hw), n in sorted(self.seq.take_lost().items()):
+            name = self.names.get(node, f"node-{node}")
+            self.lost_by_switch[name] += n
+            self.stats.inc("int_report_loss", n, detail=name if hw == 0 else f"{name}/hw{hw}")
+        for name, before in self._seq_counted.items():
+            now = getattr(self.seq, name)
+            if now > before:
+                self.stats.inc(f"int_seq_{name}", now - before)
+                self._seq_counted[name] = now

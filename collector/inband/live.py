@@ -44,7 +44,7 @@ class IntCollector:
         self.listener = listener
         self.sink = sink
         self.stats = stats or Stats()
-        self.agg = IntAggregator(topology, self.stats, interval_ns)
+        self.agg = IntAggregator(topology, self.stats, interval_ns, seq=listener.seq)
         self.idle_flush_s = idle_flush_s
         self.samples = 0
         self.reports = 0
@@ -118,6 +118,16 @@ class IntCollector:
                 "per-queue aggregate samples emitted",
                 no,
                 self.samples,
+            ),
+            *(
+                (
+                    "rocewatch_int_reports_lost_total",
+                    "counter",
+                    "telemetry reports missing from a switch's sequence numbers",
+                    {"switch": name},
+                    n,
+                )
+                for name, n in sorted(self.agg.lost_by_switch.items())
             ),
             *skipped_readings(self.stats),
         ]

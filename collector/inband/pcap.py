@@ -7,13 +7,16 @@ short by the snap length are counted in ``PcapStats`` and skipped; a truncated l
 the file quietly (counted). A file that is not classic pcap, or of another link type, raises
 ``ValueError``.
 
+Every payload keeps its record's capture time (``PayloadChunk.ts``, ns): reports that carry no
+timestamp of their own are placed by it.
+
 ``write_pcap`` writes such a file from UDP payloads (tests, simulator).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -42,11 +45,13 @@ class PcapStats:
 
 @dataclass
 class PayloadChunk:
-    """UDP payloads in one buffer: payload ``i`` is ``buf[starts[i] : starts[i] + lens[i]]``."""
+    """UDP payloads in one buffer: payload ``i`` is ``buf[starts[i] : starts[i] + lens[i]]``,
+    captured at ``ts[i]`` (ns since the epoch)."""
 
     buf: np.ndarray  # uint8
     starts: np.ndarray  # int64, increasing
     lens: np.ndarray  # int64
+    ts: np.ndarray  # int64
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])
@@ -56,7 +61,8 @@ class PayloadChunk:
         return [b[s : s + n] for s, n in zip(self.starts.tolist(), self.lens.tolist(), strict=True)]
 
 
-def _open_pcap(f: IO[bytes], path: str | Path) -> str:
+def _open_pcap(f: IO[bytes], path: str | Path) -> tuple[str, bool]:
+    """The file's byte order and whether its timestamps are in ns (else µs)."""
     hdr = f.read(24)
     if len(hdr) < 24:
         raise ValueError(f"{path}: not a classic pcap file (short header)")
@@ -69,7 +75,7 @@ def _open_pcap(f: IO[bytes], path: str | Path) -> str:
     (linktype,) = struct.unpack_from(endian + "I", hdr, 20)
     if linktype & 0x0FFFFFFF != LINKTYPE_ETHERNET:
         raise ValueError(f"{path}: link type {linktype} is not Ethernet")
-    return endian
+    return endian, magic == _MAGIC_NS
 
 
 def _be16(buf: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -78,12 +84,14 @@ def _be16(buf: np.ndarray, idx: np.ndarray) -> np.ndarray:
 
 def _udp_payloads(
     buf: np.ndarray, fo: np.ndarray, fl: np.ndarray, port: int | None, st: PcapStats
-) -> tuple[np.ndarray, np.ndarray]:
-    """Frames at ``fo`` of length ``fl`` in ``buf`` -> (payload starts, lengths), vectorised."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Frames at ``fo`` of length ``fl`` in ``buf`` -> (payload starts, lengths, the frames'
+    indices), vectorised."""
     total = int(fo.shape[0])
     last = buf.shape[0] - 2
     ok = fl >= 14
     st.truncated += total - int(np.count_nonzero(ok))
+    fi = np.flatnonzero(ok)
     fo, fl = fo[ok], fl[ok]
     off = np.full(fo.shape[0], 12, dtype=np.int64)
     etype = _be16(buf, fo + 12)
@@ -95,34 +103,35 @@ def _udp_payloads(
         st.truncated += int(np.count_nonzero(short))
         keep = ~short
         fo, fl, off, etype, tagged = fo[keep], fl[keep], off[keep], etype[keep], tagged[keep]
+        fi = fi[keep]
         off = np.where(tagged, off + 4, off)
         etype = np.where(tagged, _be16(buf, np.minimum(fo + off, last)), etype)
     off += 2
     ipv4 = etype == _ETH_IPV4
     st.not_ipv4_udp += int(np.count_nonzero(~ipv4))
-    fo, fl, off = fo[ipv4], fl[ipv4], off[ipv4]
+    fo, fl, off, fi = fo[ipv4], fl[ipv4], off[ipv4], fi[ipv4]
     short = off + 20 > fl
     st.truncated += int(np.count_nonzero(short))
-    fo, fl, off = fo[~short], fl[~short], off[~short]
+    fo, fl, off, fi = fo[~short], fl[~short], off[~short], fi[~short]
     ip = fo + off
     vihl = buf[ip].astype(np.int64)
     ihl = (vihl & 0x0F) * 4
     frag = _be16(buf, ip + 6)
     good = ((vihl >> 4) == 4) & (ihl >= 20) & (buf[ip + 9] == _IPPROTO_UDP) & ((frag & 0x3FFF) == 0)
     st.not_ipv4_udp += int(np.count_nonzero(~good))
-    fo, fl, udp = fo[good], fl[good], off[good] + ihl[good]
+    fo, fl, udp, fi = fo[good], fl[good], off[good] + ihl[good], fi[good]
     short = udp + 8 > fl
     st.truncated += int(np.count_nonzero(short))
-    fo, fl, udp = fo[~short], fl[~short], udp[~short]
+    fo, fl, udp, fi = fo[~short], fl[~short], udp[~short], fi[~short]
     u = fo + udp
     if port is not None:
         right = _be16(buf, u + 2) == port
         st.wrong_port += int(np.count_nonzero(~right))
-        fo, fl, udp, u = fo[right], fl[right], udp[right], u[right]
+        fo, fl, udp, u, fi = fo[right], fl[right], udp[right], u[right], fi[right]
     ulen = _be16(buf, u + 4)
     bad = (ulen < 8) | (udp + ulen > fl)
     st.truncated += int(np.count_nonzero(bad))
-    return (u + 8)[~bad], (ulen - 8)[~bad]
+    return (u + 8)[~bad], (ulen - 8)[~bad], fi[~bad]
 
 
 def iter_pcap_chunks(
@@ -140,16 +149,18 @@ def iter_pcap_chunks(
     st = stats if stats is not None else PcapStats()
     f = open(path, "rb")  # noqa: SIM115 - closed by the generator
     try:
-        endian = _open_pcap(f, path)
+        endian, ns = _open_pcap(f, path)
     except BaseException:
         f.close()
         raise
-    return _chunks(f, endian, port, chunk_bytes, st)
+    return _chunks(f, endian, ns, port, chunk_bytes, st)
 
 
 def _chunks(
-    f: IO[bytes], endian: str, port: int | None, chunk_bytes: int, st: PcapStats
+    f: IO[bytes], endian: str, ns: bool, port: int | None, chunk_bytes: int, st: PcapStats
 ) -> Iterator[PayloadChunk]:
+    u32 = np.dtype(endian + "u4")
+    frac_ns = 1 if ns else 1000
     with f:
         unpack = struct.Struct(endian + "IIII").unpack_from
         rest = b""
@@ -180,12 +191,15 @@ def _chunks(
             if not fo:
                 continue
             buf = np.frombuffer(blob, dtype=np.uint8)
-            starts, lens = _udp_payloads(
-                buf, np.asarray(fo, dtype=np.int64), np.asarray(fl, dtype=np.int64), port, st
-            )
+            fo_a = np.asarray(fo, dtype=np.int64)
+            starts, lens, fi = _udp_payloads(buf, fo_a, np.asarray(fl, dtype=np.int64), port, st)
             st.payloads += int(starts.shape[0])
             if starts.shape[0]:
-                yield PayloadChunk(buf, starts, lens)
+                # record header: ts_sec, ts_usec (or ts_nsec), incl_len, orig_len
+                rec = fo_a[fi] - 16
+                sec = buf[rec[:, None] + np.arange(4)].view(u32).ravel().astype(np.int64)
+                frac = buf[rec[:, None] + np.arange(4, 8)].view(u32).ravel().astype(np.int64)
+                yield PayloadChunk(buf, starts, lens, sec * 1_000_000_000 + frac * frac_ns)
 
 
 def iter_pcap_payloads(
@@ -236,17 +250,19 @@ def write_pcap(
     port: int = DEFAULT_PORT,
     start_ns: int = 1_700_000_000_000_000_000,
     interval_ns: int = 1000,
+    times_ns: Sequence[int] | None = None,
 ) -> int:
     """Write ``payloads`` as Ethernet/IPv4/UDP frames to ``port``; ns-resolution, little-endian.
 
-    Returns the number of records written.
+    Record ``i`` is stamped ``times_ns[i]``, else ``start_ns + i * interval_ns``. Returns the
+    number of records written.
     """
     n = 0
     with open(path, "wb") as f:
         f.write(struct.pack("<IHHiIII", _MAGIC_NS, 2, 4, 0, 0, 262144, LINKTYPE_ETHERNET))
         for i, p in enumerate(payloads):
             frame = ethernet_frame(p, port)
-            ts = start_ns + i * interval_ns
+            ts = times_ns[i] if times_ns is not None else start_ns + i * interval_ns
             f.write(
                 struct.pack("<IIII", ts // 1_000_000_000, ts % 1_000_000_000, *[len(frame)] * 2)
             )

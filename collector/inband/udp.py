@@ -11,7 +11,9 @@ buffer (``rcvbuf_bytes``, forced above ``net.core.rmem_max`` when the process ma
 flood the kernel drops what does not fit in that buffer; those drops are read from
 ``/proc/net/udp`` (``kernel_drops``). Datagrams longer than ``max_datagram_bytes`` are dropped
 and counted (``oversize``); malformed and truncated reports are counted by the parser. Nothing in
-the input can stop the listener.
+the input can stop the listener. Each datagram is stamped with the time it was read (``clock``,
+ns since the epoch): the ``rx_ts`` of reports that carry no timestamp of their own. The group
+headers go to ``seq`` (a ``SequenceTracker``) to count lost reports.
 
 >>> import socket
 >>> from collector.inband.report import build_report
@@ -31,12 +33,15 @@ import logging
 import os
 import select
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
 from collector.inband.report import DEFAULT_PORT, InbandStats, empty_reports, parse_buffer
+from collector.inband.sequence import SequenceTracker
 from rocewatch.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -52,6 +57,7 @@ class UdpListenerConfig:
     max_datagram_bytes: int = 9216  # the largest datagram accepted (jumbo frames)
     batch_datagrams: int = 16384  # parsed together at most
     rcvbuf_bytes: int = 32 << 20  # SO_RCVBUF asked of the kernel
+    inner: bool = False  # add the inner packet's 5-tuple columns (INNER_SCHEMA)
 
     def validate(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -91,15 +97,20 @@ def _kernel_drops(sock: socket.socket) -> int | None:
 class UdpListener:
     """Drains a UDP socket into a fixed ring and parses the ring in one batch per ``poll``."""
 
-    def __init__(self, cfg: UdpListenerConfig | None = None) -> None:
+    def __init__(
+        self, cfg: UdpListenerConfig | None = None, clock: Callable[[], int] = time.time_ns
+    ) -> None:
         self.cfg = cfg or UdpListenerConfig()
         self.cfg.validate()
+        self.clock = clock
         self.stats = UdpStats()
         self.parse_stats = InbandStats()
+        self.seq = SequenceTracker()
         self._ring = np.zeros(self.cfg.ring_bytes, dtype=np.uint8)
         self._mv = memoryview(self._ring.data)
         self._lens = np.zeros(self.cfg.batch_datagrams, dtype=np.int64)
         self._starts = np.zeros(self.cfg.batch_datagrams, dtype=np.int64)
+        self._rx = np.zeros(self.cfg.batch_datagrams, dtype=np.int64)
         family = socket.AF_INET6 if ":" in self.cfg.host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self._set_rcvbuf(self.cfg.rcvbuf_bytes)
@@ -128,7 +139,7 @@ class UdpListener:
         """Read datagrams into the buffer until the socket is empty or the batch full."""
         recv_into = self.sock.recv_into
         size = self.cfg.max_datagram_bytes
-        mv, starts, lens = self._mv, self._starts, self._lens
+        mv, starts, lens, rx, clock = self._mv, self._starts, self._lens, self._rx, self.clock
         last = self.cfg.ring_bytes - size  # the last offset with room for any datagram
         batch = self.cfg.batch_datagrams
         trunc = socket.MSG_TRUNC  # Linux returns a datagram's real length with it
@@ -143,6 +154,7 @@ class UdpListener:
                 continue
             starts[i] = off
             lens[i] = n
+            rx[i] = clock()
             off += (n + 7) & ~7
             i += 1
         self.stats.received += i
@@ -160,7 +172,15 @@ class UdpListener:
         self._update_kernel_drops()
         if n == 0:
             return empty_reports()
-        reports, _ = parse_buffer(self._ring, self._starts[:n], self._lens[:n], self.parse_stats)
+        reports, _ = parse_buffer(
+            self._ring,
+            self._starts[:n],
+            self._lens[:n],
+            self.parse_stats,
+            rx_ts=self._rx[:n],
+            seq=self.seq,
+            inner=self.cfg.inner,
+        )
         return reports
 
     def _update_kernel_drops(self) -> None:

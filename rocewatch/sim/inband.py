@@ -3,12 +3,15 @@
 Every switch sends one Telemetry Report datagram per tick holding one INT report per port:
 level-1 ingress/egress port ids (the topology's ``int_ports``), hop latency (a base plus the
 queue's drain time at line rate), the lossless queue's id and its peak occupancy of the tick in
-``int_cell_bytes`` cells, and the egress timestamp (the switch's read time). Sequence numbers run
-per switch, as a real exporter's do.
+``int_cell_bytes`` cells, and the egress timestamp (the switch's read time), then, as inner
+contents (InType 4), the truncated IPv4 / UDP headers of a RoCEv2 packet that left by that port.
+The reports are laid out as Telemetry Report v2.0 writes them (``collector.inband.report``).
+Sequence numbers run per switch (hw_id 0) and wrap at 22 bits, as a real exporter's do.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import time
 from collections.abc import Iterable, Iterator
@@ -16,10 +19,17 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from collector.inband import build_report
+from collector.inband.report import (
+    INTYPE_IPV4,
+    IndividualReport,
+    ReportMetadata,
+    truncated_ipv4,
+)
 from rocewatch.sim.fabric import INT_CELL_BYTES, LINE_GBPS
 from rocewatch.sim.simulator import SW_GAUGES, Simulator, Tick
 
 BASE_LATENCY_NS = 600
+ROCE_V2_PORT = 4791
 _PEAK = SW_GAUGES.index("queue_peak_bytes")
 
 
@@ -31,6 +41,17 @@ class IntReportWriter:
         self.queue = int(fab.priority)
         self.ports_of = [np.flatnonzero(fab.port_switch == s) for s in range(len(fab.switches))]
         self.seq = [0] * len(fab.switches)
+        # one made-up RoCEv2 flow per port (10.0.0.0/9 -> 10.128.0.0/9, by port index)
+        self.inner = [
+            truncated_ipv4(
+                str(ipaddress.IPv4Address(0x0A000000 + p)),
+                str(ipaddress.IPv4Address(0x0A800000 + p)),
+                17,
+                49152 + p % 16384,
+                ROCE_V2_PORT,
+            )
+            for p in range(len(fab.port_switch))
+        ]
 
     def datagrams(self, t: Tick) -> list[bytes]:
         peak = t.sw_g[_PEAK]
@@ -41,14 +62,18 @@ class IntReportWriter:
             ports = self.ports_of[s]
             ts = int(t.sw_ts[s])
             reports = [
-                {
-                    "ingress_port": 0,
-                    "egress_port": j + 1,
-                    "hop_latency_ns": int(lat[p]),
-                    "queue_id": self.queue,
-                    "queue_occupancy_cells": int(cells[p]),
-                    "egress_ts": ts,
-                }
+                IndividualReport(
+                    md=ReportMetadata(
+                        ingress_port=0,
+                        egress_port=j + 1,
+                        hop_latency_ns=int(lat[p]),
+                        queue_id=self.queue,
+                        queue_occupancy_cells=int(cells[p]),
+                        egress_ts=ts,
+                    ),
+                    in_type=INTYPE_IPV4,
+                    inner=self.inner[p],
+                )
                 for j, p in enumerate(ports.tolist())
             ]
             out.append(build_report(s + 1, self.seq[s], reports))
