@@ -198,6 +198,19 @@ NOTES: dict[str, str] = {
     "isolation_forest.sustain_windows": "feature windows in a row above the threshold to fire",
     "isolation_forest.clear_windows": "windows in a row below it to resolve",
     "isolation_forest.top_features": "features named in the alert's explanation",
+    "inhibit_rules": "Alertmanager-style inhibit rules; given, they replace the built-in ones, "
+    "[] turns inhibition off (docs/alerting.md)",
+    "inhibit_rules[].source_matchers": "matchers the inhibiting alert meets, as Alertmanager "
+    'writes them (alertname="FabricIncident")',
+    "inhibit_rules[].target_matchers": "matchers the inhibited alert meets; they must require "
+    "every equal label",
+    "inhibit_rules[].source_match": "older form: label: value (equality)",
+    "inhibit_rules[].source_match_re": "older form: label: regular expression",
+    "inhibit_rules[].target_match": "older form: label: value (equality)",
+    "inhibit_rules[].target_match_re": "older form: label: regular expression",
+    "inhibit_rules[].equal": "labels that must have the same values on source and target",
+    "inhibit_rules[].members": "the target must be one of the members the source lists",
+    "inhibit_wait_s": "a firing target is held this long (telemetry time) for a late source",
 }
 
 
@@ -364,7 +377,7 @@ def sections() -> tuple[Section, ...]:
     from rocewatch.notify.base import AlertmanagerConfig, NotifyConfig, WebhookConfig
 
     # read by hand (or overwritten) by the loader: their own sections below
-    popped = (*OVERWRITTEN, "executors", "notify", "detectors", "gnmi")
+    popped = (*OVERWRITTEN, "executors", "notify", "detectors", "gnmi", "inhibit")
     top = [k for k in walk(Config, "", skip=popped) if "." not in k.path and k.type != "mapping"]
     out = [
         Section("Top level", "", tuple(top)),
@@ -464,10 +477,58 @@ def sections() -> tuple[Section, ...]:
             intro="Read by `rocewatch collect` when it starts (not by `detect`).",
         ),
     ]
+    out += _inhibit_sections()
     for name, (_, cfg_cls) in DETECTORS.items():
         path = f"detectors.{name}"
         out.append(Section(f"detectors.{name}", path, tuple(walk(cfg_cls, path))))
     return tuple(out)
+
+
+def _loader_known(doc: dict[str, Any]) -> list[str]:
+    """The keys the loader lists as known when ``doc`` holds an unknown one (sections it reads
+    by hand keep their key lists in code)."""
+    from rocewatch.config import config_from_dict
+    from rocewatch.errors import ConfigError
+
+    try:
+        config_from_dict(doc)
+    except ConfigError as e:
+        m = re.search(r"unknown setting \(known: ([^)]*)\)", str(e))
+        if m:
+            return [k.strip() for k in m.group(1).split(",")]
+    raise LookupError(f"the loader lists no known keys for {doc}")
+
+
+def _inhibit_sections() -> list[Section]:
+    """``inhibit_rules`` and ``inhibit_wait_s`` (rocewatch/alerting/inhibit.py), where the
+    loader has them: read by hand, so the rule keys are the ones its error lists."""
+    from rocewatch.config import Config
+
+    if "inhibit" not in {f.name for f in dataclasses.fields(Config)}:
+        return []
+    wait = getattr(Config().inhibit, "wait_s", None)
+    rule_keys = sorted(_loader_known({"inhibit_rules": [{"zz_probe": 1}]}))
+    keys = [
+        Key("inhibit_rules", "list of mappings", "(built-in rules)", _note("inhibit_rules")),
+        *(
+            Key(f"inhibit_rules[].{k}", _RULE_TYPES.get(k, ""), "", _note(f"inhibit_rules[].{k}"))
+            for k in rule_keys
+        ),
+        Key("inhibit_wait_s", "number", _yaml_value(wait), _note("inhibit_wait_s")),
+    ]
+    return [Section("inhibit_rules: inhibition", "inhibit_rules", tuple(keys))]
+
+
+_RULE_TYPES = {
+    "source_matchers": "list of strings",
+    "target_matchers": "list of strings",
+    "source_match": "mapping",
+    "source_match_re": "mapping",
+    "target_match": "mapping",
+    "target_match_re": "mapping",
+    "equal": "list of strings",
+    "members": "boolean",
+}
 
 
 def _cls(owner: type[Any], name: str) -> type[Any]:
@@ -504,7 +565,8 @@ def render() -> str:
             out += [s.intro, ""]
         out += ["| key | type | default | what |", "|---|---|---|---|"]
         for k in s.keys:
-            out.append(f"| `{k.path}` | {_cell(k.type)} | `{_cell(k.default)}` | {_cell(k.doc)} |")
+            default = f"`{_cell(k.default)}`" if k.default else ""
+            out.append(f"| `{k.path}` | {_cell(k.type)} | {default} | {_cell(k.doc)} |")
         out.append("")
     out += [
         "### Accepted and overwritten",
