@@ -10,6 +10,7 @@ Every ``*.json`` file in benchmarks/results is one result: a JSON object with
   figures     {name: value}: what the benchmark printed that matters (without ``figures``,
               every other top-level number, string or list is taken as a figure)
   conditions  optional {name: value}: fabric size, cadence, rounds...
+  goals       optional {figure: target}
   note        optional text
 
 docs/benchmarks.md gets one table of every result, docs/scaling.md one of the ``scaleout``
@@ -61,6 +62,7 @@ META = {
     "note",
     "output",
     "compared_with",
+    "goals",
 }
 MAX_ITEMS = 8  # a longer list or mapping is left to the file itself
 
@@ -76,6 +78,7 @@ class Result:
     figures: dict[str, Any]
     conditions: dict[str, Any] = field(default_factory=dict)
     note: str = ""
+    goals: dict[str, Any] = field(default_factory=dict)
     # the same benchmark run just before as a baseline (``compared_with.figures``)
     baseline: dict[str, Any] = field(default_factory=dict)
 
@@ -110,14 +113,22 @@ def load(folder: Path = RESULTS, warn: Callable[[str], None] | None = None) -> l
                 command=str(doc.get("command") or ""),
                 date=str(doc.get("date") or "?"),
                 commit=str(doc.get("commit") or "?"),
-                machine=str(doc.get("machine") or ""),
+                machine=_text(doc.get("machine")),
                 figures=figures,
                 conditions=conditions if isinstance(conditions, dict) else {},
                 note=str(doc.get("note") or ""),
                 baseline=base if isinstance(base, dict) else {},
+                goals=doc["goals"] if isinstance(doc.get("goals"), dict) else {},
             )
         )
     return out
+
+
+def _text(v: Any) -> str:
+    """A free-text field that may also be written as a mapping (``machine: {nproc: 2, ...}``)."""
+    if v is None:
+        return ""
+    return v if isinstance(v, str) else value(v)
 
 
 def value(v: Any) -> str:
@@ -146,18 +157,18 @@ def _link(r: Result, doc: Path) -> str:
     return f"[`{r.name}`]({rel.as_posix()})" if doc.parent.name == "docs" else f"`{r.name}`"
 
 
-def _common_sentences(notes: list[str]) -> str:
-    """The whole sentences every note starts with (said once above the list), if 2+ notes."""
-    if len(notes) < 2:
-        return ""
-    first = notes[0] + " "
-    notes = [n + " " for n in notes]
-    end = 0
-    while True:
-        nxt = first.find(". ", end)
-        if nxt < 0 or not all(n.startswith(first[: nxt + 1]) for n in notes):
-            return first[:end].strip()
-        end = nxt + 2
+def _first_sentence(note: str) -> str:
+    end = (note + " ").find(". ")
+    return note[: end + 1] if end >= 0 else note
+
+
+def _shared_sentences(results: list[Result]) -> dict[str, list[str]]:
+    """First sentences of notes that two or more results share: said once, above the list."""
+    by: dict[str, list[str]] = {}
+    for r in results:
+        if r.note:
+            by.setdefault(_first_sentence(r.note), []).append(r.name)
+    return {k: v for k, v in by.items() if len(v) > 1}
 
 
 def benchmarks_table(results: list[Result]) -> str:
@@ -173,14 +184,17 @@ def benchmarks_table(results: list[Result]) -> str:
         lines.append(
             f"| {_link(r, BENCHMARKS_DOC)} | `{r.command}` | {figs} | {r.date}, `{r.commit}` |"
         )
-    common = _common_sentences([r.note for r in results])
+    shared = _shared_sentences(results)
     lines += ["", "Where and how each was measured:", ""]
-    if common:
-        lines += [f"All of them: {common}", ""]
+    for sentence, names in shared.items():
+        lines += [", ".join(f"`{n}`" for n in names) + f": {sentence}", ""]
     for r in results:
         cond = "; ".join(f"{k} {value(v)}" for k, v in r.conditions.items())
-        note = r.note[len(common) :].strip()
-        parts = [p.strip().rstrip(".") for p in (r.machine, cond, note) if p.strip()]
+        goals = "; ".join(f"{k} {value(v)}" for k, v in r.goals.items())
+        goals = f"goals: {goals}" if goals else ""
+        first = _first_sentence(r.note)
+        note = r.note[len(first) :] if first in shared else r.note
+        parts = [p.strip().rstrip(".") for p in (r.machine, cond, goals, note) if p.strip()]
         lines.append(f"- `{r.name}`: " + ". ".join(parts) + ".")
     lines += ["", TABLE[1]]
     return "\n".join(lines)
