@@ -1,7 +1,7 @@
 """Executors carry out the drain policy's decisions on a scheduler.
 
 An executor answers with the outcome string that goes into the action record
-(CONTRACTS.md section 7): ``done``, ``dry-run``, ``failed: <error>`` (worth retrying) or
+(docs/formats.md section 7): ``done``, ``dry-run``, ``failed: <error>`` (worth retrying) or
 ``refused: <why>`` (final: e.g. the node was drained by someone else, whom rocewatch leaves alone).
 Executors never raise for a scheduler's answer; the policy treats an exception as ``failed``.
 """

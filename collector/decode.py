@@ -81,7 +81,7 @@ def _number(v: Any, counter: bool, scale: float) -> tuple[float, int | None] | N
 
 
 class GnmicEventDecoder:
-    """gnmic's JSON event format (CONTRACTS.md section 2) -> sample batches.
+    """gnmic's JSON event format (docs/formats.md section 2) -> sample batches.
 
     Unknown switches, unknown paths and non-numeric values are counted in ``stats`` and skipped.
     """
@@ -182,7 +182,7 @@ class GnmicEventDecoder:
 
 
 class NicSnapshotDecoder:
-    """Node-agent JSON lines (CONTRACTS.md section 3) -> sample batches."""
+    """Node-agent JSON lines (docs/formats.md section 3) -> sample batches."""
 
     SECTIONS = ("ethtool", "hw_counters", "port_counters")
 

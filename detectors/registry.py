@@ -30,7 +30,7 @@ DETECTORS: dict[str, tuple[type[Any], type[Any]]] = {
     "isolation_forest": (IsolationForestDetector, IsolationForestConfig),
 }
 
-# the alertname each detector raises (CONTRACTS.md section 6)
+# the alertname each detector raises (docs/formats.md section 6)
 ALERTNAMES: dict[str, str] = {
     "pfc_storm": "PFCStorm",
     "ecn_congestion": "ECNCongestion",

@@ -260,7 +260,7 @@ class Alert:
 
 @dataclass(frozen=True)
 class Action:
-    """A drain or resume decision, executed or not (CONTRACTS.md section 7)."""
+    """A drain or resume decision, executed or not (docs/formats.md section 7)."""
 
     time: int  # ns, telemetry time of the decision
     action: str  # drain | resume

@@ -171,7 +171,7 @@ def recording(scenario: Path, name: str) -> Path | None:
 def scenario_sources(
     scenario: Path, topology: Topology, stats: Stats, window: WindowConfig | None = None
 ) -> list[LineFileSource | PcapSource]:
-    """The recorded inputs of a scenario directory (CONTRACTS.md section 5) that exist; each
+    """The recorded inputs of a scenario directory (docs/formats.md section 5) that exist; each
     with its own ``ClockGuard`` bounded by ``window``'s ``max_ahead_s`` / ``max_behind_s``."""
     w = window or WindowConfig()
 

@@ -1,4 +1,4 @@
-"""The fabric's topology file (CONTRACTS.md section 1): switches, cables, nodes and jobs.
+"""The fabric's topology file (docs/formats.md section 1): switches, cables, nodes and jobs.
 
 >>> t = Topology.from_dict({"switches": [{"name": "leaf-0", "role": "leaf"}],
 ...     "nodes": [{"name": "gpu-001", "nics": [{"nic": "mlx5_0",

@@ -110,7 +110,7 @@ class AlertRow(Base):
 
 
 class ActionRow(Base):
-    """One drain/resume decision (CONTRACTS.md section 7), the policy's audit trail."""
+    """One drain/resume decision (docs/formats.md section 7), the policy's audit trail."""
 
     __tablename__ = "actions"
     __table_args__ = (

@@ -55,7 +55,7 @@ def _resolution_queued() -> Any:
 class OutboxItem:
     id: int
     sink: str
-    alert: dict[str, Any]  # the Alertmanager alert object (CONTRACTS.md section 6)
+    alert: dict[str, Any]  # the Alertmanager alert object (docs/formats.md section 6)
     attempts: int
     refresh: bool  # a re-send of an already delivered firing event
 

@@ -297,7 +297,7 @@ def test_agent_reads_simulated_node_tree(tmp_path: Path) -> None:
 
 def test_cli_agent_runs_at_100ms(tmp_path: Path) -> None:
     """`rocewatch agent --interval 0.1 --out FILE --duration 2`: ~20 samples of every NIC, each
-    snapshot a CONTRACTS.md section 3 line."""
+    snapshot a docs/formats.md section 3 line."""
     out = tmp_path / "snaps.jsonl"
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(f"agent: {{ethtool: 'off', spool_dir: {str(tmp_path / 'spool')!r}}}\n")

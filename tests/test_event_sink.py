@@ -246,7 +246,7 @@ def test_scale_out_and_sink_store_what_replay_stores(
         with Store(ref_db) as ref:
             ref.create_schema()
             replay(scenario, tmp_path / "replay", store=ref)
-            # events cross Kafka as JSON with millisecond times (CONTRACTS.md), replay stores
+            # events cross Kafka as JSON with millisecond times (docs/formats.md), replay stores
             # microseconds: the sink's rows carry the published times
             want_alerts = {
                 (fp, ms(start)): (status, ms(end))

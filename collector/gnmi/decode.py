@@ -210,7 +210,7 @@ class NotificationDecoder:
 def notification_events(
     source: str, subscription: str, notif: Any, now_ns: int = 0
 ) -> list[dict[str, Any]]:
-    """gnmic "event" objects (CONTRACTS.md section 2) for one notification.
+    """gnmic "event" objects (docs/formats.md section 2) for one notification.
 
     Updates whose paths carry the same keys share one event, as gnmic groups them; LLDP strings
     and other non-numeric values are written as they came.

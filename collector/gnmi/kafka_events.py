@@ -1,7 +1,7 @@
 """Read gnmic's Kafka output (``format: event``) and publish it as rocewatch telemetry.
 
 gnmic's Kafka output with ``format: event`` writes each notification as one message whose value
-is a JSON array of event objects (CONTRACTS.md section 2); single objects are accepted too. The
+is a JSON array of event objects (docs/formats.md section 2); single objects are accepted too. The
 bridge consumes that topic in its own consumer group, decodes whole polls into columnar batches
 (``GnmicEventDecoder``), publishes them to the telemetry topic keyed by device, and commits the
 gnmic offsets only once the producer has flushed (at least once). Messages that are not JSON or

@@ -51,7 +51,7 @@ def discover(
     fabric: str = "discovered",
     base: Topology | None = None,
 ) -> dict[str, Any]:
-    """A topology document (CONTRACTS.md section 1) from what LLDP reports.
+    """A topology document (docs/formats.md section 1) from what LLDP reports.
 
     ``switches`` maps each collected switch to its gNMI address. Roles: a switch with host
     neighbours is a leaf, others are spines. ``base`` (an existing topology) supplies roles,

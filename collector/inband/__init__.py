@@ -1,4 +1,4 @@
-"""In-band network telemetry: INT Telemetry Report v2.0 datagrams (CONTRACTS.md section 4).
+"""In-band network telemetry: INT Telemetry Report v2.0 datagrams (docs/formats.md section 4).
 
 ``report`` decodes UDP payloads into report rows (vectorised over a batch), ``sequence`` counts
 reports lost from the group headers' sequence numbers, ``pcap`` reads and writes classic libpcap

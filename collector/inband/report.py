@@ -1,4 +1,4 @@
-"""INT Telemetry Report v2.0 (CONTRACTS.md section 4): parse UDP payloads, and build them.
+"""INT Telemetry Report v2.0 (docs/formats.md section 4): parse UDP payloads, and build them.
 
 The layout is P4.org's Telemetry Report Format Specification v2.0 (tagged 2020-05-25,
 ``telemetry/specs/telemetry_report.mdk`` in p4lang/p4-applications), as its text writes it;

@@ -1,4 +1,4 @@
-"""Live INT Telemetry Reports over UDP (CONTRACTS.md section 4): a bounded receive ring.
+"""Live INT Telemetry Reports over UDP (docs/formats.md section 4): a bounded receive ring.
 
 ``poll`` drains the socket with ``socket.recv_into`` straight into one preallocated buffer,
 datagrams packed one after the other (no bytes object per datagram, and the parser's gathers stay

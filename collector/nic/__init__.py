@@ -1,5 +1,5 @@
 """The node agent for GPU nodes: NIC counters (ethtool, RDMA hw_counters, PCIe) -> snapshots
-(CONTRACTS.md section 3) -> Kafka, spooled to disk while the broker is away."""
+(docs/formats.md section 3) -> Kafka, spooled to disk while the broker is away."""
 
 from collector.nic.agent import AgentConfig, NicAgent
 

@@ -1,4 +1,4 @@
-"""The node agent: samples every NIC of a GPU node and ships snapshots (CONTRACTS.md section 3).
+"""The node agent: samples every NIC of a GPU node and ships snapshots (docs/formats.md section 3).
 
 Per RDMA device (``<sysfs>/class/infiniband/*``, or the ``nics`` configured) one snapshot holds
 the netdev's ``ethtool -S`` counters (the ioctl by default), the device's ``hw_counters`` and

@@ -2,7 +2,7 @@
 
 ``batch`` (default): the lines are decoded into canonical samples and sent as TelemetryBatch
 messages on the telemetry topic, keyed by node: what the detector service consumes. ``json``:
-each snapshot line is sent unchanged (CONTRACTS.md section 3), keyed by node, for consumers that
+each snapshot line is sent unchanged (docs/formats.md section 3), keyed by node, for consumers that
 want the agent's own format.
 """
 

@@ -2,7 +2,7 @@
 
 Everything the agent samples is appended here first and removed only once the broker has
 acknowledged it, so a broker outage (or an agent restart) loses nothing while the spool has
-room. Lines go into segment files (``<seq>.jsonl``, CONTRACTS.md section 3 lines); a segment is
+room. Lines go into segment files (``<seq>.jsonl``, docs/formats.md section 3 lines); a segment is
 sealed at ``segment_bytes`` or when the sender asks for it. Past ``max_bytes`` the oldest
 segment that is not being sent is deleted and its snapshots are counted in ``dropped``.
 Delivery is at least once: a segment whose send failed halfway is sent again whole (the

@@ -17,7 +17,7 @@ from rocewatch.notify.http import post_json
 
 
 def postable(a: dict[str, Any]) -> dict[str, Any]:
-    """An alert object (CONTRACTS.md section 6) as Alertmanager's API v2 postableAlert."""
+    """An alert object (docs/formats.md section 6) as Alertmanager's API v2 postableAlert."""
     out: dict[str, Any] = {
         "labels": dict(a["labels"]),
         "annotations": dict(a.get("annotations", {})),

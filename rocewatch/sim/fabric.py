@@ -7,7 +7,7 @@ switch operating systems name front-panel ports:
 
 - ``openconfig`` (the default; EOS/NX-OS style): ``Ethernet1/<n>`` (leaf downlinks, spine
   ports) and ``Ethernet2/<n>`` (leaf uplinks), so every "device/port" reference exercises the
-  slash rule of CONTRACTS.md section 1;
+  slash rule of docs/formats.md section 1;
 - ``cumulus``: ``swp<n>``, downlinks first, then the uplinks;
 - ``sonic``: ``Ethernet<first lane>``, 8 serdes lanes per port at 400G and 800G, 4 below
   (``Ethernet0``, ``Ethernet8``, ...).
@@ -261,5 +261,5 @@ class Fabric:
 
 
 def build_topology(cfg: SimConfig) -> Topology:
-    """The validated topology of the fabric ``cfg`` describes (CONTRACTS.md section 1)."""
+    """The validated topology of the fabric ``cfg`` describes (docs/formats.md section 1)."""
     return Topology.from_dict(Fabric(cfg).topology_dict())

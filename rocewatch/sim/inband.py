@@ -1,4 +1,4 @@
-"""Simulated INT Telemetry Reports (CONTRACTS.md section 4): to a pcap file and over UDP.
+"""Simulated INT Telemetry Reports (docs/formats.md section 4): to a pcap file and over UDP.
 
 Every switch sends one Telemetry Report datagram per tick holding one INT report per port:
 level-1 ingress/egress port ids (the topology's ``int_ports``), hop latency (a base plus the

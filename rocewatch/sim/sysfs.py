@@ -1,6 +1,6 @@
 """A fake sysfs tree per node, laid out as the mlx5 driver and the PCI core lay out the real one.
 
-``write_node_sysfs(root, snapshots)`` turns a node's agent snapshots (CONTRACTS.md section 3,
+``write_node_sysfs(root, snapshots)`` turns a node's agent snapshots (docs/formats.md section 3,
 as the simulator writes them) back into the files the agent reads::
 
     devices/pci0000:00/0000:<bus>:00.0/{current,max}_link_{speed,width}

@@ -1,4 +1,4 @@
-"""Writes a simulated run as a replay scenario directory (CONTRACTS.md section 5).
+"""Writes a simulated run as a replay scenario directory (docs/formats.md section 5).
 
 ``switch.jsonl`` holds gnmic "event" objects (section 2): one per switch port and reading group
 (interface counters; PFC counters of the lossless priority; the egress queue), counters as
@@ -191,7 +191,7 @@ class SwitchWriter:
 
 
 class NicWriter:
-    """Node-agent snapshot lines (CONTRACTS.md section 3) for one tick."""
+    """Node-agent snapshot lines (docs/formats.md section 3) for one tick."""
 
     def __init__(self, sim: Simulator) -> None:
         fab = sim.fabric
