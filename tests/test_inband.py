@@ -172,7 +172,7 @@ def numpy_walk() -> Iterator[None]:
         report.SCALAR_BELOW = before
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(st.binary(max_size=96), max_size=8), st.integers(0, 3), st.booleans())
 def test_never_raises(blobs: list[bytes], mode: int, vector: bool) -> None:
     # mode 1-3: start from a valid header so the walk gets past the group header (and into
@@ -185,7 +185,7 @@ def test_never_raises(blobs: list[bytes], mode: int, vector: bool) -> None:
     assert stats.datagrams == len(blobs)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     st.lists(
         st.one_of(
@@ -241,7 +241,7 @@ def test_batch_equals_one_by_one(blobs: list[bytes], cut: int) -> None:
     assert seen[0] == seen[1]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(frames=st.lists(st.binary(min_size=0, max_size=120), max_size=10), cut=st.integers(0, 60))
 def test_pcap_reader_never_raises_on_records(
     frames: list[bytes], cut: int, tmp_path_factory: pytest.TempPathFactory

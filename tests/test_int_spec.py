@@ -325,7 +325,7 @@ def test_domain_specific_metadata_skipped_by_md_length() -> None:
     assert df["inner_src_ip"].to_list() == ["10.0.0.9"] * 2
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.binary(max_size=120), max_size=10), st.integers(0, 3), st.booleans())
 def test_random_bytes_never_raise(blobs: list[bytes], mode: int, inner: bool) -> None:
     if mode == 1:  # a valid group header in front, so the walk reaches the reports
@@ -395,7 +395,7 @@ def reference(seqs: list[tuple[int, int]], window: int) -> tuple[dict[int, int],
     return {k: v for k, v in lost.items() if v}, late, restarts
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     st.lists(
         st.tuples(
