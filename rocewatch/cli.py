@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true", help="print the results as JSON")
     ev.add_argument("--quick", action="store_true", help="a small suite (tests, CI)")
     ev.add_argument("--config", type=Path, help="rocewatch config (detector thresholds, policy)")
+    ev.add_argument(
+        "--matrix",
+        action="store_true",
+        help="the matrix of cadences, fabrics and magnitudes (docs/evaluation.md)",
+    )
+    ev.add_argument("--cells", help="matrix: only the cells whose names contain one of these (a,b)")
+    ev.add_argument("--jobs", type=int, help="matrix: cells run in this many processes (CPUs)")
 
     def store_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--config", type=Path, help="rocewatch config (its storage.url)")
@@ -345,6 +352,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rocewatch.evaluate import run_evaluate
 
         tune_gc()
+        if args.matrix:
+            from rocewatch.evaluate import run_evaluate_matrix
+
+            return run_evaluate_matrix(args.out, args.json, args.config, args.jobs, args.cells)
         return run_evaluate(args.out, args.json, args.quick, args.config, args.verbose)
     if args.command == "agent":
         return _agent(args)

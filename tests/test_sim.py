@@ -623,3 +623,213 @@ def test_scenarios_and_config_errors() -> None:
         ),
     )
     assert len(Simulator(ok).truth()["faults"]) == 2
+
+
+# --- cadenced runs: each source on its own schedule ----------------------------------------
+
+S = 1_000_000_000
+
+
+def _deltas(df: pl.DataFrame, metrics: set[str]) -> np.ndarray:
+    """Seconds between consecutive readings of each series of ``metrics``."""
+    d = (
+        df.filter(pl.col("metric").is_in(sorted(metrics)))
+        .sort(["device", "port", "qual", "metric", "ts"])
+        .with_columns(pl.col("ts").diff().over(["device", "port", "qual", "metric"]).alias("dt"))
+        .drop_nulls("dt")
+    )
+    return d["dt"].to_numpy() / S
+
+
+def test_cadenced_sources_read_on_their_own_intervals_with_jitter_and_loss() -> None:
+    cfg = SimConfig(
+        nodes=2, nics_per_node=2, spines=1, duration_s=40.0, seed=5, out_of_order=0.0,
+        nic_interval_s=0.5, switch_interval_s=1.0, gauge_interval_s=4.0, sample_loss=0.03,
+    )  # fmt: skip
+    sim = Simulator(cfg)
+    df = pl.concat(list(sim.ticks()))
+    for metrics, every in (
+        ({"nic_rx_bytes", "nic_pcie_speed_gts"}, 0.5),
+        ({"port_in_octets", "pfc_rx_pause_us", "queue_tx_pkts"}, 1.0),
+        ({"queue_depth_bytes", "queue_peak_bytes"}, 4.0),
+    ):
+        dt = _deltas(df, metrics)
+        assert np.median(dt) == pytest.approx(every, rel=0.05), metrics
+        # each reading up to a fifth of its interval late: consecutive ones 0.8-1.2 apart,
+        # 1.8-2.2 across a lost one
+        k = np.rint(dt / every)
+        assert np.all(np.abs(dt - k * every) <= 0.2 * every + 1e-6), metrics
+        assert np.all(k >= 1)
+        assert np.std(dt[k == 1]) > 0.03 * every  # the jitter is there
+    # the lost readings are the ones the truth lists, about the share asked for
+    truth = sim.truth()
+    assert truth["sampling"]["nic_interval_s"] == 0.5
+    lost = truth["sampling"]["lost"]
+    got = set(
+        df.filter(pl.col("metric") == "nic_rx_bytes")
+        .select(pl.concat_str("device", pl.lit("/"), "port"), "ts")
+        .iter_rows()
+    )
+    n_nic = cfg.nodes * cfg.nics_per_node * cfg.duration_s / 0.5
+    missing = sum(len(v) for v in lost["nic"].values())
+    assert 0.005 * n_nic < missing < 0.05 * n_nic
+    assert not any((dev, ts) in got for dev, times in lost["nic"].items() for ts in times)
+    assert len(got) + missing == pytest.approx(n_nic, abs=cfg.nodes * cfg.nics_per_node)
+
+
+def test_cadenced_counters_are_read_at_their_true_time() -> None:
+    """A storm's pause duration between two readings is the share of that span it covered,
+    whenever in a tick the readings fall."""
+    storm = PfcStorm(onset_s=10.0, duration_s=7.0, node="gpu-002", nic="mlx5_1")
+    cfg = SimConfig(
+        nodes=4, nics_per_node=2, spines=2, duration_s=24.0, seed=2, out_of_order=0.0,
+        nic_interval_s=2.0, switch_interval_s=1.0, faults=(storm,),
+    )  # fmt: skip
+    sim = Simulator(cfg)
+    df = pl.concat(list(sim.ticks()))
+    t0 = cfg.start_ns
+    port = str(sim.topology.nodes["gpu-002"].nics[1].switch_port).split("/", 1)
+    for dev, p, metric in (
+        ("gpu-002", "mlx5_1", "nic_tx_pause_us"),  # what the origin sent
+        (port[0], port[1], "pfc_rx_pause_us"),  # what its leaf port received
+    ):
+        s = df.filter(
+            (pl.col("device") == dev) & (pl.col("port") == p) & (pl.col("metric") == metric)
+        ).sort("ts")
+        ts = (s["ts"].to_numpy() - t0) / S
+        v = s["raw"].to_numpy().astype(float)
+        checked = 0
+        for a, b, dv in zip(ts[:-1], ts[1:], np.diff(v), strict=True):
+            covered = max(0.0, min(b, 17.0) - max(a, 10.0))
+            # a tick's healthy background pause is a few ms at most; the storm 99.6-100 %
+            assert dv == pytest.approx(covered * 1e6, abs=0.004 * covered * 1e6 + 20_000)
+            checked += covered > 0
+        assert checked >= 4
+
+
+def test_cadenced_clears_and_gaps() -> None:
+    cfg = SimConfig(
+        nodes=4, nics_per_node=2, spines=1, duration_s=20.0, seed=4, out_of_order=0.0,
+        nic_interval_s=0.5, switch_interval_s=1.0,
+        faults=(
+            CounterClear(onset_s=8.05, target="switch", switch="leaf-r0-p0"),
+            CounterClear(onset_s=9.0, target="nic", node="gpu-001", nic="mlx5_0"),
+            AgentGap(onset_s=12.0, duration_s=3.0, node="gpu-003"),
+        ),
+    )  # fmt: skip
+    df = pl.concat(list(Simulator(cfg).ticks()))
+    t = (pl.col("ts") - cfg.start_ns) / S
+    octets = df.filter(
+        (pl.col("device") == "leaf-r0-p0") & (pl.col("metric") == "port_in_octets")
+    ).sort("ts")
+    before = octets.filter(t < 8.05).group_by("port").agg(pl.col("raw").last())
+    after = octets.filter(t > 8.05).group_by("port").agg(pl.col("raw").first())
+    # every port of the switch restarts from zero: the first reading after is a second's worth
+    assert after["raw"].max() < 1e11 < before["raw"].min()  # type: ignore[operator]
+    nic = df.filter((pl.col("device") == "gpu-001") & (pl.col("metric") == "nic_rx_bytes"))
+    assert nic.filter(t > 9.0)["raw"].min() < nic.filter(t < 9.0)["raw"].max()  # type: ignore[operator]
+    gap = df.filter((pl.col("device") == "gpu-003") & (t >= 12.0) & (t < 15.0))
+    assert gap.height == 0
+    assert df.filter((pl.col("device") == "gpu-003") & (t >= 15.0)).height > 0
+
+
+@pytest.mark.parametrize(
+    ("naming", "port", "path"),
+    [
+        ("sonic", "Ethernet8", "/COUNTERS/Ethernet8/SAI_PORT_STAT_PFC_3_RX_PAUSE_DURATION_US"),
+        ("cumulus", "swp2", "/interfaces/interface/ethernet/state/counters/in-crc-errors"),
+        ("openconfig", "Ethernet1/2", OPENCONFIG_PATH["pfc_rx_pause_us"]),
+    ],
+)  # fmt: skip
+def test_naming_writes_the_vendor_paths_the_collector_reads(
+    tmp_path: Path, naming: str, port: str, path: str
+) -> None:
+    cfg = SimConfig(
+        nodes=2, nics_per_node=2, spines=1, duration_s=4.0, seed=1, naming=naming,
+        nic_interval_s=0.5, switch_interval_s=1.0, gauge_interval_s=2.0,
+    )  # fmt: skip
+    out = write_scenario(cfg, tmp_path / naming)
+    topo = Topology.load(out / "topology.yaml")
+    assert str(topo.nodes["gpu-002"].nics[0].switch_port) == f"leaf-r0-p0/{port}"
+    lines = (out / "switch.jsonl").read_bytes().splitlines()
+    events = [orjson.loads(x) for x in lines]
+    tag = ("interface_name", "interface_interface-id")
+    assert any(path in e["values"] and port in (e["tags"].get(t) for t in tag) for e in events)
+    if naming == "sonic":
+        q = [e for e in events if "queue_name" in e["tags"]]
+        assert q and all(
+            k.startswith(f"/COUNTERS/{e['tags']['interface_name']}:3/SAI_QUEUE_STAT_")
+            for e in q
+            for k in e["values"]
+        )
+    # the collector's mapping reads every value back to what the simulator read
+    dec = GnmicEventDecoder(topo)
+    got = dec.decode_lines(lines)
+    assert dec.stats.as_dict() == {}
+    frames = pl.concat(list(Simulator(cfg).ticks()))
+    want = frames.filter(
+        pl.col("device").str.starts_with("leaf") | pl.col("device").str.starts_with("spine")
+    )
+    key = ["ts", "device", "port", "qual", "metric"]
+    assert got.sort(key).select([*key, "value"]).equals(want.sort(key).select([*key, "value"]))
+
+
+def test_switch_origin_storm_blames_no_node() -> None:
+    storm = PfcStorm(onset_s=2.0, duration_s=3.0, origin="switch", switch="leaf-r1-p0")
+    cfg = SimConfig(
+        nodes=4, nics_per_node=2, spines=2, duration_s=8.0, seed=3, faults=(storm,),
+        nic_interval_s=0.5, switch_interval_s=0.5,
+    )  # fmt: skip
+    sim = Simulator(cfg)
+    truth = sim.truth()
+    (f,) = truth["faults"]
+    assert f["culprit_node"] is None and f["labels"] == {"switch": "leaf-r1-p0"}
+    assert f["match"] == [{"switch": "leaf-r1-p0"}] and f["details"]["origin"] == "switch"
+    victims = f["victims"]
+    assert {"node": "gpu-001", "nic": "mlx5_1"} in victims  # its own NICs
+    assert {"switch": "spine-0", "port": "Ethernet1/2"} in victims  # the spines facing it
+    assert not any(v.get("switch") == "leaf-r1-p0" for v in victims)  # it is paused by no one
+    r = rates(pl.concat(list(sim.ticks())), cfg.start_ns)
+    during = r.filter((pl.col("t") > 2.6) & (pl.col("t") < 5.0))
+    leaf = during.filter(pl.col("device") == "leaf-r1-p0")
+    tx = leaf.filter(pl.col("metric") == "pfc_tx_pause_us")
+    rx = leaf.filter(pl.col("metric") == "pfc_rx_pause_us")
+    share_tx = (tx["d"] / (tx["dt"] * 1e6)).to_numpy()
+    share_rx = (rx["d"] / (rx["dt"] * 1e6)).to_numpy()
+    assert share_tx.min() > 0.99  # every port pauses its neighbour
+    assert share_rx.max() < 0.1  # nothing pauses it
+
+
+def test_fabric_make_link_speed_buffer_and_pcie() -> None:
+    """Link speed and buffer reach the topology and the NICs; a PCIe link still faster than the
+    network slows nothing, one slower than it does."""
+
+    def run(link: int) -> tuple[Simulator, pl.DataFrame]:
+        pcie = PcieDowngrade(onset_s=1.0, node="gpu-001", nic="mlx5_0", speed_gts=32.0, width=8)
+        cfg = SimConfig(
+            nodes=4, nics_per_node=2, spines=1, duration_s=6.0, seed=6, faults=(pcie,),
+            link_gbps=link, buffer_mb=16, nic_interval_s=0.5, switch_interval_s=0.5,
+        )  # fmt: skip
+        sim = Simulator(cfg)
+        return sim, rates(pl.concat(list(sim.ticks())), cfg.start_ns)
+
+    sim, r400 = run(400)
+    topo = sim.topology
+    assert topo.nodes["gpu-001"].nics[0].speed_gbps == 400
+    assert all(sw.buffer_bytes == 16 << 20 for sw in topo.switches.values())
+    _, r100 = run(100)
+
+    def pause(r: pl.DataFrame) -> float:
+        x = r.filter(
+            (pl.col("device") == "gpu-001")
+            & (pl.col("port") == "mlx5_0")
+            & (pl.col("metric") == "nic_tx_pause_us")
+            & (pl.col("t") > 2.0)
+        )
+        return float(x["d"].to_numpy().sum() / (x["dt"].to_numpy().sum() * 1e6))
+
+    assert pause(r400) > 0.05 and pause(r100) < 0.01
+    width = pl.concat(list(sim.ticks())).filter(
+        (pl.col("device") == "gpu-001") & (pl.col("metric") == "nic_pcie_width")
+    )
+    assert set(width["value"].to_list()) == {16.0, 8.0}
