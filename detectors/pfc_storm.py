@@ -1,15 +1,26 @@
 """PFCStorm: queues stalled by sustained pause, and the culprit that started it.
 
-A queue is stalled when, over the detection time (200 ms, as SONiC's PFC watchdog), received
-pause time grew by at least ``pause_fraction`` of the interval while the queue held data and
-sent nothing. It stays stalled until its pause share falls below ``exit_fraction`` over the
-restoration time. A NIC counts as sending a storm from its own ``tx_prio<N>_pause_duration`` or
-pause-storm events.
+A queue is stalled when, over the detection time (200 ms, as SONiC's PFC watchdog, or one
+sample where the series is read less often), received pause time grew by at least
+``pause_fraction`` of the interval while the queue held data and sent nothing. It stays
+stalled until its pause share falls below ``exit_fraction`` over the restoration time (or its
+next sample); a series read every few seconds is not judged between its samples: it stays
+stalled until ``restoration_time_s`` plus two and a half of its intervals pass without a
+sample still paused. A NIC counts as sending a storm from its own ``tx_prio<N>_pause_duration``.
 
 Origin vs victim follows the pause graph over the topology's cables: every stalled receiver
 names the sender at the other end of its cable; a sender that is not itself paused is the
 origin, every paused entity a victim. So an origin that runs no agent is still found from the
-switch port it pauses.
+switch port it pauses. A device counts as paused (a relay, not an origin) when it received
+pause for ``relay_fraction`` of its sample (of at most ``relay_window_s`` of it) within
+``relay_window_s`` (plus two and a half of its sampling intervals) of its victim's stall. A
+switch port is named origin only once its switch's own pause counters have reported past the
+victim's stall (a relay read less often than its victim would otherwise be blamed before its
+own pause shows), or one of its intervals later if they do not.
+
+Time to detect: the first sample fully inside the storm, so at most two intervals of the
+fastest series that sees it (plus, for a switch port as origin whose own transmit counters
+are not read, until its switch's next sample).
 """
 
 from __future__ import annotations
@@ -21,9 +32,11 @@ import numpy as np
 import polars as pl
 
 from detectors.base import Finding, StepContext, node_labels, pct, port_labels
+from detectors.state import MISSED_SAMPLE_INTERVALS, NS, EntitySlots, matches
 from rocewatch.topology import NicEnd, PortEnd, Topology
 
 Key = tuple[str, str, str, str]  # (kind "port"|"nic", device, port-or-nic, priority)
+RX_PAUSE = {"port": "pfc_rx_pause_us", "nic": "nic_rx_pause_us"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,12 @@ class PfcStormConfig:
 class _Active:
     ts: int
     evidence: str
+    seen: int = 0  # end of the last step its series had a sample in the restoration window
+    interval: int = 0  # its series' sampling interval (ns)
+
+    def silent_too_long(self, end: int, restoration: int) -> bool:
+        """No sample said it is still paused for longer than the series' silence allows."""
+        return end - self.seen > restoration + MISSED_SAMPLE_INTERVALS * self.interval
 
 
 @dataclass
@@ -67,15 +86,29 @@ class PfcStormDetector:
 
     @property
     def window_s(self) -> float:
-        """The longest sliding window this detector reads."""
-        return max(self.config.detection_time_s, self.config.restoration_time_s)
+        """The longest sliding window this detector reads (the detection time and one step
+        more: twice it covers any step)."""
+        return 2 * max(self.config.detection_time_s, self.config.restoration_time_s)
 
     def __post_init__(self) -> None:
         self.paused: dict[Key, _Active] = {}  # stalled receivers
         self.sending: dict[Key, _Active] = {}  # senders seen from their own telemetry
-        self.relaying: set[Key] = set()  # receivers paused at least relay_fraction right now
+        # receivers paused at least relay_fraction lately: (step end last seen so, interval)
+        self.relay_seen: dict[Key, tuple[int, int]] = {}
+        self.relaying: set[Key] = set()  # ... within their silence allowance: right now
         # per device (kind, device, nic-or-"", priority): [paused since, paused until or None]
         self.device_paused: dict[Key, list[int | None]] = {}
+        # per switch port: its pause counters' newest sample time and interval (ns)
+        self.port_slots = EntitySlots()
+        self.switch_ports: dict[str, list[int]] = {}  # a switch's port slots
+        self.port_newest = np.empty(0, dtype=np.int64)
+        self.port_interval = np.empty(0)
+
+    def __setstate__(self, d: dict[str, object]) -> None:
+        self.__dict__.update(d)
+        # a checkpoint from before the cadence-aware state: start its tables over
+        if "port_slots" not in d:
+            self.__post_init__()
 
     # --- per-entity states with hysteresis -------------------------------------------------------
     @staticmethod
@@ -98,16 +131,18 @@ class PfcStormDetector:
         cfg = self.config
         if not self.paused and not self.sending:
             # fast path: nothing active, so only entities whose newest step could complete a
-            # storm window need the window at all
+            # storm window, or show a relay, need the window at all
             cur = ctx.engine.current()
             f = cur.get(metric) if cur is not None else None
             if f is None or f.height == 0:
                 return
             n = ctx.engine.steps_in(cfg.detection_time_s)
-            floor = 1.0 - n * (1.0 - cfg.pause_fraction)
+            floor: np.ndarray | float = 1.0 - n * (1.0 - cfg.pause_fraction)
             _, ok, dt = self._fractions(f)
+            if table is self.paused:
+                floor = np.minimum(floor, self._relay_share(dt))
             delta = f.get_column("delta").to_numpy()
-            if not (ok & _ge(delta, dt * (1e6 * floor))).any():
+            if not (ok & _ge(delta, dt * 1e6 * floor)).any():
                 return
         detection = ctx.engine.window(metric, cfg.detection_time_s)
         frac, ok, dt = self._fractions(detection)
@@ -115,42 +150,91 @@ class PfcStormDetector:
             ok & _ge(frac, cfg.pause_fraction) & (dt >= cfg.detection_time_s * cfg.min_coverage)
         )
         stay, stay_frac, stay_ok = detection, frac, ok  # the default: the same window, once
+        stay_dt = dt
         if cfg.restoration_time_s != cfg.detection_time_s:
             stay = ctx.engine.window(metric, cfg.restoration_time_s)
-            stay_frac, stay_ok, _ = self._fractions(stay)
+            stay_frac, stay_ok, stay_dt = self._fractions(stay)
+        relay = self._relay_share(stay_dt)
         # only the few rows at or above a threshold reach Python (NaN is not a share)
-        floor = min(cfg.exit_fraction, cfg.relay_fraction)
-        rows = np.flatnonzero(stay_ok & (stay_frac >= floor))
-        keys = _keys(stay, rows)
-        fr = stay_frac[rows].tolist()
-        still = {(kind, *k): f for k, f in zip(keys, fr, strict=True) if f >= cfg.exit_fraction}
+        rows = np.flatnonzero(stay_ok & ((stay_frac >= cfg.exit_fraction) | (stay_frac >= relay)))
         if table is self.paused:
-            self.relaying.update(
-                (kind, *k) for k, f in zip(keys, fr, strict=True) if f >= cfg.relay_fraction
-            )
-        for key in [k for k in table if k[0] == kind and k not in still]:
-            del table[key]
-        if len(entering) == 0:
-            return
+            hi = rows[stay_frac[rows] >= relay[rows]]
+            iv = _intervals(stay, hi)
+            for k, i in zip(_keys(stay, hi), iv, strict=True):
+                self.relay_seen[(kind, *k)] = (ctx.end, i)
+        # entities followed: judged on their samples in the restoration window; one read less
+        # often is not judged between its samples (no sample is no news)
+        mine = [k for k in table if k[0] == kind]
+        mine += [k for k in self.relay_seen if k[0] == kind and k not in table]
+        if mine:
+            at = np.flatnonzero(matches(stay, [k[1:] for k in mine]) & stay_ok)
+            present = {
+                (kind, *k): (f, i, r)
+                for k, f, i, r in zip(
+                    _keys(stay, at),
+                    stay_frac[at].tolist(),
+                    _intervals(stay, at),
+                    relay[at].tolist(),
+                    strict=True,
+                )
+            }
+            restoration = round(cfg.restoration_time_s * NS)
+            for key in mine:
+                got = present.get(key)
+                act = table.get(key)
+                if got is not None:
+                    f, i, r = got
+                    if key in self.relay_seen and f < r:
+                        del self.relay_seen[key]
+                    if act is None:
+                        continue
+                    if f >= cfg.exit_fraction:
+                        act.seen, act.interval = ctx.end, i
+                    else:
+                        del table[key]
+                elif act is not None and act.silent_too_long(ctx.end, restoration):
+                    del table[key]
         # rows of entities already in the table change nothing: only new ones go on
         new = [
             i
             for i, k in zip(entering.tolist(), _keys(detection, entering), strict=True)
             if (kind, *k) not in table
         ]
-        if not new:
-            return
-        enter = detection[pl.Series(new, dtype=pl.UInt32)].with_columns(
-            pl.Series("frac", frac[new])
+        parts = [
+            detection[pl.Series(new, dtype=pl.UInt32)].with_columns(pl.Series("frac", frac[new]))
+        ]
+        # samples jittered across step boundaries may leave the window of the detection time
+        # short of it (one sample in two steps): one step more, for a window still all paused
+        longer = ctx.engine.window(metric, cfg.detection_time_s + ctx.engine.config.step_s)
+        lf, lok, ldt = self._fractions(longer)
+        more = np.flatnonzero(
+            lok & _ge(lf, cfg.pause_fraction) & (ldt >= cfg.detection_time_s * cfg.min_coverage)
         )
+        if len(more):
+            taken = {(kind, *k) for k in _keys(detection, np.asarray(new, dtype=np.int64))}
+            extra = [
+                i
+                for i, k in zip(more.tolist(), _keys(longer, more), strict=True)
+                if (kind, *k) not in table and (kind, *k) not in taken
+            ]
+            if extra:
+                parts.append(
+                    longer[pl.Series(extra, dtype=pl.UInt32)].with_columns(
+                        pl.Series("frac", lf[extra])
+                    )
+                )
+        enter = pl.concat(parts, how="vertical")
+        if enter.height == 0:
+            return
         if stall and cfg.require_stall:
             enter = self._stalled(ctx, enter)
-        for d, p, q, f, dt_s, ts, extra in enter.select(
+        for d, p, q, f, dt_s, n, ts, extra in enter.select(
             "device",
             "port",
             "qual",
             "frac",
             "dt",
+            "n",
             "ts",
             pl.col("extra") if "extra" in enter.columns else pl.lit(""),
         ).iter_rows():
@@ -161,13 +245,57 @@ class PfcStormDetector:
                     ts,
                     f"{d}/{p} prio {q} {what} pause {pct(f)} of {dt_s:.2f} s"
                     f" (threshold {pct(cfg.pause_fraction)}){extra}",
+                    seen=ctx.end,
+                    interval=round(dt_s / max(n, 1) * NS),
                 )
+
+    def _relay_share(self, dt: np.ndarray) -> np.ndarray:
+        """Per row, the pause share that makes its device a relay: ``relay_fraction`` of the
+        sample, but of at most ``relay_window_s`` of it (a relay read every 5 s may have been
+        paused for only the last second of its sample when its victim stalled)."""
+        cfg = self.config
+        with np.errstate(divide="ignore", invalid="ignore"):
+            span = np.minimum(np.nan_to_num(dt, nan=0.0), cfg.relay_window_s)
+            return np.where(dt > 0, cfg.relay_fraction * span / dt, cfg.relay_fraction)
+
+    def _switch_reports(self, ctx: StepContext) -> None:
+        """Follow each switch port's newest pause-counter sample and its interval: NumPy over
+        the step's rows, through entity slots that remember each series' port."""
+        cur = ctx.engine.current()
+        metric = RX_PAUSE["port"]
+        f = cur.get(metric) if cur is not None else None
+        if f is None or f.height == 0:
+            return
+        known = cur.positions if cur is not None else None
+        at = (known[0], known[1][metric]) if known is not None and metric in known[1] else None
+        slot = self.port_slots.rows_at(f, at)
+        have = len(self.port_newest)
+        if have < len(self.port_slots):
+            for i, (dev, _) in enumerate(self.port_slots.keys[have:], have):  # new ports
+                self.switch_ports.setdefault(dev, []).append(i)
+            grow = len(self.port_slots) - have
+            self.port_newest = np.concatenate([self.port_newest, np.zeros(grow, dtype=np.int64)])
+            self.port_interval = np.concatenate([self.port_interval, np.zeros(grow)])
+        np.maximum.at(self.port_newest, slot, f.get_column("ts").to_numpy())
+        iv = np.zeros(len(self.port_interval))
+        np.maximum.at(iv, slot, np.asarray(_intervals(f, np.arange(f.height)), dtype=np.float64))
+        old = self.port_interval
+        self.port_interval = np.where(iv > 0, np.where(old > 0, old + 0.25 * (iv - old), iv), old)
+
+    def _reported(self, switch: str) -> tuple[int, int] | None:
+        """Since when every port of a switch has reported its pause counters (any of them may
+        be the one a relay is paused on), and their longest interval (ns); None if the switch
+        reports none."""
+        ports = self.switch_ports.get(switch)
+        if not ports:
+            return None
+        return int(self.port_newest[ports].min()), round(float(self.port_interval[ports].max()))
 
     def _stalled(self, ctx: StepContext, enter: pl.DataFrame) -> pl.DataFrame:
         """Keep paused switch queues that held data and sent nothing (where the switch says so)."""
         t = self.config.detection_time_s
         tx = ctx.engine.window("queue_tx_pkts", t).select(
-            "device", "port", "qual", pl.col("delta").alias("tx")
+            "device", "port", "qual", pl.col("delta").alias("tx"), pl.col("dt").alias("tx_dt")
         )
         depth = ctx.engine.window("queue_depth_bytes", t).select(
             "device", "port", "qual", pl.col("max").alias("depth")
@@ -175,8 +303,10 @@ class PfcStormDetector:
         j = enter.join(tx, on=["device", "port", "qual"], how="left").join(
             depth, on=["device", "port", "qual"], how="left"
         )
+        # a queue counter read much less often than the pause counter reaches back to before
+        # the storm: it says nothing either way
         j = j.filter(
-            (pl.col("tx").is_null() | (pl.col("tx") == 0))
+            (pl.col("tx").is_null() | (pl.col("tx") == 0) | (pl.col("tx_dt") > 1.5 * pl.col("dt")))
             & (pl.col("depth").is_null() | (pl.col("depth") > 0))
         )
         return j.with_columns(
@@ -190,11 +320,17 @@ class PfcStormDetector:
 
     # --- the pause graph -------------------------------------------------------------------------
     def evaluate(self, ctx: StepContext) -> list[Finding]:
-        self.relaying = set()
+        cfg = self.config
         self._update(ctx, "pfc_rx_pause_us", "port", self.paused, stall=True)
         self._update(ctx, "nic_rx_pause_us", "nic", self.paused, stall=False)
         self._update(ctx, "nic_tx_pause_us", "nic", self.sending, stall=False)
         self._update(ctx, "pfc_tx_pause_us", "port", self.sending, stall=False)
+        restoration = round(cfg.restoration_time_s * NS)
+        for key, (seen, iv) in list(self.relay_seen.items()):
+            if ctx.end - seen > restoration + MISSED_SAMPLE_INTERVALS * iv:
+                del self.relay_seen[key]
+        self.relaying = set(self.relay_seen)
+        self._switch_reports(ctx)
         if not self.paused and not self.sending:
             return []
         topo = self.topology
@@ -216,13 +352,28 @@ class PfcStormDetector:
             span = self.device_paused.get(pd)
             if span is None or span[1] is not None:
                 self.device_paused[pd] = [ctx.end, None]
-        horizon = ctx.end - int(10 * cfg_relay_ns(self.config))
+        horizon = ctx.end - max(10 * cfg_relay_ns(cfg), 60 * NS)
         for pd, span in list(self.device_paused.items()):
             if pd not in now_paused and span[1] is None:
                 span[1] = ctx.end
             if span[1] is not None and span[1] < horizon:
                 del self.device_paused[pd]
-        relay_ns = cfg_relay_ns(self.config)
+        # the relay window grows with how often the sender's own pause is read: its stall
+        # shows up to two of its intervals after its victim's
+        intervals: dict[Key, int] = {}
+        for k, act in (*self.paused.items(), *self.sending.items()):
+            d = _device(k)
+            intervals[d] = max(intervals.get(d, 0), act.interval)
+        for k, (_, iv) in self.relay_seen.items():
+            d = _device(k)
+            intervals[d] = max(intervals.get(d, 0), iv)
+
+        def relay_ns(s: Key) -> int:
+            iv = intervals.get(_device(s), 0)
+            rep = self._reported(s[1]) if s[0] == "port" else None
+            if rep is not None:
+                iv = max(iv, rep[1])
+            return cfg_relay_ns(cfg) + round(MISSED_SAMPLE_INTERVALS * iv)
 
         def is_paused(s: Key, since: int) -> bool:
             span = self.device_paused.get(_device(s))
@@ -230,12 +381,23 @@ class PfcStormDetector:
                 return False
             start, end = span
             assert start is not None
-            return start <= since + relay_ns and (end is None or end >= since - relay_ns)
+            r = relay_ns(s)
+            return start <= since + r and (end is None or end >= since - r)
+
+        def unheard(s: Key, since: int) -> bool:
+            """A switch whose own pause counters have not reported since its victim stalled
+            (yet: one of its intervals is waited for), so it may still turn out a relay."""
+            rep = self._reported(s[1]) if s[0] == "port" else None
+            if rep is None:
+                return False
+            newest, iv = rep
+            return newest < since and ctx.end <= since + round(1.5 * iv)
 
         findings: list[Finding] = []
         origins: list[Key] = []
         for s, ev in senders.items():
-            if is_paused(s, min(t for t, _ in ev)):
+            since = min(t for t, _ in ev)
+            if is_paused(s, since) or unheard(s, since):
                 continue
             kind, dev, port, prio = s
             if kind == "port" and s not in self.sending and not victims_of.get(s):
@@ -282,6 +444,16 @@ class PfcStormDetector:
 def _ge(a: np.ndarray, b: np.ndarray | float) -> np.ndarray:
     """``a >= b`` as Polars compares floats: NaN above every number."""
     return (a >= b) | np.isnan(a)
+
+
+def _intervals(frame: pl.DataFrame, rows: np.ndarray) -> list[int]:
+    """The sampling interval (ns) of the given counter rows: their ``dt`` over their count of
+    samples (0 without a ``dt``)."""
+    if len(rows) == 0:
+        return []
+    dt = np.nan_to_num(frame.get_column("dt").to_numpy()[rows].astype(np.float64))
+    n = np.maximum(frame.get_column("n").to_numpy()[rows].astype(np.float64), 1.0)
+    return (dt / n * NS).astype(np.int64).tolist()
 
 
 def _keys(frame: pl.DataFrame, rows: np.ndarray) -> list[tuple[str, str, str]]:

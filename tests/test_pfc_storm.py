@@ -1,5 +1,7 @@
 """PFC storm origin vs victim on a hand-built fabric (independent of the simulator)."""
 
+import dataclasses
+
 import polars as pl
 import pytest
 
@@ -7,6 +9,7 @@ from rocewatch.config import Config
 from rocewatch.model import conform
 from rocewatch.pipeline import Pipeline
 from rocewatch.topology import Topology
+from tests import cadence
 
 S = 1_000_000_000
 STEP = S // 10
@@ -174,3 +177,130 @@ def test_short_pause_burst_is_not_a_storm():
         p.advance(int(f["ts"].max()) - p.engine.lateness_ns())
     p.finish()
     assert p.all_alerts() == []
+
+
+# --- cadence: the same storm read every 0.1, 1 or 5 s, or each source at its own pace ---------
+
+
+HOP = {  # receiver -> seconds after the onset its pause starts (the storm spreads hop by hop)
+    ("leaf-0", "Ethernet1/1"): 0.0,
+    ("gpu-002", "mlx5_0"): 0.2,
+    ("spine-0", "Ethernet1/1"): 0.2,
+    ("leaf-1", "Ethernet1/9"): 0.4,
+    ("gpu-003", "mlx5_0"): 0.6,
+}
+
+
+SWITCHES = {dev for dev, _ in SWITCH_PORTS}
+
+
+def storm_series(switch_iv, nic_iv=None, queue_iv=None, storm=None, jitter=0.2):
+    """The fabric's pause, queue and NIC counters, each source read at its own interval;
+    ``storm`` = (onset, end) s: gpu-001 sends pause, the others are paused in turn."""
+    queue_iv = queue_iv or switch_iv
+
+    def window(key):
+        if storm is None or key not in HOP:
+            return []
+        return [(storm[0] + HOP[key], storm[1] + HOP[key])]
+
+    def pause(base, spans):
+        return cadence.Rate(base, [(a, b, 1e6 - base) for a, b in spans])
+
+    out = []
+    for k, (dev, port) in enumerate(SWITCH_PORTS):
+        spans = window((dev, port))
+        sw = {
+            "interval": switch_iv,
+            "phase": 0.003 + 0.29 * sorted(SWITCHES).index(dev) % switch_iv,
+        }
+        q = {"interval": queue_iv, "phase": 0.007 + 0.31 * k % queue_iv}
+        out += [
+            cadence.Series(dev, port, "pfc_rx_pause_us", "3", rate=pause(7_000, spans), **sw),
+            cadence.Series(
+                dev,
+                port,
+                "queue_tx_pkts",
+                "3",
+                rate=cadence.Rate(500_000, [(a, b, -500_000) for a, b in spans]),
+                **q,
+            ),
+            cadence.Series(
+                dev,
+                port,
+                "queue_depth_bytes",
+                "3",
+                gauge=lambda t, spans=spans: 6e6 if any(a <= t < b for a, b in spans) else 2e4,
+                **q,
+            ),
+        ]
+    if nic_iv is not None:
+        for k, (node, nic) in enumerate(NICS):
+            n = {"interval": nic_iv, "phase": 0.011 + 0.23 * k % nic_iv}
+            sending = [storm] if storm is not None and node == "gpu-001" else []
+            out += [
+                cadence.Series(
+                    node, nic, "nic_rx_pause_us", "3", rate=pause(4_000, window((node, nic))), **n
+                ),
+                cadence.Series(node, nic, "nic_tx_pause_us", "3", rate=pause(3_000, sending), **n),
+            ]
+    return [dataclasses.replace(s, jitter=jitter) for s in out]
+
+
+def storm_times(interval):
+    """(onset, end, run length) s: a storm that lasts several detection bounds, then time to
+    resolve (the restoration time and two and a half intervals, and the alert lifecycle's)."""
+    onset = 2.0 + 2 * interval
+    end = onset + max(4.0, 4 * interval)
+    return onset, end, end + 3.0 + 4 * interval
+
+
+def check_storm(r, onset, end, fastest, with_agents):
+    storms = r.named("PFCStorm")
+    origins = [a for a in storms if a.labels["role"] == "origin"]
+    # one alert for the culprit, from onset to end: never a victim, never flapping
+    assert [(a.labels.get("node"), a.labels.get("nic")) for a in origins] == [
+        ("gpu-001", "mlx5_0")
+    ], [a.labels for a in origins]
+    (o,) = origins
+    assert 0 < cadence.ttd(o, onset) <= storm_bound(fastest), cadence.ttd(o, onset)
+    assert cadence.still_firing_or_ended_after(o, end)
+    assert o.ends_at, "resolved once the storm ended"
+    victims = [a for a in storms if a.labels["role"] == "victim"]
+    assert victims and all(a.labels.get("node") != "gpu-001" for a in victims)
+    assert [a.node for a in r.pipeline.actions if a.action == "drain"] == ["gpu-001"]
+
+
+def storm_bound(interval):
+    """The time a storm may take to find: two and a half intervals of the fastest source that
+    sees it, but at least the detection time (200 ms of pause, as SONiC's watchdog) and two
+    samples or steps (the one it began in, and one that jitter may leave empty)."""
+    return max(2.5 * interval, 0.2 + 2.1 * max(interval, 0.1))
+
+
+@pytest.mark.parametrize("interval", cadence.CADENCES)
+@pytest.mark.parametrize("with_agents", [True, False], ids=["agents", "switches-only"])
+def test_storm_at_any_cadence(interval, with_agents):
+    onset, end, seconds = storm_times(interval)
+    series = storm_series(interval, interval if with_agents else None, storm=(onset, end))
+    r = cadence.run(TOPO, series, seconds)
+    check_storm(r, onset, end, interval, with_agents)
+
+
+@pytest.mark.parametrize(
+    "nic_iv,switch_iv,queue_iv",
+    [(0.5, 1.0, 5.0), (2.0, 1.0, 10.0), (None, 1.0, 5.0)],
+    ids=["nic0.5-switch1-queue5", "nic2-switch1-queue10", "switch1-queue5"],
+)
+def test_storm_sources_at_different_cadences(nic_iv, switch_iv, queue_iv):
+    onset, end, seconds = storm_times(max(switch_iv, nic_iv or 0))
+    series = storm_series(switch_iv, nic_iv, queue_iv, storm=(onset, end))
+    r = cadence.run(TOPO, series, seconds)
+    fastest = min(switch_iv, nic_iv or switch_iv)
+    check_storm(r, onset, end, fastest, nic_iv is not None)
+
+
+@pytest.mark.parametrize("interval", cadence.CADENCES)
+def test_healthy_fabric_at_any_cadence(interval):
+    r = cadence.run(TOPO, storm_series(interval, interval), storm_times(interval)[2])
+    assert r.alerts == []
