@@ -27,7 +27,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 3  # = the number of the newest migration (storage/migrations/versions)
+SCHEMA_VERSION = 4  # = the number of the newest migration (storage/migrations/versions)
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
@@ -106,6 +106,9 @@ class AlertRow(Base):
     queue: Mapped[str | None] = mapped_column(String(32), index=True)
     priority: Mapped[str | None] = mapped_column(String(16), index=True)
     role: Mapped[str | None] = mapped_column(String(16), index=True)
+    # the fingerprint of the alert whose inhibit rule suppresses this one (its annotation
+    # ``inhibited_by``); NULL for an alert that is notified (also once it outlived its source)
+    inhibited_by: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
 
 

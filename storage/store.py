@@ -63,6 +63,7 @@ _ALERT_UPDATED = [
     "labels",
     "annotations",
     *ENTITY_LABELS,
+    "inhibited_by",
     "updated_at",
 ]
 
@@ -489,6 +490,7 @@ def _alert_row(a: Alert, now: dt.datetime) -> dict[str, Any]:
     }
     for k in ENTITY_LABELS:
         row[k] = a.labels.get(k)
+    row["inhibited_by"] = a.annotations.get("inhibited_by") or None
     return row
 
 

@@ -10,12 +10,13 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import column, inspect, table, text
 
 from rocewatch.errors import ConfigError
 from rocewatch.model import Alert
 from storage import SCHEMA_VERSION, Store, migrate
-from storage.models import Base
+from storage.models import Base, ns_to_datetime
+from storage.store import ALERTS, _alert_row
 from tests.pg_fresh import fresh_database
 
 PG_URL = os.environ.get("ROCEWATCH_TEST_PG_URL", "")
@@ -63,7 +64,11 @@ def test_upgrade_from_revision_0001_keeps_data(url: str) -> None:
         with s.engine.begin() as conn:
             assert "notify_outbox" not in inspect(conn).get_table_names()
             conn.execute(text("INSERT INTO meta (key, value) VALUES ('schema_version', '1')"))
-        s.write_alerts([storm()])
+            # the alert as revision 0001 stored it: without the columns added since
+            row = _alert_row(storm(), ns_to_datetime(T0))
+            row.pop("inhibited_by")
+            old = table("alerts", *(column(k, ALERTS.c[k].type) for k in row))
+            conn.execute(old.insert().values(row))
         s.create_schema()
         assert [a.to_json() for a in s.alerts()] == [storm().to_json()]
         assert s.schema_version() == SCHEMA_VERSION
