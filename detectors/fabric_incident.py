@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from detectors.base import Finding, StepContext
+from rocewatch.alerting.group import encode_members
 from rocewatch.topology import NicEnd, PortEnd, Topology
 
 ALERTNAME = "FabricIncident"
@@ -184,7 +185,24 @@ class FabricIncidentDetector:
             f"{cfg.min_share_entities}): a fabric event, not single faulty nodes. Drains of "
             f"nodes in {scope} are withheld while this fires; the per-entity alerts still fire.",
             evidence=f"{counts}; entities: {listed}",
+            # every member, machine-readable: the inhibition stage ties their alerts to this
+            # incident (an inhibit rule with members: true)
+            extra={
+                "members": encode_members(
+                    _member_labels(kind, e) for _, kind, ents, _ in parts for e in ents
+                )
+            },
         )
+
+
+def _member_labels(kind: str, name: str) -> dict[str, str]:
+    """The entity labels of a member ("node/nic", "node" or "switch/port" of its kind)."""
+    a, _, b = name.partition("/")  # device names never hold a slash, port names may
+    if kind == "nic":
+        return {"node": a, "nic": b}
+    if kind == "port":
+        return {"switch": a, "port": b}
+    return {"node": name}
 
 
 def build(topology: Topology, config: FabricIncidentConfig | None = None) -> FabricIncidentDetector:

@@ -38,6 +38,12 @@ training distribution, the ``top_features`` largest, with their values and train
   NIC, pausing and receiving CNPs, are not blamed.
 
 Explained entities start over (their streaks reset) and their rows do not train the model.
+This stays in the detector because an inhibit rule cannot say it: the cable's other end, the
+congestion counterfactual and what trains the model need the forest's own view, and without
+them victims of a storm or an incast would raise PortAnomaly. What a rule can say, it says: the
+default inhibit rules (docs/alerting.md) also inhibit a PortAnomaly that fired a moment before
+a rule alert on the same NIC or port. Grouped alerts (a storm's victims) are read member by
+member (``StepContext.firing``), as before grouping.
 
 Baseline: with no model (``model_path``) the detector learns from the first ``baseline_s`` of
 telemetry and raises nothing until then (120 s: the simulator's 20-40 s scenarios stay silent

@@ -3,6 +3,11 @@
 An alert's identity is its fingerprint (a hash of its labels). A finding seen again while its
 alert fires only refreshes it; a finding that stays absent for ``resolve_after_s`` of telemetry
 time resolves it (flap damping). A new firing after that is a new alert instance.
+
+An alert's annotations are those of the finding that made it fire, except the ones that list a
+grouped alert's members (``LIVE_ANNOTATIONS``: a storm's ports or victims, an incident's
+members), which follow the latest finding while it fires: no new event, but the resolved event
+and the final state name everything the alert covered.
 """
 
 from __future__ import annotations
@@ -11,6 +16,9 @@ from dataclasses import dataclass, replace
 
 from detectors.base import Finding
 from rocewatch.model import Alert, fingerprint
+
+# annotations that follow the latest finding of a firing alert (rocewatch/alerting/group.py)
+LIVE_ANNOTATIONS = ("members", "ports", "victims")
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,11 @@ class AlertLifecycle:
             fp = fingerprint(labels)
             seen.add(fp)
             self.last_seen[fp] = now_ns
-            if fp in self.firing:
+            live = self.firing.get(fp)
+            if live is not None:
+                for k in LIVE_ANNOTATIONS:
+                    if k in f.extra:
+                        live.annotations[k] = f.extra[k]
                 continue
             ann = {
                 "summary": f.summary,
@@ -64,6 +76,27 @@ class AlertLifecycle:
         if self.retain:
             self.history.append(alert)
         return replace(alert, labels=dict(alert.labels), annotations=dict(alert.annotations))
+
+    def mark(self, fingerprint: str, starts_at: int, source: str | None) -> None:
+        """Note on the lifecycle's own record of an alert instance that ``source`` inhibits it
+        (``inhibited_by``), or clear that (None): later events and the final state carry it."""
+        alert = self.firing.get(fingerprint)
+        if alert is None or alert.starts_at != starts_at:
+            # ended already (within the inhibition wait): the newest instance in the history
+            alert = next(
+                (
+                    a
+                    for a in reversed(self.history)
+                    if a.fingerprint == fingerprint and a.starts_at == starts_at
+                ),
+                None,
+            )
+        if alert is None:
+            return
+        if source is None:
+            alert.annotations.pop("inhibited_by", None)
+        else:
+            alert.annotations["inhibited_by"] = source
 
     def add_external(self, alert: Alert) -> None:
         """Record an alert raised outside the detectors (e.g. a FabricIncident by the policy)."""

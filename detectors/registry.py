@@ -24,11 +24,15 @@ DETECTORS: dict[str, tuple[type[Any], type[Any]]] = {
     "flaky_link": (FlakyLinkDetector, FlakyLinkConfig),
     "pcie_downgrade": (PcieDowngradeDetector, PcieDowngradeConfig),
     "straggler": (StragglerDetector, StragglerConfig),
-    # after every rule detector: it groups the alerts they raised in this step
     "fabric_incident": (FabricIncidentDetector, FabricIncidentConfig),
-    # last: it reads the rule alerts raised before it in the same step
     "isolation_forest": (IsolationForestDetector, IsolationForestConfig),
 }
+
+# Detectors that read the alerts firing (``StepContext.firing``) besides telemetry: they run
+# after every other detector of the step, whatever their place above, so they see this step's
+# alerts. Which alert silences which other is not detector knowledge: inhibit rules
+# (rocewatch/alerting/inhibit.py, docs/alerting.md) decide what is notified and drained on.
+READS_ALERTS = frozenset({"fabric_incident", "isolation_forest"})
 
 # the alertname each detector raises (docs/formats.md section 6)
 ALERTNAMES: dict[str, str] = {
@@ -45,9 +49,12 @@ ALERTNAMES: dict[str, str] = {
 
 
 def _enabled(configs: dict[str, Any]) -> list[tuple[type[Any], Any]]:
-    """(class, config) of every enabled detector, in registry order."""
+    """(class, config) of every enabled detector, in registry order, those that read the
+    alerts firing last."""
     out = []
-    for cls, cfg_cls in DETECTORS.values():
+    for _, (cls, cfg_cls) in sorted(
+        DETECTORS.items(), key=lambda kv: kv[0] in READS_ALERTS
+    ):  # (a stable sort: registry order otherwise)
         cfg = configs.get(cls.name) or cfg_cls()
         if getattr(cfg, "enabled", True) is not False:
             out.append((cls, cfg))

@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--config", type=Path, help="rocewatch config (its storage.url)")
         sp.add_argument("--db", help="database URL (instead of --config)")
 
-    al = sub.add_parser("alerts", help="list stored alerts")
+    al = sub.add_parser("alerts", help="list stored alerts (inhibited ones marked)")
     store_args(al)
     al.add_argument("--status", choices=["firing", "resolved"])
     al.add_argument("--json", action="store_true", help="one JSON object per line")

@@ -23,6 +23,7 @@ from collector.nic.agent import AgentConfig
 from detectors.lifecycle import LifecycleConfig
 from detectors.registry import DETECTORS
 from detectors.windows import WindowConfig
+from rocewatch.alerting.inhibit import InhibitConfig, inhibit_config
 from rocewatch.errors import ConfigError
 from rocewatch.notify.base import (
     AlertmanagerConfig,
@@ -196,6 +197,8 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     gnmi: dict[str, Any] = field(default_factory=dict)  # collector/gnmi/config.py reads it
+    # top-level ``inhibit_rules`` (Alertmanager's syntax) and ``inhibit_wait_s``: docs/alerting.md
+    inhibit: InhibitConfig = field(default_factory=InhibitConfig)
 
 
 def _expand(v: Any) -> Any:
@@ -296,6 +299,9 @@ def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
     actions = doc.pop("actions", None)
     executors = ExecutorsConfig.from_dict(doc.pop("executors", None), build, f"{where}.executors")
     notify = _notify(doc.pop("notify", None), f"{where}.notify")
+    if "inhibit" in doc:
+        raise ConfigError(f"{where}.inhibit: unknown setting (use inhibit_rules, inhibit_wait_s)")
+    inhibit = inhibit_config(doc.pop("inhibit_rules", None), doc.pop("inhibit_wait_s", None), where)
     dets = doc.pop("detectors", None) or {}
     if not isinstance(dets, dict):
         raise ConfigError(f"{where}.detectors: must be a mapping")
@@ -326,4 +332,5 @@ def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
         storage_url=url,
         storage_retention_days=keep,
         notify=notify,
+        inhibit=inhibit,
     )

@@ -830,8 +830,8 @@ class DetectService:
             self.notifier.enqueue(out.alerts)
         send_events(self.producer, self.cfg, out, self.published)
         if self.store is not None:
-            if out.alerts:
-                self.store.write_alerts(out.alerts)
+            if out.alerts or out.inhibited:  # inhibited: kept, never notified (alerting.md)
+                self.store.write_alerts(out.alerts + out.inhibited)
             if out.actions:
                 self.store.write_actions(out.actions)
             for r in out.rollups:

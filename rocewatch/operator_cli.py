@@ -44,10 +44,15 @@ def cmd_alerts(config: Path | None, db: str | None, status: str | None, as_json:
             f"{k}={v}" for k, v in sorted(a.labels.items()) if k not in ("alertname", "severity")
         )
         ends = f" -> {rfc3339(a.ends_at)}" if a.ends_at else ""
+        # kept, not notified: an inhibit rule's source (its fingerprint) explains it
+        muted = a.annotations.get("inhibited_by")
+        why = f"  (inhibited by {muted})" if muted else ""
         print(
-            f"{rfc3339(a.starts_at)}{ends}  {a.status:8} {a.labels.get('alertname', '?')}  {where}"
+            f"{rfc3339(a.starts_at)}{ends}  {a.status:8} {a.labels.get('alertname', '?')}  "
+            f"{where}{why}"
         )
-    print(f"{len(alerts)} alerts", file=sys.stderr)
+    muted_n = sum(1 for a in alerts if a.annotations.get("inhibited_by"))
+    print(f"{len(alerts)} alerts ({muted_n} inhibited)", file=sys.stderr)
     return 0
 
 

@@ -1,7 +1,9 @@
-"""The pipeline every mode runs: samples -> windows -> detectors -> alert lifecycle -> policy.
+"""The pipeline every mode runs: samples -> windows -> detectors -> grouping -> alert lifecycle
+-> inhibition -> policy.
 
-Live (Kafka), replay (files) and the demo (in-process simulator) differ only in their sources
-and in how they move the watermark; what happens to the samples is this file.
+Live (Kafka), replay (files), the demo (in-process simulator) and each fabric domain's detect
+stage in scale-out differ only in their sources and in how they move the watermark; what
+happens to the samples is this file.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +24,8 @@ from detectors.lifecycle import AlertLifecycle
 from detectors.rates import series_ids
 from detectors.registry import build_detectors
 from detectors.windows import Step, WindowEngine
+from rocewatch.alerting.group import StormGrouper, views
+from rocewatch.alerting.inhibit import INHIBITED_BY, InhibitConfig, Inhibitor
 from rocewatch.config import Config
 from rocewatch.model import SERIES_KEY, Action, Alert
 from rocewatch.stats import Stats
@@ -49,18 +54,22 @@ COARSE_ROLLUP_S = 60
 
 @dataclass
 class Output:
-    """What one advance produced: alert events (firing and resolved), actions, metric rollups."""
+    """What one advance produced: alert events (firing and resolved) to notify and store,
+    events of inhibited alerts (``inhibited_by`` annotation: to store, never to notify),
+    actions, metric rollups."""
 
     alerts: list[Alert] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
     rollups: list[pl.DataFrame] = field(default_factory=list)
     steps: int = 0
+    inhibited: list[Alert] = field(default_factory=list)
 
     def extend(self, other: Output) -> None:
         self.alerts += other.alerts
         self.actions += other.actions
         self.rollups += other.rollups
         self.steps += other.steps
+        self.inhibited += other.inhibited
 
 
 class Rollups:
@@ -194,6 +203,10 @@ class Pipeline:
         self.policy = DrainPolicy(self.config.policy, topology, executor or DryRunExecutor())
         self.domain = domain
         self.policy.domain = domain
+        self.grouper = StormGrouper(
+            topology, self.config.lifecycle.resolve_after_s, split_domains=domain is not None
+        )
+        self.inhibitor = Inhibitor(self.config.inhibit)
         self.actions: list[Action] = []
         self.rollups: Rollups | None = None
         self.rollups_coarse: Rollups | None = None
@@ -223,6 +236,12 @@ class Pipeline:
 
     def finish(self) -> Output:
         out = self._run(self.engine.finish())
+        # the stream ended: alerts held for a late inhibiting source are decided now
+        shown, hidden = self._alerting()[1].flush(self.lifecycle)
+        for ev in shown:
+            self.policy.on_alert(ev, self.policy.now)
+        out.alerts += shown
+        out.inhibited += hidden
         for level in self._rollup_levels():
             last = level.flush()
             if last is not None:
@@ -244,17 +263,23 @@ class Pipeline:
             )
             events: list[Alert] = []
             domain = getattr(self, "domain", None)  # (None in a pipeline pickled before it)
+            grouper, inhibitor = self._alerting()
             for det in self.detectors:
-                found = det.evaluate(ctx)
+                # one alert per fault: grouped before the domain filter, so a storm's victims
+                # are traced to their origin over everything this pipeline sees
+                found = grouper.group(step.end, det.evaluate(ctx))
                 if domain is not None:
                     found = self._in_domain(domain, found)
                 events += self.lifecycle.update(det.name, step.end, found)
-            for ev in events:
+            # inhibited alerts are stored, never notified nor drained on
+            shown, hidden = inhibitor.update(step.end, events, self.lifecycle)
+            for ev in shown:
                 self.policy.on_alert(ev, step.end)
             actions, incidents = self.policy.tick(step.end)
             for inc in incidents:
                 self.lifecycle.add_external(inc)
-            out.alerts += events + list(incidents)
+            out.alerts += shown + list(incidents)
+            out.inhibited += hidden
             out.actions += actions
             if self.retain:
                 self.actions += actions
@@ -302,8 +327,32 @@ class Pipeline:
         levels = [self.rollups, getattr(self, "rollups_coarse", None)]
         return [r for r in levels if r is not None]
 
-    def _firing_labels(self) -> list[dict[str, str]]:
-        return [a.labels for a in self.lifecycle.firing.values()]
+    def _alerting(self) -> tuple[StormGrouper, Inhibitor]:
+        """The grouping and inhibition stages (made here for a pipeline restored from a
+        checkpoint written before they existed)."""
+        if getattr(self, "inhibitor", None) is None:
+            domain = getattr(self, "domain", None)
+            self.grouper = StormGrouper(
+                self.topology,
+                self.config.lifecycle.resolve_after_s,
+                split_domains=domain is not None,
+            )
+            self.inhibitor = Inhibitor(getattr(self.config, "inhibit", None) or InhibitConfig())
+        return self.grouper, self.inhibitor
+
+    def _firing_labels(self) -> list[Mapping[str, str]]:
+        """The alerts firing now as the detectors that read them know them: a grouped alert
+        (a storm's victims, a switch's origin ports) as one label set per member."""
+        out: list[Mapping[str, str]] = []
+        for a in self.lifecycle.firing.values():
+            out += views(a.labels, a.annotations)
+        return out
 
     def all_alerts(self) -> list[Alert]:
-        return self.lifecycle.all_alerts()
+        """Every alert instance that fired, in its current state, by start time, but those
+        inhibited for their whole life (``inhibited_alerts``): what ``alerts.jsonl`` holds."""
+        return [a for a in self.lifecycle.all_alerts() if INHIBITED_BY not in a.annotations]
+
+    def inhibited_alerts(self) -> list[Alert]:
+        """Alert instances inhibited for their whole life so far (``inhibited.jsonl``)."""
+        return [a for a in self.lifecycle.all_alerts() if INHIBITED_BY in a.annotations]

@@ -1,4 +1,8 @@
-"""`rocewatch replay`: run recorded telemetry through the live pipeline on telemetry time."""
+"""`rocewatch replay`: run recorded telemetry through the live pipeline on telemetry time.
+
+Writes ``alerts.jsonl`` (every alert that fired, final state), ``inhibited.jsonl`` (alerts an
+inhibit rule suppressed for their whole life, with ``annotations.inhibited_by``) and
+``actions.jsonl``: docs/formats/replay.md."""
 
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ class ReplayResult:
     samples: int
     seconds: float
     stats: dict[str, Any] = field(default_factory=dict)
+    inhibited: list[dict[str, Any]] = field(default_factory=list)
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -87,8 +92,8 @@ def replay(
         if notifier is not None and out.alerts:
             notifier.enqueue(out.alerts)  # durable before anything else sees them
         if store is not None:
-            if out.alerts:
-                store.write_alerts(out.alerts)
+            if out.alerts or out.inhibited:
+                store.write_alerts(out.alerts + out.inhibited)  # inhibited: kept, not notified
             if out.actions:
                 store.write_actions(out.actions)
             for r in out.rollups:
@@ -118,11 +123,18 @@ def replay(
         if notifier.outbox.store is not store:
             notifier.outbox.store.close()
     alerts = [a.to_json() for a in pipeline.all_alerts()]
+    inhibited = [a.to_json() for a in pipeline.inhibited_alerts()]
     actions = [a.to_json() for a in pipeline.actions]
     write_jsonl(out_dir / "alerts.jsonl", alerts)
+    write_jsonl(out_dir / "inhibited.jsonl", inhibited)
     write_jsonl(out_dir / "actions.jsonl", actions)
     if store is not None:
-        store.write_alerts(pipeline.all_alerts())
+        store.write_alerts(pipeline.all_alerts() + pipeline.inhibited_alerts())
     return ReplayResult(
-        alerts, actions, pipeline.samples_in, time.perf_counter() - t0, stats.as_dict()
+        alerts,
+        actions,
+        pipeline.samples_in,
+        time.perf_counter() - t0,
+        stats.as_dict(),
+        inhibited,
     )

@@ -259,7 +259,8 @@ notify:
     want += Counter(
         (a["fingerprint"], a["startsAt"], "resolved") for a in finals if a["status"] == "resolved"
     )
-    assert len(finals) > 20 and any(a["status"] == "resolved" for a in finals)
+    # (a storm's victims are one alert: tests/test_grouping.py)
+    assert len(finals) > 8 and any(a["status"] == "resolved" for a in finals)
     got: Counter[tuple[str, str, str]] = Counter()
     for req in rx.requests:
         check_signed(req)

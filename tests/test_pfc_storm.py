@@ -129,14 +129,10 @@ def test_origin_found_victims_not_blamed(with_agents):
     assert 0.1 <= ttd <= 0.5, ttd
     assert o.ends_at and o.ends_at > T0 + 4 * S  # resolved once the storm stopped
     assert "leaf-0/Ethernet1/1 prio 3 received pause" in o.annotations["evidence"]
-    victims = {
-        (
-            a.labels.get("node") or a.labels.get("switch"),
-            a.labels.get("nic") or a.labels.get("port"),
-        )
-        for a in storms
-        if a.labels["role"] == "victim"
-    }
+    # one alert for the storm's victims, naming the origin that paused them; it lists them all
+    grouped = [a for a in storms if a.labels["role"] == "victim"]
+    assert [a.labels["origin"] for a in grouped] == ["gpu-001/mlx5_0"]
+    victims = {tuple(v.split("/", 1)) for v in grouped[0].annotations["victims"].split(", ")}
     expected = set(STORM) if with_agents else {k for k in STORM if not k[0].startswith("gpu")}
     assert victims == expected
     assert ("gpu-001", "mlx5_0") not in victims

@@ -1,0 +1,376 @@
+"""Grouping: one alert per fault, whatever number of ports or NICs the detectors report.
+
+The PFC storm detector reports every stalled receiver and every sending port on its own. A
+storm is one fault, so the findings are grouped here, between the detectors and the alert
+lifecycle:
+
+- **origin**: one alert per device. A NIC is its own device (its finding passes unchanged);
+  a switch that is the origin on several ports raises one alert labelled with a
+  representative port (``switch`` + ``port``: the first port seen, kept while the alert fires,
+  so an origin match on those labels still works) and lists every port in ``ports``.
+- **victims**: one alert per storm, labelled with the ``origin`` that paused them (``node/nic``
+  or the switch; ``unknown`` when no origin is found) and with the entity labels of a
+  representative victim (the one the origin paused directly, else the first paused; kept
+  while the alert fires). ``victims`` lists every entity the storm paused since it began.
+  In a pipeline of one fabric domain (scale-out), a storm's victims are grouped per domain:
+  each domain's pipeline speaks for its own devices.
+
+A victim belongs to the storm whose origin reaches it first over the pause graph: each
+paused entity is paused by the device at the other end of its cable, which is either an
+origin or itself paused.
+
+Every grouped alert carries ``members``: its current members (seen within the lifecycle's
+``resolve_after_s``) as a JSON list of entity label sets. The inhibition stage and the
+detectors that read the alerts firing (``StepContext.firing``) see a grouped alert as one
+alert per member (``views``), so grouping changes what is notified, not what they know.
+
+>>> views({"alertname": "PFCStorm", "switch": "leaf-0", "port": "Ethernet1", "role": "origin"},
+...       {"members": '[{"port":"Ethernet1","switch":"leaf-0"},'
+...                   '{"port":"Ethernet2","switch":"leaf-0"}]'})[1]["port"]
+'Ethernet2'
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import orjson
+
+from detectors.base import Finding
+from rocewatch.topology import NicEnd, PortEnd, Topology
+
+STORM = "PFCStorm"
+MEMBERS = "members"
+# labels that name one entity (and what the topology says of it): a grouped alert's view of
+# one member takes these from the member, the rest from the alert
+ENTITY_KEYS = frozenset({"switch", "port", "node", "nic", "queue", "rail", "job", "tenant"})
+
+Entity = tuple[str, str, str]  # ("nic", node, nic) | ("port", switch, port)
+Device = tuple[str, str, str]  # ("nic", node, nic) | ("switch", switch, "")
+
+
+def encode_members(sets: Iterable[Mapping[str, str]]) -> str:
+    """Entity label sets as the ``members`` annotation (compact JSON, in a stable order)."""
+    rows = sorted({tuple(sorted(s.items())) for s in sets})
+    return orjson.dumps([dict(r) for r in rows]).decode()
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_members(text: str) -> tuple[tuple[tuple[str, str], ...], ...]:
+    """The label sets of a ``members`` annotation; what is not a list of string mappings is
+    left out (an annotation a receiver or an older version wrote is no reason to fail)."""
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return ()
+    if not isinstance(data, list):
+        return ()
+    out = []
+    for m in data:
+        if (
+            isinstance(m, dict)
+            and m
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in m.items())
+        ):
+            out.append(tuple(sorted(m.items())))
+    return tuple(out)
+
+
+def views(labels: Mapping[str, str], annotations: Mapping[str, str]) -> list[Mapping[str, str]]:
+    """An alert as one label set per member (its own labels when it has no members)."""
+    text = annotations.get(MEMBERS)
+    if not text:
+        return [labels]
+    return list(_views(tuple(sorted(labels.items())), text)) or [labels]
+
+
+@functools.lru_cache(maxsize=1024)
+def _views(labels: tuple[tuple[str, str], ...], text: str) -> tuple[Mapping[str, str], ...]:
+    base = {k: v for k, v in labels if k not in ENTITY_KEYS}
+    return tuple({**base, **dict(m)} for m in parse_members(text))
+
+
+def entity_of(labels: Mapping[str, str]) -> Entity | None:
+    node, nic = labels.get("node"), labels.get("nic")
+    if node and nic:
+        return ("nic", node, nic)
+    switch, port = labels.get("switch"), labels.get("port")
+    if switch and port:
+        return ("port", switch, port)
+    return None
+
+
+def _device(e: Entity) -> Device:
+    """A NIC is its own device; a switch port belongs to its switch."""
+    return e if e[0] == "nic" else ("switch", e[1], "")
+
+
+def _device_name(d: Device) -> str:
+    return f"{d[1]}/{d[2]}" if d[0] == "nic" else d[1]
+
+
+def _entity_name(e: Entity) -> str:
+    return f"{e[1]}/{e[2]}"
+
+
+def _member_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if k in ENTITY_KEYS}
+
+
+@dataclass
+class _Group:
+    labels: dict[str, str]  # the alert's labels, fixed while it fires
+    rep: Entity
+    origin: Device | None = None  # a victim group's origin device, when known
+    # member -> (its finding, the last step it was seen)
+    current: dict[Entity, tuple[Finding, int]] = field(default_factory=dict)
+    ever: set[Entity] = field(default_factory=set)
+    last: int = 0
+
+
+class StormGrouper:
+    """Groups each step's PFCStorm findings into one origin alert per device and one victim
+    alert per storm (module docstring); other findings pass unchanged.
+
+    ``hold_s``: how long a member (and a group) outlives its last finding; the lifecycle's
+    ``resolve_after_s``, so a group keeps its labels exactly as long as its alert fires.
+    ``split_domains``: group victims per fabric domain (a pipeline of one domain).
+    """
+
+    def __init__(self, topology: Topology, hold_s: float = 1.0, split_domains: bool = False):
+        self.topology = topology
+        self.hold_ns = int(hold_s * 1e9)
+        self.split_domains = split_domains
+        self.groups: dict[tuple[str, ...], _Group] = {}
+
+    def group(self, now_ns: int, findings: list[Finding]) -> list[Finding]:
+        """``findings`` of one detector for the step ending at ``now_ns``, grouped."""
+        storms = [f for f in findings if f.alertname == STORM]
+        if not storms and not self.groups:
+            return findings
+        out = [f for f in findings if f.alertname != STORM]
+        origins = [f for f in storms if f.labels.get("role") == "origin"]
+        victims = [f for f in storms if f.labels.get("role") == "victim"]
+        # a storm finding with neither role (or no entity) is not grouped: kept as it is
+        out += [
+            f
+            for f in storms
+            if f.labels.get("role") not in ("origin", "victim") or entity_of(f.labels) is None
+        ]
+        out += self._origins(now_ns, origins)
+        out += self._victims(now_ns, victims, origins)
+        self._forget(now_ns)
+        return out
+
+    # --- origins -----------------------------------------------------------------------------
+    def _origins(self, now: int, origins: list[Finding]) -> list[Finding]:
+        out: list[Finding] = []
+        by_switch: dict[tuple[str, ...], dict[Entity, Finding]] = {}
+        for f in origins:
+            e = entity_of(f.labels)
+            if e is None:
+                continue
+            if e[0] == "nic":  # a NIC is one device already
+                out.append(f)
+                continue
+            by_switch.setdefault(("origin", e[1], f.labels.get("priority", "")), {})[e] = f
+        for sw_key in sorted(by_switch):
+            g = self._update(sw_key, now, by_switch[sw_key], first_hop=set())
+            out.append(self._origin_finding(sw_key, g, now))
+        return out
+
+    def _origin_finding(self, key: tuple[str, ...], g: _Group, now: int) -> Finding:
+        _, switch, prio = key
+        present = [f for f, seen in g.current.values() if seen == now]
+        ports = sorted(e[2] for e in g.ever)
+        now_ports = sorted(e[2] for e, (_, seen) in g.current.items() if seen == now)
+        return Finding(
+            STORM,
+            dict(g.labels),
+            "critical",
+            min(f.ts for f in present),
+            summary=f"PFC storm on priority {prio} originating at switch {switch}",
+            description=f"{switch} keeps sending PFC pause on priority {prio} from "
+            f"{len(now_ports)} port(s) ({', '.join(now_ports)}) while not itself paused: one "
+            "alert for the switch, every port it paused from in the ports annotation.",
+            evidence="; ".join(sorted(f.evidence for f in present)[:8]),
+            extra={
+                "ports": ", ".join(ports),
+                MEMBERS: encode_members(_member_labels(f.labels) for f, _ in g.current.values()),
+            },
+        )
+
+    # --- victims -----------------------------------------------------------------------------
+    def _victims(self, now: int, victims: list[Finding], origins: list[Finding]) -> list[Finding]:
+        if not victims:
+            return []
+        by_prio: dict[str, list[Finding]] = {}
+        for f in victims:
+            by_prio.setdefault(f.labels.get("priority", ""), []).append(f)
+        orig_by_prio: dict[str, list[Finding]] = {}
+        for f in origins:
+            orig_by_prio.setdefault(f.labels.get("priority", ""), []).append(f)
+        out: list[Finding] = []
+        for prio in sorted(by_prio):
+            members: dict[tuple[str, ...], dict[Entity, Finding]] = {}
+            first_hop: set[Entity] = set()
+            storm_of, direct, origin_devs = self._trace(
+                prio, by_prio[prio], orig_by_prio.get(prio, [])
+            )
+            for f in by_prio[prio]:
+                e = entity_of(f.labels)
+                if e is None:
+                    continue
+                origin = storm_of.get(e, "unknown")
+                if direct.get(e):
+                    first_hop.add(e)
+                domain = self.topology.domain_of(e[1]) if self.split_domains else ""
+                members.setdefault(("victim", origin, prio, domain), {})[e] = f
+            for key in sorted(members):
+                g = self._update(key, now, members[key], first_hop, origin_devs)
+                out.append(self._victim_finding(key, g, now))
+        return out
+
+    def _trace(
+        self, prio: str, victims: list[Finding], origins: list[Finding]
+    ) -> tuple[dict[Entity, str], dict[Entity, bool], dict[Device, str]]:
+        """Each victim's storm (its origin's name), breadth first from the origins over the
+        pause graph, and whether the origin paused it directly. Victims the origins found now
+        do not reach (the origin stopped first, as it does while a storm drains down) stay in
+        the storm whose victims pause them, or whose member they already are."""
+        origin_name: dict[Device, str] = {}
+        for f in sorted(origins, key=lambda f: sorted(f.labels.items())):
+            e = entity_of(f.labels)
+            if e is not None:
+                d = _device(e)
+                origin_name.setdefault(d, _device_name(d))
+        paused_by: dict[Device, list[Entity]] = {}
+        for f in victims:
+            e = entity_of(f.labels)
+            if e is None:
+                continue
+            sender = self._sender(e)
+            if sender is not None:
+                paused_by.setdefault(sender, []).append(e)
+        storm: dict[Device, str] = dict(origin_name)
+        storm_of: dict[Entity, str] = {}
+        direct: dict[Entity, bool] = {}
+
+        def spread(queue: deque[Device]) -> None:
+            while queue:
+                d = queue.popleft()
+                for e in sorted(paused_by.get(d, ())):
+                    if e in storm_of:
+                        continue
+                    storm_of[e] = storm[d]
+                    direct[e] = d in origin_name
+                    dd = _device(e)
+                    if dd not in storm:
+                        storm[dd] = storm[d]
+                        queue.append(dd)
+
+        spread(deque(sorted(origin_name)))
+        found_now = dict(origin_name)
+        # what the storms this grouper follows held a moment ago
+        remembered: dict[Device, str] = {}
+        member_of: dict[Entity, str] = {}
+        for key in sorted(self.groups):
+            g = self.groups[key]
+            if key[0] != "victim" or key[2] != prio or key[1] == "unknown":
+                continue
+            if g.origin is not None:
+                remembered.setdefault(g.origin, key[1])
+                origin_name.setdefault(g.origin, key[1])
+            for e in g.current:
+                remembered.setdefault(_device(e), key[1])
+                member_of.setdefault(e, key[1])
+        fresh = [d for d in sorted(remembered) if d not in storm]
+        for d in fresh:
+            storm[d] = remembered[d]
+        spread(deque(fresh))
+        for f in victims:
+            e = entity_of(f.labels)
+            if e is not None and e not in storm_of and e in member_of:
+                storm_of[e] = member_of[e]
+        return storm_of, direct, found_now
+
+    def _sender(self, e: Entity) -> Device | None:
+        """The device at the other end of the paused entity's cable: what paused it."""
+        topo = self.topology
+        peer = topo.peer_of_port(e[1], e[2]) if e[0] == "port" else topo.peer(NicEnd(e[1], e[2]))
+        if isinstance(peer, NicEnd):
+            return ("nic", peer.node, peer.nic)
+        if isinstance(peer, PortEnd):
+            return ("switch", peer.switch, "")
+        return None
+
+    def _victim_finding(self, key: tuple[str, ...], g: _Group, now: int) -> Finding:
+        _, origin, prio, _ = key
+        present = [f for f, seen in g.current.values() if seen == now]
+        rep = g.current.get(g.rep)
+        shown = rep[0] if rep is not None else min(present, key=lambda f: (f.ts, f.evidence))
+        n_now = len(present)
+        return Finding(
+            STORM,
+            dict(g.labels),
+            "warning",
+            min(f.ts for f in present),
+            summary=f"PFC storm victims on priority {prio}: stalled by the storm from {origin}",
+            description=f"Entities stalled by PFC pause from the storm that {origin} started; "
+            "none of them is the culprit. One alert per storm: the victims annotation lists "
+            "every entity it paused.",
+            evidence=f"{n_now} entit{'y' if n_now == 1 else 'ies'} paused; {shown.evidence}",
+            extra={
+                "origin": origin,
+                "victims": ", ".join(sorted(_entity_name(e) for e in g.ever)),
+                MEMBERS: encode_members(_member_labels(f.labels) for f, _ in g.current.values()),
+            },
+        )
+
+    # --- state -------------------------------------------------------------------------------
+    def _update(
+        self,
+        key: tuple[str, ...],
+        now: int,
+        found: dict[Entity, Finding],
+        first_hop: set[Entity],
+        origins: Mapping[Device, str] | None = None,
+    ) -> _Group:
+        g = self.groups.get(key)
+        if g is None:
+            # the representative: one the origin paused directly, else the first paused; its
+            # labels become the alert's and stay while it fires
+            rep = min(found, key=lambda e: (e not in first_hop, found[e].ts, e))
+            labels = dict(found[rep].labels)
+            if key[0] == "victim":
+                labels["origin"] = key[1]
+            g = self.groups[key] = _Group(labels, rep)
+        if key[0] == "victim" and g.origin is None and origins:
+            g.origin = next((d for d, name in origins.items() if name == key[1]), None)
+        for e, f in found.items():
+            g.current[e] = (f, now)
+            g.ever.add(e)
+        g.last = now
+        return g
+
+    def _forget(self, now: int) -> None:
+        for key in list(self.groups):
+            g = self.groups[key]
+            if now - g.last >= self.hold_ns:
+                del self.groups[key]
+                continue
+            for e in [e for e, (_, seen) in g.current.items() if now - seen >= self.hold_ns]:
+                del g.current[e]
+
+
+__all__ = [
+    "MEMBERS",
+    "StormGrouper",
+    "encode_members",
+    "entity_of",
+    "parse_members",
+    "views",
+]
