@@ -12,21 +12,29 @@ A bad cable or optic shows long before it fails outright:
   on the NIC), symbol errors, FEC-uncorrectable blocks (post-FEC errors: critical);
 - flaps: carrier transitions at a switch end, ``link_down_events_phy`` at a NIC end (critical).
 
-Hysteresis: BER must stay above threshold for ``ber_min_s`` without a reading below; errors need
-``min_*`` within ``error_window_s``, seen in two reads (one burst in one read is not a trend);
-a flagged cable stays flagged until ``clear_s`` passed with nothing bad (BER back below the
-exit threshold, no errors, no flap). One flap on its own (a reboot, a re-seated cable) is not a
-flaky link; ``min_flaps`` within ``flap_window_s`` are, and any flap on a flagged cable makes
-it critical.
+Hysteresis: BER must stay above threshold in readings at least ``ber_min_s`` apart without a
+reading below; errors need ``min_*`` within ``error_window_s``, seen in two reads (one burst in
+one read is not a trend); a flagged cable stays flagged until ``clear_s`` passed with nothing
+bad (BER back below the exit threshold, no errors, no flap). One flap on its own (a reboot, a
+re-seated cable) is not a flaky link; ``min_flaps`` within ``flap_window_s`` are, and any flap
+on a flagged cable makes it critical.
+
+Cadence: every duration holds at the counters' own sampling interval. A BER reading is the
+corrected bits of all samples since the link was last judged, once they cover ``ber_every_s``
+(a link read every 5 s is judged at each reading), and the baseline learns each reading by
+the time it covers. The error window holds two reads of the cable's counters (at least
+``max(error_window_s, 2.5 intervals)``), and the counts it needs scale to two reads' worth of
+time (``min_* x max(1, 2 x interval / error_window_s)``): the same errors per second at any
+cadence. The flap window is at least three intervals.
 
 The alert names the cable: for a NIC cable ``node``+``nic`` and ``switch``+``port`` of the leaf
 end (both ends, from the topology); for a switch-to-switch cable the end that saw errors, with
 the peer in the ``peer`` annotation. The ``strands`` annotation names the node that loses the
 rail when the cable goes down.
 
-Cost: a healthy step reads the maximum of six error counters' deltas (a few µs); every
-``ber_every_s`` one reading per link is matched to the link's state (numpy arrays over entity
-slots: no join, no loop per row) to judge BER and learn the baselines.
+Cost: a healthy step reads the maximum of six error counters' deltas (a few µs) and sums the
+step's corrected-bit readings into each link's slot; a link's sum is judged, and its baseline
+learned, once per ``ber_every_s`` (numpy arrays over entity slots: no join, no loop per row).
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import numpy as np
 import polars as pl
 
 from detectors.base import Finding, StepContext, node_labels, port_labels
-from detectors.state import EntitySlots
+from detectors.state import MISSED_SAMPLE_INTERVALS, EntitySlots
 from rocewatch.errors import ConfigError
 from rocewatch.topology import NicEnd, PortEnd, Topology
 
@@ -66,9 +74,9 @@ class FlakyLinkConfig:
     """Thresholds for a flaky cable. Defaults follow what operators of 400G PAM4 fabrics use."""
 
     enabled: bool = True
-    # pre-FEC BER, one reading per link every ber_every_s
+    # pre-FEC BER: a link's readings summed over ber_every_s (or each reading, if longer)
     ber_every_s: float = 0.5
-    ber_min_s: float = 0.5  # above threshold this long (two readings), none below, to flag
+    ber_min_s: float = 0.5  # above threshold in readings this far apart, none below, to flag
     ber_ratio: float = 100.0  # two decades over the link's own baseline...
     ber_floor: float = 1e-6  # ...and above the worst healthy PAM4 link
     ber_max: float = 1e-5  # any link: little FEC margin left (KP4 corrects up to ~2.4e-4)
@@ -133,6 +141,7 @@ class _Cable:
     ber_evidence: str = ""
     evidence: str = ""
     crit_evidence: str = ""
+    interval: float = 0.0  # the sampling interval (s) of its error counters' latest read
 
 
 @dataclass
@@ -158,9 +167,19 @@ class FlakyLinkDetector:
         self.base_age = np.empty(0)  # seconds of clean history learned
         self.speed_bps = np.empty(0)
         self.bad_since = np.empty(0, dtype=np.int64)  # first reading of a run above threshold
-        self.next_ber_ns = 0
+        # corrected bits, seconds and newest time of the readings not judged yet
+        self.acc_bits = np.empty(0)
+        self.acc_s = np.empty(0)
+        self.acc_ts = np.empty(0, dtype=np.int64)
         self.next_prune_ns = 0
         self.speed_sig: tuple[object, ...] = ()  # the speed gauges last matched to links
+
+    def __setstate__(self, d: dict[str, object]) -> None:
+        self.__dict__.update(d)
+        if "acc_bits" not in d:  # a checkpoint from before readings were summed per link
+            n = len(self.base_log)
+            self.acc_bits, self.acc_s = np.zeros(n), np.zeros(n)
+            self.acc_ts = np.zeros(n, dtype=np.int64)
 
     # --- BER against each link's own baseline ----------------------------------------------------
     def _grow(self) -> None:
@@ -177,28 +196,25 @@ class FlakyLinkDetector:
         self.base_age = np.concatenate([self.base_age, np.zeros(add)])
         self.speed_bps = np.concatenate([self.speed_bps, np.array(speeds)])
         self.bad_since = np.concatenate([self.bad_since, np.zeros(add, dtype=np.int64)])
+        self.acc_bits = np.concatenate([self.acc_bits, np.zeros(add)])
+        self.acc_s = np.concatenate([self.acc_s, np.zeros(add)])
+        self.acc_ts = np.concatenate([self.acc_ts, np.zeros(add, dtype=np.int64)])
 
     def _ber(self, ctx: StepContext) -> bool:
-        """Every ``ber_every_s``, judge each NIC link's BER reading; flag cables, learn baselines.
+        """Judge each NIC link's BER once its readings since it was last judged cover
+        ``ber_every_s`` (or at each reading, for a link read less often); flag cables, learn
+        baselines.
 
         Returns whether a cable's BER state changed (it needs judging now). BER moves slowly, so
-        one reading per link per ``ber_every_s`` (0.1 s of a 400G link is 4e10 bits: no Poisson
-        noise left at any threshold) judges it as well as all of them, at a fifth of the cost.
+        the corrected bits of ``ber_every_s`` (0.1 s of a 400G link is 4e10 bits: no Poisson
+        noise left at any threshold) judge it as well as each reading, at a fraction of the cost.
+        Every reading is summed in (NumPy over entity slots), whatever the link's cadence.
         """
         cfg = self.config
         cur = ctx.engine.current()
-        if ctx.end < self.next_ber_ns or cur is None:
+        if cur is None:
             return False
         cb = cur.get("nic_rx_corrected_bits")
-        if cb.height == 0:
-            return False  # try the next step
-        w = round(cfg.ber_every_s * S)
-        self.next_ber_ns = (ctx.end // w + 1) * w
-        known = cur.positions
-        at = None
-        if known is not None and "nic_rx_corrected_bits" in known[1]:
-            at = (known[0], known[1]["nic_rx_corrected_bits"])  # no hashing of known series
-        slot = self.slots.rows_at(cb, at)
         sp = cur.get("nic_link_speed_mbps")
         if sp.height:
             col = sp.get_column("last")
@@ -209,10 +225,30 @@ class FlakyLinkDetector:
                 v = np.nan_to_num(col.to_numpy())
                 self.speed_bps[s[v > 0]] = v[v > 0] * 1e6
                 self.speed_sig = (sp.height, col.min(), col.max(), col.sum(), len(self.slots))
+        if cb.height == 0:
+            return False
+        known = cur.positions
+        at = None
+        if known is not None and "nic_rx_corrected_bits" in known[1]:
+            at = (known[0], known[1]["nic_rx_corrected_bits"])  # no hashing of known series
+        row_slot = self.slots.rows_at(cb, at)
         self._grow()
-        ts = cb.get_column("ts").to_numpy()
         with np.errstate(divide="ignore", invalid="ignore"):
-            rate = cb.get_column("delta").to_numpy() / cb.get_column("dt").to_numpy()
+            d = cb.get_column("delta").to_numpy().astype(np.float64)
+            dt = cb.get_column("dt").to_numpy().astype(np.float64)
+        fine = np.isfinite(d) & np.isfinite(dt) & (dt > 0) & (d >= 0)
+        np.add.at(self.acc_bits, row_slot[fine], d[fine])
+        np.add.at(self.acc_s, row_slot[fine], dt[fine])
+        np.maximum.at(self.acc_ts, row_slot, cb.get_column("ts").to_numpy())
+        # a link is judged when its sum covers ber_every_s, or at a reading that alone is that
+        # long (minus jitter)
+        due = np.unique(row_slot[fine])
+        due = due[self.acc_s[due] >= 0.9 * cfg.ber_every_s]
+        if len(due) == 0:
+            return False
+        slot, ts, span = due, self.acc_ts[due].copy(), self.acc_s[due].copy()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = self.acc_bits[due] / span
             valid = np.isfinite(rate) & (rate >= 0)
             ber = rate / self.speed_bps[slot]
             ready = self.base_age[slot] >= cfg.baseline_min_s
@@ -224,10 +260,13 @@ class FlakyLinkDetector:
             )
             bad = valid & (ber >= thr)
             stay = valid & (ber >= exit_thr)
+        self.acc_bits[due] = 0.0
+        self.acc_s[due] = 0.0
         since = self.bad_since[slot]
         since = np.where(bad, np.where(since > 0, since, ts), np.where(valid, 0, since))
         self.bad_since[slot] = since
         changed = False
+        # above threshold in two readings at least ber_min_s apart, none below in between
         enter = np.flatnonzero(bad & (ts - since >= round(cfg.ber_min_s * S)))
         entered = set()
         for r in enter.tolist():  # the few links over threshold long enough
@@ -257,23 +296,25 @@ class FlakyLinkDetector:
             now_stay = bool(stay[rows[0]])
             changed |= c.ber_bad or c.ber_stay != now_stay
             c.ber_bad, c.ber_stay = False, now_stay
-        # learn from clean readings only, so a failing optic never becomes its own baseline
+        # learn from clean readings only, so a failing optic never becomes its own baseline;
+        # each reading weighs the time it covers
         learn = valid & (ber > 0) & ~stay & ~np.isin(slot, flagged)
-        s, lb = slot[learn], np.log10(ber[learn])
+        s, lb, w = slot[learn], np.log10(ber[learn]), span[learn]
         n = self.base_n[s] + 1
-        alpha = np.maximum(1.0 / n, -math.expm1(-cfg.ber_every_s / cfg.baseline_tau_s))
+        alpha = np.maximum(1.0 / n, -np.expm1(-w / cfg.baseline_tau_s))
         old = self.base_log[s]
         self.base_log[s] = np.where(np.isnan(old), lb, old + alpha * (lb - old))
         self.base_n[s] = n
-        self.base_age[s] += cfg.ber_every_s
+        self.base_age[s] += w
         return changed
 
     # --- error and flap events -------------------------------------------------------------------
-    def _events(self, ctx: StepContext) -> list[tuple[str, str, str, float, int]]:
+    def _events(self, ctx: StepContext) -> list[tuple[str, str, str, float, int, float]]:
+        """(metric, device, port, count, ts, sampling interval s) of every error read."""
         cur = ctx.engine.current()
         if cur is None:
             return []
-        out: list[tuple[str, str, str, float, int]] = []
+        out: list[tuple[str, str, str, float, int, float]] = []
         for m in ERROR_METRICS:
             f = cur.get(m)
             if f.height == 0:
@@ -281,8 +322,10 @@ class FlakyLinkDetector:
             top = f.get_column("delta").max()
             if top is None or top <= 0:  # type: ignore[operator]
                 continue
-            rows = f.filter(pl.col("delta") > 0).select("device", "port", "delta", "ts")
-            out += [(m, d, p, float(x), int(t)) for d, p, x, t in rows.iter_rows()]
+            rows = f.filter(pl.col("delta") > 0).select(
+                "device", "port", "delta", "ts", (pl.col("dt") / pl.col("n")).fill_null(0.0)
+            )
+            out += [(m, d, p, float(x), int(t), float(i)) for d, p, x, t, i in rows.iter_rows()]
         return out
 
     def _cable_of(self, metric: str, dev: str, port: str) -> CableKey:
@@ -305,9 +348,10 @@ class FlakyLinkDetector:
                 self._prune(ctx.end)
             return []  # the healthy fast path
         touched: set[CableKey] = {k for k, c in self.cables.items() if c.ber_bad or c.active}
-        for m, dev, port, n, ts in events:
+        for m, dev, port, n, ts, iv in events:
             key = self._cable_of(m, dev, port)
             c = self.cables.setdefault(key, _Cable())
+            c.interval = iv or c.interval
             kind = ERROR_METRICS[m]
             (c.flaps if kind in _FLAP_KINDS else c.errors).append((ts, kind, n, f"{dev}/{port}"))
             c.end = c.end or f"{dev}/{port}"
@@ -322,21 +366,32 @@ class FlakyLinkDetector:
             self._prune(ctx.end)
         return findings
 
+    def _windows(self, c: _Cable) -> tuple[float, float, float]:
+        """The cable's error window, the factor its error counts scale by, and its flap
+        window (s): an error window holds two reads of its counters (plus jitter), whatever
+        their interval, and the counts it needs are those of two reads' worth of time."""
+        cfg = self.config
+        iv = c.interval
+        window = max(cfg.error_window_s, MISSED_SAMPLE_INTERVALS * iv)
+        scale = max(1.0, 2.0 * iv / cfg.error_window_s)
+        return window, scale, max(cfg.flap_window_s, 3.0 * iv)
+
     def _judge(self, key: CableKey, c: _Cable, now: int) -> None:
         cfg = self.config
-        err_from = now - round(cfg.error_window_s * S)
-        flap_from = now - round(cfg.flap_window_s * S)
+        err_w, scale, flap_w = self._windows(c)
+        err_from = now - round(err_w * S)
+        flap_from = now - round(flap_w * S)
         while c.errors and c.errors[0][0] < err_from:
             c.errors.popleft()
         while c.flaps and c.flaps[0][0] < flap_from:
             c.flaps.popleft()
         reasons: list[tuple[int, str]] = []  # (ts of the newest sample behind it, evidence)
         crit: list[tuple[int, str]] = []
-        w = f"{cfg.error_window_s:g} s"
+        w = f"{err_w:.3g} s"
         for kind, floor, what in (
-            ("fcs", cfg.min_frame_errors, "FCS/CRC errored frames"),
-            ("symbol", cfg.min_symbol_errors, "symbol errors"),
-            ("uncorrectable", cfg.min_uncorrectable, "FEC-uncorrectable blocks"),
+            ("fcs", round(cfg.min_frame_errors * scale), "FCS/CRC errored frames"),
+            ("symbol", round(cfg.min_symbol_errors * scale), "symbol errors"),
+            ("uncorrectable", round(cfg.min_uncorrectable * scale), "FEC-uncorrectable blocks"),
         ):
             items = [e for e in c.errors if e[1] == kind]
             total = sum(e[2] for e in items)
@@ -358,7 +413,7 @@ class FlakyLinkDetector:
                 crit.append(
                     (
                         ts,
-                        f"{flaps} flap(s) in {cfg.flap_window_s:g} s at "
+                        f"{flaps} flap(s) in {flap_w:g} s at "
                         f"{', '.join(sorted(per_end))} (threshold {cfg.min_flaps}, or 1 on a "
                         "cable already erroring)",
                     )
@@ -383,14 +438,16 @@ class FlakyLinkDetector:
     def _prune(self, now: int) -> None:
         """Forget quiet cables (bounded state: only cables with recent trouble are kept)."""
         self.next_prune_ns = now + S
-        keep_from = now - round(max(self.config.flap_window_s, self.config.error_window_s) * S)
+
+        def quiet(c: _Cable) -> bool:
+            err_w, _, flap_w = self._windows(c)
+            keep_from = now - round(max(flap_w, err_w) * S)
+            return all(e[0] < keep_from for e in c.flaps) and all(
+                e[0] < keep_from for e in c.errors
+            )
+
         for key in [
-            k
-            for k, c in self.cables.items()
-            if not c.active
-            and not c.ber_stay
-            and all(e[0] < keep_from for e in c.flaps)
-            and all(e[0] < keep_from for e in c.errors)
+            k for k, c in self.cables.items() if not c.active and not c.ber_stay and quiet(c)
         ]:
             del self.cables[key]
 

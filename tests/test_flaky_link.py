@@ -16,6 +16,7 @@ from rocewatch.errors import ConfigError
 from rocewatch.model import Alert, conform
 from rocewatch.pipeline import Pipeline
 from rocewatch.topology import Topology
+from tests import cadence
 
 S = 1_000_000_000
 STEP = S // 10
@@ -279,3 +280,113 @@ def test_entity_slots_survive_a_checkpoint() -> None:
     s2 = pickle.loads(pickle.dumps(s))
     g = pl.DataFrame({"device": ["a", "c", "b"], "port": ["y", "z", "x"]})
     assert s2.rows(g).tolist() == [1, 2, 0]
+
+
+# --- cadence: counters read every 0.1, 1 or 5 s ----------------------------------------------
+
+ONLY = ("flaky_link",)
+
+
+def link_series(
+    interval: float, fault: dict[tuple[str, str, str], cadence.Rate] | None = None
+) -> list[cadence.Series]:
+    """Every counter of the fabric read every ``interval`` s (NICs and switches out of step,
+    jittered by a fifth of an interval); ``fault`` replaces some series' rates."""
+    fault = fault or {}
+    out = []
+    series = [(d, p, m) for d, p in NICS for m in NIC_COUNTERS]
+    series += [(d, p, m) for d, p in PORTS for m in PORT_COUNTERS]
+    for k, (dev, port, metric) in enumerate(series):
+        rate = cadence.Rate(BASE[dev] * 400e9 if metric == "nic_rx_corrected_bits" else 0.0)
+        out.append(
+            cadence.Series(
+                dev,
+                port,
+                metric,
+                rate=fault.get((dev, port, metric), rate),
+                interval=interval,
+                phase=0.003 + 0.13 * (k % 7) % interval,
+                jitter=0.2,
+                start=10**9,
+            )
+        )
+    for dev, port in NICS:
+        out.append(
+            cadence.Series(
+                dev, port, "nic_link_speed_mbps", gauge=lambda t: 400_000.0, interval=interval
+            )
+        )
+    return out
+
+
+def one_alert(r: cadence.Run, onset: float, until: float, interval: float) -> Alert:
+    (a,) = r.named("FlakyLink")  # one alert for the whole fault: never resolved and re-raised
+    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+    assert cadence.still_firing_or_ended_after(a, until)
+    return a
+
+
+@pytest.mark.parametrize("interval", cadence.CADENCES)
+def test_ber_rise_at_any_cadence(interval: float) -> None:
+    # gpu-002's pre-FEC BER 200x its own baseline (5e-8 -> 1e-5)
+    onset, until, seconds = cadence.timeline(interval)
+    rate = cadence.Rate(5e-8 * 400e9, [(onset, until, (1e-5 - 5e-8) * 400e9)])
+    r = cadence.run(
+        TOPO,
+        link_series(interval, {("gpu-002", "mlx5_0", "nic_rx_corrected_bits"): rate}),
+        seconds + 10.0,  # clear_s: resolved 10 s after the last bad reading
+        only=ONLY,
+    )
+    a = one_alert(r, onset, until, interval)
+    assert (a.labels["node"], a.labels["switch"], a.labels["port"]) == (
+        "gpu-002",
+        "leaf-0",
+        "Ethernet1/2",
+    )
+    assert a.labels["severity"] == "warning" and a.ends_at
+
+
+@pytest.mark.parametrize("interval", cadence.CADENCES)
+def test_fcs_errors_at_any_cadence(interval: float) -> None:
+    # 20 errored frames a second at the switch end of gpu-003's cable
+    onset, until, seconds = cadence.timeline(interval)
+    rate = cadence.Rate(0.0, [(onset, until, 20.0)])
+    r = cadence.run(
+        TOPO,
+        link_series(interval, {("leaf-0", "Ethernet1/3", "port_in_fcs_errors"): rate}),
+        seconds,
+        only=ONLY,
+    )
+    a = one_alert(r, onset, until, interval)
+    assert (a.labels["node"], a.labels["port"]) == ("gpu-003", "Ethernet1/3")
+
+
+@pytest.mark.parametrize("interval", cadence.CADENCES)
+def test_flapping_at_any_cadence(interval: float) -> None:
+    # the NIC's link goes down twice, 3 intervals apart (at least 3 s): critical at once
+    onset = 5.0 + 3 * interval
+    gap = max(3.0, 3 * interval)
+    downs = [(onset, onset + 0.05, 20.0), (onset + gap, onset + gap + 0.05, 20.0)]
+    r = cadence.run(
+        TOPO,
+        link_series(
+            interval, {("gpu-004", "mlx5_0", "nic_link_down_events"): cadence.Rate(0.0, downs)}
+        ),
+        onset + gap + 4 * interval + 2.0,
+        only=ONLY,
+    )
+    (a,) = r.named("FlakyLink")
+    assert a.labels["severity"] == "critical" and a.labels["node"] == "gpu-004"
+    assert 0 < cadence.ttd(a, onset + gap) <= 2.5 * interval + 0.1
+
+
+@pytest.mark.parametrize("interval", cadence.CADENCES)
+def test_healthy_links_at_any_cadence(interval: float) -> None:
+    # a few stray errored frames and symbol errors, as healthy links show
+    stray = {
+        ("leaf-0", "Ethernet1/1", "port_in_fcs_errors"): cadence.Rate(0.05),
+        ("gpu-001", "mlx5_0", "nic_rx_symbol_errors"): cadence.Rate(0.5),
+        ("gpu-003", "mlx5_0", "nic_rx_crc_errors"): cadence.Rate(0.1),
+    }
+    r = cadence.run(TOPO, link_series(interval, stray), cadence.timeline(interval)[2], only=ONLY)
+    assert r.named("FlakyLink") == []
