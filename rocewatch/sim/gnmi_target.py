@@ -1,4 +1,5 @@
-"""A gNMI target for the simulated fabric: a grpcio server implementing gNMI Subscribe.
+"""A gNMI target for the simulated fabric: a grpcio server implementing gNMI Subscribe, Get and
+Capabilities.
 
 It serves every switch of a ``Simulator`` on the OpenConfig paths of the mapping table
 (interface counters, PFC per priority, egress queues) plus LLDP neighbours under
@@ -8,7 +9,10 @@ serves one switch also answers requests without a target.
 
 Modes: STREAM (per subscription SAMPLE with ``sample_interval``, ON_CHANGE, TARGET_DEFINED =
 SAMPLE for counters and ON_CHANGE for LLDP; ``suppress_redundant`` with ``heartbeat_interval``;
-``updates_only``), ONCE and POLL. TLS (optionally requiring client certificates) and
+``updates_only``), ONCE and POLL. Get answers the current tick's values of the paths asked (the
+fabric's clock starts with the first Subscribe stream; tick 0 before) as scalars for PROTO and as
+``json_val`` for JSON / JSON_IETF, NOT_FOUND for a path or target it does not serve; CONFIG
+data is empty (every leaf is state). TLS (optionally requiring client certificates) and
 username/password metadata are optional.
 
 Responses are wire-encoded once per switch and tick from precompiled path bytes and sent as
@@ -36,6 +40,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+import orjson
 from pygnmi.spec.v080 import gnmi_pb2 as pb
 
 from collector.gnmi.paths import flatten, parse_xpath
@@ -83,14 +88,25 @@ class Group:
             for leaf in self.leaves
         ]
 
-    def encode(self, ts: int, values: Sequence[Any], select: Sequence[int] | None = None) -> bytes:
-        """The SubscribeResponse bytes carrying ``values`` (all leaves, or ``select``)."""
+    def encode(
+        self,
+        ts: int,
+        values: Sequence[Any],
+        select: Sequence[int] | None = None,
+        json_values: bool = False,
+    ) -> bytes:
+        """The SubscribeResponse bytes carrying ``values`` (all leaves, or ``select``); the same
+        bytes are a GetResponse with this one notification (both messages' field 1).
+        ``json_values``: TypedValue ``json_val`` instead of ``uint_val`` / ``string_val``."""
         parts = [b"\x08", _varint(ts), b"\x12", _varint(len(self.prefix)), self.prefix]
         idx = range(len(self.leaves)) if select is None else select
         pre = self.leaf_pre
         for i in idx:
             v = values[i]
-            if self.strings:
+            if json_values:
+                j = orjson.dumps(str(v) if self.strings else int(v))
+                tv = b"\x52" + _varint(len(j)) + j
+            elif self.strings:
                 s = str(v).encode()
                 tv = b"\x0a" + _varint(len(s)) + s
             else:
@@ -396,6 +412,11 @@ class GnmiTarget:
                     request_deserializer=pb.SubscribeRequest.FromString,
                     response_serializer=lambda b: b,
                 ),
+                "Get": grpc.unary_unary_rpc_method_handler(
+                    self._get,
+                    request_deserializer=pb.GetRequest.FromString,
+                    response_serializer=lambda b: b,
+                ),
                 "Capabilities": grpc.unary_unary_rpc_method_handler(
                     self._capabilities,
                     request_deserializer=pb.CapabilityRequest.FromString,
@@ -443,6 +464,42 @@ class GnmiTarget:
             gNMI_version="0.8.0",
         )
 
+    def _get(self, req: Any, ctx: grpc.ServicerContext) -> bytes:
+        self._check_auth(ctx)
+        feed = self.feed
+        if not isinstance(feed, FabricFeed):
+            ctx.abort(grpc.StatusCode.UNIMPLEMENTED, "Get: this target serves a benchmark load")
+        assert isinstance(feed, FabricFeed)
+        if req.encoding not in (pb.PROTO, pb.JSON, pb.JSON_IETF):
+            ctx.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                f"encoding {pb.Encoding.Name(req.encoding)} not supported (PROTO, JSON, JSON_IETF)",
+            )
+        s = self._switch(req.prefix.target, ctx)
+        if req.type == pb.GetRequest.CONFIG:
+            return b""  # every leaf served is state: no configuration data
+        prefix = req.prefix if req.HasField("prefix") else None
+        subs = [self._sub(prefix, path) for path in req.path or [pb.Path()]]
+        groups = feed.groups[s] + [g for g, _ in feed.lldp[s]]
+        for sub, path in zip(subs, req.path or [pb.Path()], strict=True):
+            if not any(_selects(sub, g) is not None for g in groups):
+                ctx.abort(grpc.StatusCode.NOT_FOUND, f"no data at {flatten(prefix, path)[0]}")
+        json_values = req.encoding != pb.PROTO
+        return b"".join(self._full(s, self._now_tick(), subs, lldp=True, json_values=json_values))
+
+    def _switch(self, target: str, ctx: grpc.ServicerContext) -> int:
+        """The index of the switch a request names (the only one, when it names none)."""
+        if not target and len(self.feed.switches) == 1:
+            target = self.feed.switches[0]
+        s = self.feed.switch_index(target)
+        if s is None:
+            ctx.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"unknown target {target!r}: set prefix.target to a switch this server serves",
+            )
+        assert s is not None
+        return s
+
     def _check_auth(self, ctx: grpc.ServicerContext) -> None:
         if self.auth is None:
             return
@@ -460,16 +517,7 @@ class GnmiTarget:
             ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be a SubscriptionList")
         assert first is not None
         sl = first.subscribe
-        target = sl.prefix.target
-        if not target and len(self.feed.switches) == 1:
-            target = self.feed.switches[0]
-        s = self.feed.switch_index(target)
-        if s is None:
-            ctx.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"unknown target {target!r}: set prefix.target to a switch this server serves",
-            )
-        assert s is not None
+        s = self._switch(sl.prefix.target, ctx)
         self.subscribes += 1
         if isinstance(self.feed, PreEncodedFeed):
             yield from self._pre_encoded(s, ctx)
@@ -496,28 +544,31 @@ class GnmiTarget:
             return
         yield from self._stream(s, subs, sl.updates_only, ctx)
 
-    def _subs(self, sl: Any) -> list[_Sub]:
-        out = []
-        pfx, _ = flatten(sl.prefix, None) if sl.HasField("prefix") else ("", {})
+    def _sub(self, prefix: Any, path: Any, sub: Any = None) -> _Sub:
+        """What one subscription (or Get path) under ``prefix`` selects; keys of the prefix's
+        elements count as well as the path's."""
+        pfx, _ = flatten(prefix, None) if prefix is not None else ("", {})
         pfx = "" if pfx == "/" else pfx
+        rel, _ = flatten(None, path)
+        elems = [*(prefix.elem if prefix is not None else ()), *path.elem]
+        keys = [(e.name, dict(e.key)) for e in elems if e.key]
         interval = self.feed.interval_ns
-        for sub in sl.subscription or [pb.Subscription()]:
-            path, _ = flatten(None, sub.path)
-            keys = [(e.name, dict(e.key)) for e in sub.path.elem]
-            full = pfx + ("" if path == "/" else path)
-            out.append(
-                _Sub(
-                    full,
-                    keys,
-                    sub.mode,
-                    max(int(sub.sample_interval) or interval, interval),
-                    bool(sub.suppress_redundant),
-                    int(sub.heartbeat_interval),
-                )
-            )
-        return out
+        return _Sub(
+            pfx + ("" if rel == "/" else rel),
+            keys,
+            sub.mode if sub is not None else pb.SAMPLE,
+            max(int(sub.sample_interval) or interval, interval) if sub is not None else interval,
+            bool(sub.suppress_redundant) if sub is not None else False,
+            int(sub.heartbeat_interval) if sub is not None else 0,
+        )
 
-    def _full(self, s: int, k: int, subs: list[_Sub], lldp: bool) -> Iterator[bytes]:
+    def _subs(self, sl: Any) -> list[_Sub]:
+        prefix = sl.prefix if sl.HasField("prefix") else None
+        return [self._sub(prefix, sub.path, sub) for sub in sl.subscription or [pb.Subscription()]]
+
+    def _full(
+        self, s: int, k: int, subs: list[_Sub], lldp: bool, json_values: bool = False
+    ) -> Iterator[bytes]:
         feed = self.feed
         assert isinstance(feed, FabricFeed)
         ts, vals = feed.values(s, k)
@@ -525,12 +576,12 @@ class GnmiTarget:
         for g, v in zip(feed.groups[s], vals, strict=True):
             sel = self._union(subs, g)
             if sel is not None:
-                yield g.encode(ts, v, sel or None)
+                yield g.encode(ts, v, sel or None, json_values)
         if lldp:
             for lg, lv in feed.lldp[s]:
                 lsel = self._union(subs, lg)
                 if lsel is not None:
-                    yield lg.encode(ts, lv, lsel or None)
+                    yield lg.encode(ts, lv, lsel or None, json_values)
 
     @staticmethod
     def _union(subs: list[_Sub], g: Group) -> list[int] | None:
