@@ -34,7 +34,7 @@ import numpy as np
 import polars as pl
 
 from detectors.base import Finding, StepContext, check_positive_numbers, node_labels, pct
-from detectors.state import EntitySlots
+from detectors.state import MISSED_SAMPLE_INTERVALS, EntitySlots
 from detectors.windows import Step
 from rocewatch.errors import ConfigError
 from rocewatch.topology import Topology
@@ -104,6 +104,14 @@ class StragglerDetector:
         """Reads only the newest step: its windows are summed here, per NIC, as steps close."""
         return 0.0
 
+    def __setstate__(self, d: dict[str, object]) -> None:
+        self.__dict__.update(d)
+        if "last_ts" not in d:  # a checkpoint from before the newest samples were kept
+            n = len(self.acc_ts)
+            self.last_delta, self.last_dt = np.zeros((n, 3)), np.zeros((n, 3))
+            self.last_ts = np.zeros((n, 3), dtype=np.int64)
+            self.interval = np.zeros(n)
+
     def __post_init__(self) -> None:
         self.slots = EntitySlots()
         self.group = np.empty(0, dtype=np.int64)  # peer group of each slot (-1: none)
@@ -121,6 +129,12 @@ class StragglerDetector:
         self.acc_delta = np.zeros((0, 3))
         self.acc_dt = np.zeros((0, 3))
         self.acc_ts = np.zeros(0, dtype=np.int64)
+        # per NIC and signal, its newest sample (counter increase, interval, time), and per
+        # NIC its sampling interval (s, smoothed)
+        self.last_delta = np.zeros((0, 3))
+        self.last_dt = np.zeros((0, 3))
+        self.last_ts = np.zeros((0, 3), dtype=np.int64)
+        self.interval = np.zeros(0)
 
     def _peer_group(self, node: str, rail: int) -> int:
         """Index of the NIC's peer group (its first job, else its rail); -1 for none."""
@@ -162,6 +176,10 @@ class StragglerDetector:
         self.acc_delta = np.concatenate([self.acc_delta, np.zeros((len(groups), 3))])
         self.acc_dt = np.concatenate([self.acc_dt, np.zeros((len(groups), 3))])
         self.acc_ts = np.concatenate([self.acc_ts, z])
+        self.last_delta = np.concatenate([self.last_delta, np.zeros((len(groups), 3))])
+        self.last_dt = np.concatenate([self.last_dt, np.zeros((len(groups), 3))])
+        self.last_ts = np.concatenate([self.last_ts, np.zeros((len(groups), 3), dtype=np.int64)])
+        self.interval = np.concatenate([self.interval, np.zeros(len(groups))])
 
     def evaluate(self, ctx: StepContext) -> list[Finding]:
         cfg = self.config
@@ -189,7 +207,9 @@ class StragglerDetector:
         return self._findings()
 
     def _accumulate(self, cur: Step, end: int, w: int) -> None:
-        """Add the step's three signals to the window being summed (a new window starts empty)."""
+        """Add the step's three signals to the window being summed (a new window starts
+        empty), and keep each NIC's newest sample of each (a NIC read less often than the
+        window has none in most windows)."""
         period = (end - 1) // w
         if period != self.period:
             self.period = period
@@ -202,7 +222,7 @@ class StragglerDetector:
         for i, metric in enumerate(SIGNALS):
             f = cur.get(metric)
             if f.height:
-                parts.append(f.select("device", "port", "delta", "dt", "ts"))
+                parts.append(f.select("device", "port", "delta", "dt", "n", "ts"))
                 which.append(np.full(f.height, i, dtype=np.int64))
                 if pos is not None and metric in known:
                     pos.append(known[metric])
@@ -220,11 +240,45 @@ class StragglerDetector:
         slot = self.slots.rows_at(rows, at)
         self._grow()
         n = len(self.slots)
-        k = slot * 3 + np.concatenate(which)
-        for acc, col in ((self.acc_delta, "delta"), (self.acc_dt, "dt")):
-            x = np.nan_to_num(rows.get_column(col).to_numpy())
+        sig = np.concatenate(which)
+        k = slot * 3 + sig
+        delta = np.nan_to_num(rows.get_column("delta").to_numpy().astype(np.float64))
+        dt = np.nan_to_num(rows.get_column("dt").to_numpy().astype(np.float64))
+        ts = rows.get_column("ts").to_numpy()
+        for acc, x in ((self.acc_delta, delta), (self.acc_dt, dt)):
             acc += np.bincount(k, x, minlength=3 * n).reshape(n, 3)
-        np.maximum.at(self.acc_ts, slot, rows.get_column("ts").to_numpy())
+        np.maximum.at(self.acc_ts, slot, ts)
+        has = dt > 0
+        self.last_delta[slot[has], sig[has]] = delta[has]
+        self.last_dt[slot[has], sig[has]] = dt[has]
+        self.last_ts[slot[has], sig[has]] = ts[has]
+        iv = np.zeros(n)
+        cnt = np.maximum(np.nan_to_num(rows.get_column("n").to_numpy().astype(np.float64)), 1.0)
+        np.maximum.at(iv, slot[has], dt[has] / cnt[has])
+        seen = iv > 0
+        old = self.interval[seen]
+        self.interval[seen] = np.where(old > 0, old + 0.25 * (iv[seen] - old), iv[seen])
+
+    def _values(self, end: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each NIC's rate of each signal at this window's end: over its samples in the window,
+        or its newest sample where the window holds none (a NIC read less often) while that is
+        not stale. NaN where neither, or where it spans more than the NIC's own cadence allows
+        (a gap's catch-up is not comparable). Also the newest sample time per NIC."""
+        win = w / S
+        iv = self.interval[:, None]
+        allowed = np.maximum(1.5 * win, MISSED_SAMPLE_INTERVALS * iv)
+        use_acc = self.acc_dt >= 0.5 * win
+        # only a NIC read at least every other window falls back on its newest sample: a part
+        # of a fast NIC's window (a gap) is not comparable with its peers' whole windows
+        fresh = (end - self.last_ts) <= (MISSED_SAMPLE_INTERVALS * iv + win) * S
+        use_last = ~use_acc & (iv >= 0.5 * win) & fresh & (self.last_dt > 0)
+        delta = np.where(use_acc, self.acc_delta, self.last_delta)
+        dt = np.where(use_acc, self.acc_dt, self.last_dt)
+        ok = (use_acc | use_last) & (dt <= allowed) & (dt > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            val = np.where(ok, delta / dt, np.nan)
+        ts = np.maximum(self.acc_ts, self.last_ts.max(axis=1))
+        return val, ts
 
     def _window(self, ctx: StepContext, w: int) -> None:
         """Compare every NIC's window with its peers'; update streaks and alerts."""
@@ -232,11 +286,8 @@ class StragglerDetector:
         n = len(self.slots)
         if n == 0:
             return
-        delta, dt, ts = self.acc_delta, self.acc_dt, self.acc_ts
-        win = w / S
-        covered = (dt >= 0.5 * win) & (dt <= 1.5 * win)  # a gap's catch-up is not comparable
-        with np.errstate(divide="ignore", invalid="ignore"):
-            val = np.where(covered, delta / dt, np.nan)
+        val, ts = self._values(ctx.end, w)
+        covered = np.isfinite(val)
         pause, ecn, tput = val[:, 0] / 1e6, val[:, 1], val[:, 2]
         judged = np.zeros(n, dtype=bool)
         cond = np.zeros(n, dtype=bool)

@@ -14,6 +14,7 @@ from rocewatch.errors import ConfigError
 from rocewatch.model import Alert, conform
 from rocewatch.pipeline import Pipeline
 from rocewatch.topology import Topology
+from tests import cadence
 
 S = 1_000_000_000
 STEP = S // 10
@@ -197,3 +198,56 @@ def test_config_is_validated() -> None:
         StragglerConfig(max_throughput_ratio=1.5)
     with pytest.raises(ConfigError, match="min_windows"):
         StragglerConfig(min_windows=2.5)
+
+
+# --- cadence: NIC counters read every 0.1, 1 or 5 s -------------------------------------------
+
+RATE = LINE * 10 * 0.64  # bytes per second: the all-reduce's average
+
+
+def nic_series(interval: float, fault: tuple[float, float] | None = None) -> list[cadence.Series]:
+    """Every NIC's three signals read every ``interval`` s (out of step, jittered); during
+    ``fault`` (from, until) gpu-003/mlx5_1 backs up and its rail's ring slows with it."""
+    out = []
+    for k, (node, nic) in enumerate(NICS):
+        slow = fault is not None and nic == "mlx5_1" and node in JOB
+        culprit = fault is not None and (node, nic) == CULPRIT
+        tput = RATE * (1 - 0.002 * (k % 5))
+        a, b = fault or (0.0, 0.0)
+        rates = {
+            "nic_tx_rdma_bytes": cadence.Rate(tput, [(a, b, -0.45 * tput)] if slow else []),
+            "nic_tx_pause_us": cadence.Rate(1_000.0, [(a, b, 160_000.0)] if culprit else []),
+            "nic_ecn_marked_pkts": cadence.Rate(500.0, [(a, b, 128_000.0)] if culprit else []),
+        }
+        for m, rate in rates.items():
+            out.append(
+                cadence.Series(
+                    node,
+                    nic,
+                    m,
+                    qual="3" if m == "nic_tx_pause_us" else "",
+                    rate=rate,
+                    interval=interval,
+                    phase=0.004 + 0.17 * (k % 6) % interval,
+                    jitter=0.2,
+                    start=10**12,
+                )
+            )
+    return out
+
+
+@pytest.mark.parametrize("interval", cadence.CADENCES)
+def test_straggler_at_any_cadence(interval: float) -> None:
+    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
+    r = cadence.run(TOPO, nic_series(interval, (onset, until)), seconds, only=("straggler",))
+    (a,) = r.named("Straggler")  # one alert while it lasts: never resolved and re-raised
+    assert (a.labels["node"], a.labels["nic"]) == CULPRIT
+    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+    assert cadence.still_firing_or_ended_after(a, until)
+    assert a.ends_at, "resolved once it sped up again"
+
+
+@pytest.mark.parametrize("interval", cadence.CADENCES)
+def test_healthy_job_at_any_cadence(interval: float) -> None:
+    r = cadence.run(TOPO, nic_series(interval), cadence.timeline(interval)[2], only=("straggler",))
+    assert r.named("Straggler") == []
