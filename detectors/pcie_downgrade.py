@@ -8,11 +8,15 @@ the maximum for ``min_duration_s`` (so a retrain caught mid-way does not count) 
 labelled ``node`` + ``nic``. It resolves at the first reading back at the maximum.
 
 Missing data is not evidence: a NIC that stops reporting (an agent gap) keeps its state until
-``stale_s`` passes, and one whose maximum is unknown is never judged.
+``stale_s`` (or two and a half of its reading intervals, if longer) passes, and one whose
+maximum is unknown is never judged. Each NIC's newest reading of every gauge is remembered, so
+the cadence does not matter: a NIC read every 10 s fires at its first reading at least
+``min_duration_s`` after the first one below its maximum, and its maximum may come in another
+step than its current speed.
 
-Cost: a healthy step compares the lowest current speed and width with the highest maximum seen
-in the fleet (four column reductions, a few µs); only NICs below that are looked at further,
-and only while the gauges change or a NIC is still waiting out ``min_duration_s``.
+Cost: a healthy step writes its gauge readings into arrays over entity slots and compares each
+new current speed and width with its NIC's maximum (NumPy, no loop per row); only the NICs
+below it are looked at further.
 """
 
 from __future__ import annotations
@@ -21,15 +25,17 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
-import polars as pl
 
 from detectors.base import Finding, StepContext, check_positive_numbers, node_labels
+from detectors.state import MISSED_SAMPLE_INTERVALS, EntitySlots
+from detectors.windows import Step
 from rocewatch.topology import Topology
 
 S = 1_000_000_000
 SPEED, MAX_SPEED = "nic_pcie_speed_gts", "nic_pcie_max_speed_gts"
 WIDTH, MAX_WIDTH = "nic_pcie_width", "nic_pcie_max_width"
 LINK = "nic_link_speed_mbps"
+GAUGES = (SPEED, MAX_SPEED, WIDTH, MAX_WIDTH, LINK)
 
 
 @dataclass(frozen=True)
@@ -79,80 +85,94 @@ class PcieDowngradeDetector:
 
     def __post_init__(self) -> None:
         self.nics: dict[tuple[str, str], _Nic] = {}
-        self.top_speed = 0.0  # the highest maximum speed and width seen in the fleet
-        self.top_width = 0.0
-        self.sig: tuple[object, ...] = ()  # what the gauges looked like when last judged
+        # per NIC slot: the newest reading of each gauge (nan: none yet) and its time, and the
+        # NIC's reading interval (ns, smoothed): the maxima of a NIC read less often, or in
+        # another step than its current values, are remembered, not looked for in one step
+        self.slots = EntitySlots()
+        self.value = np.empty((0, len(GAUGES)))
+        self.seen = np.empty((0, len(GAUGES)), dtype=np.int64)
+        self.interval = np.empty(0)
+
+    def __setstate__(self, d: dict[str, object]) -> None:
+        self.__dict__.update(d)
+        if "slots" not in d:  # a checkpoint from before the gauges were remembered
+            self.__post_init__()
+
+    def _grow(self) -> None:
+        add = len(self.slots) - len(self.interval)
+        if add > 0:
+            self.value = np.concatenate([self.value, np.full((add, len(GAUGES)), np.nan)])
+            self.seen = np.concatenate([self.seen, np.zeros((add, len(GAUGES)), dtype=np.int64)])
+            self.interval = np.concatenate([self.interval, np.zeros(add)])
+
+    def _observe(self, cur: Step) -> np.ndarray:
+        """Remember the step's readings (NumPy over entity slots); return the slots with a new
+        current speed or width."""
+        fresh: list[np.ndarray] = []
+        known = cur.positions
+        for j, metric in enumerate(GAUGES):
+            f = cur.get(metric)
+            if f.height == 0:
+                continue
+            at = (known[0], known[1][metric]) if known is not None and metric in known[1] else None
+            slot = self.slots.rows_at(f, at)
+            self._grow()
+            v = f.get_column("last").to_numpy().astype(np.float64)
+            ts = f.get_column("ts").to_numpy()
+            ok = np.isfinite(v) & (v > 0)  # unreadable is not a value
+            if metric in (SPEED, WIDTH):
+                prev = self.seen[slot, j]
+                n = np.maximum(f.get_column("n").to_numpy().astype(np.float64), 1.0)
+                iv = np.where(prev > 0, (ts - prev) / n, 0.0)
+                old = self.interval[slot]
+                upd = iv > 0
+                self.interval[slot[upd]] = np.where(
+                    old[upd] > 0, old[upd] + 0.25 * (iv[upd] - old[upd]), iv[upd]
+                )
+                fresh.append(slot[ok])
+            self.value[slot[ok], j] = v[ok]
+            self.seen[slot, j] = ts
+        return np.unique(np.concatenate(fresh)) if fresh else np.empty(0, dtype=np.int64)
 
     def evaluate(self, ctx: StepContext) -> list[Finding]:
         cur = ctx.engine.current()
         if cur is None:
             return []
-        sp, w = cur.get(SPEED), cur.get(WIDTH)
-        for frame, attr in ((cur.get(MAX_SPEED), "top_speed"), (cur.get(MAX_WIDTH), "top_width")):
-            if frame.height:
-                top = frame.get_column("last").max()
-                if isinstance(top, int | float) and top > getattr(self, attr):
-                    setattr(self, attr, float(top))
-        low_speed = sp.get_column("last").min() if sp.height else None
-        low_width = w.get_column("last").min() if w.height else None
-        below = (isinstance(low_speed, int | float) and low_speed < self.top_speed) or (
-            isinstance(low_width, int | float) and low_width < self.top_width
-        )
-        if not below and not self.nics:
-            return []  # the healthy fast path: every NIC at the fleet's best
-        sig = (
-            sp.height,
-            w.height,
-            float(np.sum(sp.get_column("last").to_numpy() < self.top_speed)) if sp.height else 0,
-            float(np.sum(w.get_column("last").to_numpy() < self.top_width)) if w.height else 0,
-            sp.get_column("last").sum() if sp.height else 0,
-            w.get_column("last").sum() if w.height else 0,
-        )
-        if sig == self.sig and all(st.active for st in self.nics.values()):
-            # the same NICs below the same speeds as last step, all already alerting
-            for st in self.nics.values():
-                if st.reporting:
-                    st.last_ts = ctx.end
-            return self._findings(ctx)
-        self.sig = sig
-        cand = set(self.nics)
-        if below:
-            for frame, top in ((sp, self.top_speed), (w, self.top_width)):
-                if frame.height:
-                    low = frame.filter(pl.col("last") < top).select("device", "port")
-                    cand.update((str(d), str(p)) for d, p in low.iter_rows())
-        self._judge(ctx, cand)
+        new = self._observe(cur)
+        if len(new):
+            sp, ms, wd, mw = (self.value[new, GAUGES.index(m)] for m in GAUGES[:4])
+            with np.errstate(invalid="ignore"):
+                below = (sp < ms) | (wd < mw)  # nan (unknown) is never below
+            cand = {self.slots.keys[int(i)] for i in new[below]}
+            # NICs followed that read again (perhaps back at their maximum)
+            again = set(new.tolist())
+            cand |= {k for k in self.nics if self.slots.index.get(k, -1) in again}
+            if cand:
+                self._judge(cand)
+        if self.nics:
+            self._forget(ctx.end)
         return self._findings(ctx)
 
-    def _judge(self, ctx: StepContext, cand: set[tuple[str, str]]) -> None:
-        """Update the state of the candidate NICs from the newest step's gauges."""
+    def _stale_ns(self, key: tuple[str, str]) -> int:
+        """How long a NIC may stay silent before it is forgotten: ``stale_s``, or two and a
+        half of its reading intervals if longer."""
+        i = self.slots.index.get(key, -1)
+        iv = float(self.interval[i]) if i >= 0 else 0.0
+        return round(max(self.config.stale_s * S, MISSED_SAMPLE_INTERVALS * iv))
+
+    def _forget(self, end: int) -> None:
+        for key in list(self.nics):
+            if end - self.nics[key].last_ts > self._stale_ns(key):
+                del self.nics[key]  # silent too long: no evidence either way
+
+    def _judge(self, cand: set[tuple[str, str]]) -> None:
+        """Update the state of the candidate NICs (a new reading in this step)."""
         cfg = self.config
-        cur = ctx.engine.current()
-        assert cur is not None
-        nodes = sorted({d for d, _ in cand})
-        ports = sorted({p for _, p in cand})
-        parts = [f for m in (SPEED, MAX_SPEED, WIDTH, MAX_WIDTH, LINK) if (f := cur.get(m)).height]
-        vals: dict[tuple[str, str], dict[str, tuple[float, int]]] = {}
-        if parts:
-            rows = (
-                pl.concat(parts, how="vertical", rechunk=False)
-                .filter(pl.col("device").is_in(nodes) & pl.col("port").is_in(ports))
-                .select("device", "port", "metric", "last", "ts")
-            )
-            for d, p, m, v, ts in rows.iter_rows():  # a few rows per NIC below its best
-                vals.setdefault((d, p), {})[m] = (v, ts)
         for key in sorted(cand):
-            got = vals.get(key, {})
+            i = self.slots.index[key]
+            speed, mspeed, width, mwidth, link = (_num(x) for x in self.value[i])
+            ts = int(max(self.seen[i, GAUGES.index(SPEED)], self.seen[i, GAUGES.index(WIDTH)]))
             st = self.nics.get(key)
-            if st is not None:
-                st.reporting = bool(got)
-            if not got:
-                if st is not None and ctx.end - st.last_ts > round(cfg.stale_s * S):
-                    del self.nics[key]  # silent too long: no evidence either way
-                continue
-            ts = max(t for _, t in got.values())
-            speed, mspeed = got.get(SPEED, (None, 0))[0], got.get(MAX_SPEED, (None, 0))[0]
-            width, mwidth = got.get(WIDTH, (None, 0))[0], got.get(MAX_WIDTH, (None, 0))[0]
             slow = _known(speed, mspeed) and speed < mspeed  # type: ignore[operator]
             narrow = _known(width, mwidth) and width < mwidth  # type: ignore[operator]
             if not slow and not narrow:
@@ -166,7 +186,7 @@ class PcieDowngradeDetector:
             if not st.active and held >= cfg.min_duration_s:
                 st.active, st.fired_ts = True, ts
                 node, nic = key
-                link = got.get(LINK, (None, 0))[0] or self.topology.nic_speed_mbps(node, nic)
+                link = link or self.topology.nic_speed_mbps(node, nic)
                 st.evidence = _evidence(
                     key, speed, mspeed, width, mwidth, link, held, cfg.min_duration_s
                 )
@@ -176,7 +196,7 @@ class PcieDowngradeDetector:
         for (node, nic), st in self.nics.items():
             if not st.active:
                 continue
-            if ctx.end - st.last_ts > round(self.config.stale_s * S):
+            if ctx.end - st.last_ts > self._stale_ns((node, nic)):
                 continue
             out.append(
                 Finding(
@@ -192,6 +212,10 @@ class PcieDowngradeDetector:
                 )
             )
         return out
+
+
+def _num(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
 
 
 def _known(cur: float | None, mx: float | None) -> bool:

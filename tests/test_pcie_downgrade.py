@@ -14,6 +14,7 @@ from rocewatch.errors import ConfigError
 from rocewatch.model import Alert, conform
 from rocewatch.pipeline import Pipeline
 from rocewatch.topology import Topology
+from tests import cadence
 
 S = 1_000_000_000
 STEP = S // 10
@@ -169,3 +170,53 @@ def test_a_nic_silent_longer_than_stale_s_is_forgotten() -> None:
 def test_config_is_validated() -> None:
     with pytest.raises(ConfigError, match="min_duration_s"):
         PcieDowngradeConfig(min_duration_s=0)
+
+
+# --- cadence: sysfs read every 0.1, 1, 5 or 10 s ----------------------------------------------
+
+
+def pcie_series(interval: float, fault: tuple[float, float] | None = None) -> list[cadence.Series]:
+    """The four PCIe gauges of every NIC read every ``interval`` s (out of step, jittered);
+    during ``fault`` gpu-002/mlx5_1's link runs at Gen4."""
+    out = []
+    for k, (node, nic) in enumerate(NICS):
+        down = fault is not None and (node, nic) == ("gpu-002", "mlx5_1")
+        a, b = fault or (0.0, 0.0)
+        gauges = {
+            "nic_pcie_speed_gts": (lambda t, a=a, b=b: 16.0 if a <= t < b else 32.0)
+            if down
+            else (lambda t: 32.0),
+            "nic_pcie_max_speed_gts": lambda t: 32.0,
+            "nic_pcie_width": lambda t: 16.0,
+            "nic_pcie_max_width": lambda t: 16.0,
+        }
+        for m, g in gauges.items():
+            out.append(
+                cadence.Series(
+                    node,
+                    nic,
+                    m,
+                    gauge=g,
+                    interval=interval,
+                    phase=0.002 + 0.19 * (k % 5) % interval,
+                    jitter=0.2,
+                )
+            )
+    return out
+
+
+@pytest.mark.parametrize("interval", [*cadence.CADENCES, 10.0])
+def test_downgrade_at_any_cadence(interval: float) -> None:
+    onset, until, seconds = cadence.timeline(interval)
+    r = cadence.run(TOPO, pcie_series(interval, (onset, until)), seconds, only=("pcie_downgrade",))
+    (a,) = r.named("PCIeDowngrade")  # one alert while it lasts: never resolved and re-raised
+    assert (a.labels["node"], a.labels["nic"]) == ("gpu-002", "mlx5_1")
+    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+    assert cadence.still_firing_or_ended_after(a, until)
+    assert a.ends_at, "resolved at the first reading back at the maximum"
+
+
+@pytest.mark.parametrize("interval", [*cadence.CADENCES, 10.0])
+def test_healthy_links_at_any_cadence(interval: float) -> None:
+    r = cadence.run(TOPO, pcie_series(interval), cadence.timeline(interval)[2])
+    assert r.named("PCIeDowngrade") == []
