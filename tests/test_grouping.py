@@ -167,6 +167,10 @@ def test_victims_without_a_reachable_origin_and_per_domain_groups() -> None:
             )
             groups.setdefault(x.labels["origin"], []).append(devices)
     assert sorted(groups["gpu-001/mlx5_0"]) == [["gpu-002", "leaf-0"], ["spine-0"]]
+    # the spine's group sees the storm come in from another domain, and says so
+    notes = {x.labels.get("switch"): x.extra.get("origin_note") for x in found}
+    assert notes["leaf-0"] is None
+    assert "from gpu-001/mlx5_0 (domain 'pod-0')" in notes["spine-0"]
     assert groups["gpu-004/mlx5_0"] == [["gpu-003", "leaf-1"]]
 
 

@@ -313,6 +313,20 @@ class StormGrouper:
         rep = g.current.get(g.rep)
         shown = rep[0] if rep is not None else min(present, key=lambda f: (f.ts, f.evidence))
         n_now = len(present)
+        extra = {
+            "origin": origin,
+            "victims": ", ".join(sorted(_entity_name(e) for e in g.ever)),
+            MEMBERS: encode_members(_member_labels(f.labels) for f, _ in g.current.values()),
+        }
+        if self.split_domains and g.origin is not None:
+            there = self.topology.domain_of(g.origin[1])
+            if there != key[3]:
+                # a pipeline of one domain sees the pause come in over its border: what it
+                # calls the origin may relay a storm that started further away
+                extra["origin_note"] = (
+                    f"the pause enters fabric domain '{key[3]}' from {origin} (domain "
+                    f"'{there}'); the alerts of that domain name where the storm started"
+                )
         return Finding(
             STORM,
             dict(g.labels),
@@ -322,12 +336,10 @@ class StormGrouper:
             description=f"Entities stalled by PFC pause from the storm that {origin} started; "
             "none of them is the culprit. One alert per storm: the victims annotation lists "
             "every entity it paused.",
-            evidence=f"{n_now} entit{'y' if n_now == 1 else 'ies'} paused; {shown.evidence}",
-            extra={
-                "origin": origin,
-                "victims": ", ".join(sorted(_entity_name(e) for e in g.ever)),
-                MEMBERS: encode_members(_member_labels(f.labels) for f, _ in g.current.values()),
-            },
+            # (the evidence stays as the alert fired; the victims annotation grows)
+            evidence=shown.evidence
+            + (f"; {n_now - 1} more paused in the same step" if n_now > 1 else ""),
+            extra=extra,
         )
 
     # --- state -------------------------------------------------------------------------------
