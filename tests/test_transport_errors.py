@@ -250,7 +250,7 @@ def test_healthy_nics_never_fire_at_any_cadence(interval):
         else s
         for s in nic_series(interval, jitter=0.2)
     ]
-    r = cadence.run(TOPO, series, cadence.timeline(interval)[2] + 10.0, only=ONLY)
+    r = cadence.run(TOPO, series, cadence.timeline(interval, learn_s=12.0)[2], only=ONLY)
     assert r.named("TransportErrors") == []
 
 
