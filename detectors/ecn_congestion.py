@@ -136,6 +136,7 @@ class EcnCongestionConfig:
 class _Fired:
     rule: str
     stay: float  # marked share
+    slot: int
     above: bool = True  # the previous reading was at the stay threshold
 
 
@@ -279,7 +280,10 @@ class EcnCongestionDetector:
             for x in [x for x in self.runs if ended[x] and self.kind[x] == kind]:
                 del self.runs[x]
         name = "queue" if kind == QUEUE else "nic"
-        tracked = {slot_key(k): k for k in self.sustain.episodes if k[0] == name}
+        # the entities alerting, by slot
+        tracked = {
+            f.slot: k for k, f in self.fired.items() if k[0] == name and k in self.sustain.episodes
+        }
         rows: list[Row] = []
         done: set[int] = set()
         idx = np.flatnonzero(cand).tolist()
@@ -294,14 +298,12 @@ class EcnCongestionDetector:
                 (float(marks[i]), float(den[i])),
                 float(own[i]) if trusted[i] else math.nan,
                 peers_valid,
-                tracked,
             )
             if row is not None:
                 rows.append(row)
                 done.add(x)
-        for key, ek in tracked.items():  # alerting entities: still at their stay threshold?
-            x = self.slots.index.get(key, -1)
-            if x < 0 or x in done or ek not in self.fired:
+        for x, ek in tracked.items():  # alerting entities: still at their stay threshold?
+            if x in done:
                 continue
             at = np.flatnonzero(s == x)
             if len(at) == 0:
@@ -314,14 +316,14 @@ class EcnCongestionDetector:
                 rows.append(Row(ek, 0, int(ts[i]), (), int(dt[i] * NS / n[i]), int(dt[i] * NS)))
             fired.above = above
         if kind == NIC and any(r.level >= 1 for r in rows):
-            cnp = lookup(cur.get(N_CNP), [slot_key(r.key)[:2] for r in rows], "rate")
+            cnp = lookup(cur.get(N_CNP), [(r.key[1], r.key[2]) for r in rows], "rate")
             rows = [
-                r if r.level < 1 else replace(r, info=(*r.info, cnp.get(slot_key(r.key)[:2])))
+                r if r.level < 1 else replace(r, info=(*r.info, cnp.get((r.key[1], r.key[2]))))
                 for r in rows
             ]
         busy = np.zeros(len(s), dtype=bool)
         if tracked:
-            busy = np.isin(s, [self.slots.index.get(k, -1) for k in tracked])
+            busy = np.isin(s, list(tracked))
         # a reading well above the entity's own normal waits to be learned (a NIC or queue
         # still learning learns every reading)
         hi = trusted & (share >= np.fmax(cfg.min_mark_share, SUSPECT * own))
@@ -384,7 +386,6 @@ class EcnCongestionDetector:
         rates: tuple[float, float],
         own: float,
         peers_valid: np.ndarray,
-        tracked: dict[tuple[str, str, str], Key],
     ) -> Row | None:
         """Push one high reading into its entity's run; the Row when a rule holds long enough."""
         cfg = self.config
@@ -422,7 +423,7 @@ class EcnCongestionDetector:
         else:
             return None
         if ek not in self.fired:
-            self.fired[ek] = _Fired(rule, stay)
+            self.fired[ek] = _Fired(rule, stay, s)
         info = (rule, h[2], rates, h[0] / NS, h[1], dt_ns / NS, own, thr, peers)
         return Row(ek, 1, ts, info, iv_ns, h[0])
 
@@ -477,11 +478,6 @@ class EcnCongestionDetector:
             f"{pkts:,.0f} packets/s over {dt:.2g} s{extra}); baseline: {own_s}; {peers_s}; "
             f"threshold {thr_s} for {cfg.sustain_s:g} s",
         )
-
-
-def slot_key(key: Key) -> tuple[str, str, str]:
-    """An alert's entity key -> its slot's (device, port, qual)."""
-    return (key[1], key[2], key[3]) if key[0] == "queue" else (key[1], key[2], "")
 
 
 def build(topology: Topology, config: EcnCongestionConfig | None = None) -> EcnCongestionDetector:
