@@ -16,8 +16,8 @@ from __future__ import annotations
 #
 # ROCEWATCH_KAFKA_BOOTSTRAP=host:port uses that external broker instead of starting one.
 # Tests that need Kafka are never skipped: if the broker cannot start they fail with its log tail.
-# Mark such tests with @pytest.mark.kafka (registered below). Other fixtures: append them in their
-# own block below; if you need pytest_configure too, add your lines to the one in this block.
+# Tests using these fixtures are marked kafka and slow automatically (tests/support/tiers.py).
+# Other fixtures: append them in their own block below; hooks belong in tests/support/tiers.py.
 # =============================================================================
 import atexit
 import contextlib
@@ -34,6 +34,16 @@ from typing import Any
 
 import pytest
 
+# the tiers (tests/support/tiers.py): markers by fixture, skip-fails-under-CI, the fast budget
+from tests.support.tiers import (  # noqa: F401  (pytest finds hooks by name here)
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
+
 _KAFKA_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kafka_broker.py"
 KAFKA_BOOTSTRAP_ENV = "ROCEWATCH_KAFKA_BOOTSTRAP"
 
@@ -49,10 +59,6 @@ def load_kafka_broker_module() -> ModuleType:
     sys.modules["kafka_broker"] = mod  # dataclasses look their module up here
     spec.loader.exec_module(mod)
     return mod
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "kafka: needs a real Kafka broker (kafka_broker fixture)")
 
 
 def new_topic_prefix(label: str = "t") -> str:
@@ -275,3 +281,109 @@ def secure_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[An
         yield sb
     finally:
         _stop_quietly(sb.broker)
+
+
+# ==================== The other services: PostgreSQL, Slurm, the Go gNMI tools ================
+#
+#   postgres_url        session: the test server's SQLAlchemy URL (ROCEWATCH_TEST_PG_URL); a test
+#                       that wants a database of its own makes one (tests/pg_fresh.py)
+#   slurm_nodes         session: two node names of the test slurmctld (ROCEWATCH_TEST_SLURM_NODES)
+#   slurmd_node         session: the node with a live slurmd, where jobs run
+#   gnmi_go_tools       session: the directory holding openconfig's fake_server and gnmi_cli
+#
+# A test using one is marked postgres / slurm / gnmi_peers and slow (tests/support/tiers.py),
+# and is skipped, or under CI fails, where the service is missing (scripts/services.sh start).
+# ==============================================================================================
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    return os.environ["ROCEWATCH_TEST_PG_URL"]
+
+
+@pytest.fixture(scope="session")
+def slurm_nodes() -> tuple[str, str]:
+    a, b = [n for n in os.environ["ROCEWATCH_TEST_SLURM_NODES"].split(",") if n][:2]
+    return a, b
+
+
+@pytest.fixture(scope="session")
+def slurmd_node(slurm_nodes: tuple[str, str]) -> str:
+    node = os.environ.get("ROCEWATCH_TEST_SLURMD_NODE", "")
+    if not node:
+        pytest.skip("needs ROCEWATCH_TEST_SLURMD_NODE (a node with a live slurmd)")
+    return node
+
+
+@pytest.fixture(scope="session")
+def gnmi_go_tools() -> Path:
+    from tests.support.tiers import GO_BIN
+
+    return GO_BIN
+
+
+# ==================== Shared scenarios: simulated and replayed once per run ====================
+#
+#   scenario_8n         session: default_scenario(nodes=8, duration_s=30, seed=3) written to a
+#                       directory (topology.yaml, switch.jsonl, nic.jsonl, truth.json)
+#   replay_8n           function: replay(scenario_8n) (the run's one replay; a deep copy per test,
+#                       so a test that changes it changes nothing for the next)
+#   scenario_16n        session: default_scenario(nodes=16, duration_s=20, seed=1)
+#   replay_16n          function: replay(scenario_16n), the same way
+#
+# The Kafka, scale-out, sink, notify, Alertmanager and Grafana tests compare against these:
+# simulating and replaying each once per run instead of once per module. Treat the directories
+# as read-only (copy a file before changing it).
+# ==============================================================================================
+
+
+def _scenario(factory: pytest.TempPathFactory, name: str, **kw: Any) -> Path:
+    from rocewatch.sim import write_scenario
+    from rocewatch.sim.scenarios import default_scenario
+
+    d = factory.mktemp(name)
+    write_scenario(default_scenario(**kw), d)
+    return d
+
+
+def _replayed(scenario: Path, factory: pytest.TempPathFactory) -> Any:
+    from rocewatch.replay import replay
+
+    res = replay(scenario, factory.mktemp(f"{scenario.name}-replay"))
+    assert res.alerts, "the default scenario has faults: replay must find some"
+    assert res.actions, "the default scenario has culprits: replay must decide drains"
+    return res
+
+
+@pytest.fixture(scope="session")
+def scenario_8n(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _scenario(tmp_path_factory, "scenario-8n", nodes=8, duration_s=30.0, seed=3)
+
+
+@pytest.fixture(scope="session")
+def _replay_8n(scenario_8n: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return _replayed(scenario_8n, tmp_path_factory)
+
+
+@pytest.fixture
+def replay_8n(_replay_8n: Any) -> Any:
+    import copy
+
+    return copy.deepcopy(_replay_8n)
+
+
+@pytest.fixture(scope="session")
+def scenario_16n(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _scenario(tmp_path_factory, "scenario-16n", nodes=16, duration_s=20.0, seed=1)
+
+
+@pytest.fixture(scope="session")
+def _replay_16n(scenario_16n: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return _replayed(scenario_16n, tmp_path_factory)
+
+
+@pytest.fixture
+def replay_16n(_replay_16n: Any) -> Any:
+    import copy
+
+    return copy.deepcopy(_replay_16n)

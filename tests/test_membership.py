@@ -116,10 +116,7 @@ def submit_job(name: str) -> str:
     return sub.stdout.strip().split(";")[0]
 
 
-@pytest.mark.skipif(
-    not SLURMD_NODE, reason="ROCEWATCH_TEST_SLURMD_NODE (a node with a live slurmd) unset"
-)
-def test_membership_from_a_real_slurm_job() -> None:
+def test_membership_from_a_real_slurm_job(slurmd_node: str) -> None:
     """Submit a real batch job to the real slurmctld; its slurmd runs it; squeue names it."""
     jobid = submit_job("rw-membership")
     try:
@@ -132,11 +129,11 @@ def test_membership_from_a_real_slurm_job() -> None:
             if name in t.jobs:
                 break
             time.sleep(0.5)
-        assert t.jobs[name] == Job(name, "tenant-a", None, (SLURMD_NODE,))
-        assert t.node_jobs[SLURMD_NODE] == [name]
+        assert t.jobs[name] == Job(name, "tenant-a", None, (slurmd_node,))
+        assert t.node_jobs[slurmd_node] == [name]
         # detectors label and group by it
-        assert node_labels(t, SLURMD_NODE)["job"] == name
-        assert node_labels(t, SLURMD_NODE)["tenant"] == "tenant-a"
+        assert node_labels(t, slurmd_node)["job"] == name
+        assert node_labels(t, slurmd_node)["tenant"] == "tenant-a"
     finally:
         subprocess.run(["scancel", jobid], check=False)
     deadline = time.monotonic() + 60

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,24 +18,20 @@ from storage.models import Base, ns_to_datetime
 from storage.store import ALERTS, _alert_row
 from tests.pg_fresh import fresh_database
 
-PG_URL = os.environ.get("ROCEWATCH_TEST_PG_URL", "")
 T0 = 1_795_946_400_000_000_000
 
 
 @pytest.fixture(
     params=[
         "sqlite",
-        pytest.param(
-            "postgresql",
-            marks=pytest.mark.skipif(not PG_URL, reason="ROCEWATCH_TEST_PG_URL is not set"),
-        ),
+        pytest.param("postgresql", marks=pytest.mark.postgres),
     ]
 )
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'm.db'}"
         return
-    with fresh_database(PG_URL, "rw_migr") as u:
+    with fresh_database(request.getfixturevalue("postgres_url"), "rw_migr") as u:
         yield u
 
 

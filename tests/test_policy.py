@@ -594,15 +594,9 @@ def test_parse_show_node() -> None:
     assert idle is not None and not idle.drained and idle.reason == ""
 
 
-SLURM_NODES = [n for n in os.environ.get("ROCEWATCH_TEST_SLURM_NODES", "").split(",") if n]
-
-
-@pytest.mark.skipif(
-    len(SLURM_NODES) < 2, reason="ROCEWATCH_TEST_SLURM_NODES (two nodes of a live slurmctld) unset"
-)
-def test_slurm_executor_against_slurmctld() -> None:
+def test_slurm_executor_against_slurmctld(slurm_nodes: tuple[str, str]) -> None:
     """Against a real slurmctld (SLURM_CONF in the environment); the nodes need no slurmd."""
-    ours, theirs = SLURM_NODES[:2]
+    ours, theirs = slurm_nodes
 
     def show(node: str) -> tuple[bool, str]:
         out = subprocess.run(

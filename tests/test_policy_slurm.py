@@ -25,10 +25,7 @@ from rocewatch.topology import Topology
 from storage.store import Store
 
 SLURM_NODES = [n for n in os.environ.get("ROCEWATCH_TEST_SLURM_NODES", "").split(",") if n]
-pytestmark = pytest.mark.skipif(
-    len(SLURM_NODES) < 2 or shutil.which("scontrol") is None,
-    reason="ROCEWATCH_TEST_SLURM_NODES (two nodes of a live slurmctld) unset",
-)
+pytestmark = pytest.mark.slurm  # the two nodes above (tests/support/tiers.py checks they exist)
 A, B = [*SLURM_NODES, "", ""][:2]
 S = 1_000_000_000
 MS = 1_000_000

@@ -1,9 +1,8 @@
-"""storage.Store on SQLite (always) and PostgreSQL (when ROCEWATCH_TEST_PG_URL names a database)."""
+"""storage.Store on SQLite and on the test PostgreSQL (ROCEWATCH_TEST_PG_URL; marked postgres)."""
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,26 +16,23 @@ from storage import SCHEMA_VERSION, Store
 
 T0 = 1_795_946_400_000_000_000  # 2026-11-29T10:00:00Z
 S = 1_000_000_000
-PG_URL = os.environ.get("ROCEWATCH_TEST_PG_URL", "")
 
 
 @pytest.fixture(
     params=[
         "sqlite",
-        pytest.param(
-            "postgresql",
-            marks=pytest.mark.skipif(not PG_URL, reason="ROCEWATCH_TEST_PG_URL is not set"),
-        ),
+        pytest.param("postgresql", marks=pytest.mark.postgres),
     ]
 )
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'rocewatch.db'}"
     # A dedicated test database: start every test from empty tables.
-    s = Store(PG_URL)
+    pg: str = request.getfixturevalue("postgres_url")
+    s = Store(pg)
     s.drop_schema()
     s.close()
-    return PG_URL
+    return pg
 
 
 @pytest.fixture
