@@ -165,7 +165,8 @@ class PfcStormDetector:
         # entities followed: judged on their samples in the restoration window; one read less
         # often is not judged between its samples (no sample is no news)
         mine = [k for k in table if k[0] == kind]
-        mine += [k for k in self.relay_seen if k[0] == kind and k not in table]
+        if table is self.paused:
+            mine += [k for k in self.relay_seen if k[0] == kind and k not in table]
         if mine:
             at = np.flatnonzero(matches(stay, [k[1:] for k in mine]) & stay_ok)
             present = {
@@ -205,11 +206,17 @@ class PfcStormDetector:
         ]
         # samples jittered across step boundaries may leave the window of the detection time
         # short of it (one sample in two steps): one step more, for a window still all paused
-        longer = ctx.engine.window(metric, cfg.detection_time_s + ctx.engine.config.step_s)
-        lf, lok, ldt = self._fractions(longer)
-        more = np.flatnonzero(
-            lok & _ge(lf, cfg.pause_fraction) & (ldt >= cfg.detection_time_s * cfg.min_coverage)
+        # (looked at only where an entity not yet stalled is paused but short of coverage)
+        short = np.flatnonzero(
+            ok & _ge(frac, cfg.pause_fraction) & (dt < cfg.detection_time_s * cfg.min_coverage)
         )
+        more = np.empty(0, dtype=np.int64)
+        if len(short) and any((kind, *k) not in table for k in _keys(detection, short)):
+            longer = ctx.engine.window(metric, cfg.detection_time_s + ctx.engine.config.step_s)
+            lf, lok, ldt = self._fractions(longer)
+            more = np.flatnonzero(
+                lok & _ge(lf, cfg.pause_fraction) & (ldt >= cfg.detection_time_s * cfg.min_coverage)
+            )
         if len(more):
             taken = {(kind, *k) for k in _keys(detection, np.asarray(new, dtype=np.int64))}
             extra = [
