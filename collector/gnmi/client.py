@@ -503,23 +503,48 @@ class Collector:
                 if now - s.last_flush >= iv and s.decoder.pending():
                     s.flush()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0, flush_timeout: float = 120.0) -> bool:
+        """End every stream and hand what was received to the outputs before returning.
+
+        Each session's last batch goes to ``sink`` as its stream ends (events went to
+        ``event_sink`` as they came), and this waits for that, up to ``flush_timeout`` (a slow
+        output, a loaded machine), then up to ``timeout`` for the event loop to close. Once it
+        returns True nothing calls the outputs again: the caller may close them. False (logged)
+        when the collector did not finish in time.
+        """
         loop = self._loop
-        if loop is None or self._thread is None:
-            return
+        thread = self._thread
+        if loop is None or thread is None:
+            return True
+        flushed = threading.Event()
 
         async def shutdown() -> None:
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for t in tasks:
                 t.cancel()
+            # each session flushes its decoder as its task ends (``_Session.run``)
             await asyncio.gather(*tasks, return_exceptions=True)
+            flushed.set()
             loop.stop()
 
         if loop.is_running():
             asyncio.run_coroutine_threadsafe(shutdown(), loop)
-        self._thread.join(timeout)
+            done = flushed.wait(flush_timeout)
+        else:
+            done = True  # the loop has ended on its own: its sessions flushed as they ended
+        thread.join(timeout if done else 0.0)
         self._loop = None
         self._thread = None
+        if not done or thread.is_alive():
+            pending = sum(s.decoder.pending() for s in self._sessions.values())
+            log.error(
+                "gNMI collector did not stop within %.0f s: %d received samples may not have "
+                "reached the outputs",
+                flush_timeout + timeout,
+                pending,
+            )
+            return False
+        return True
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for every session to end (ONCE subscriptions); True if all ended."""
