@@ -7,19 +7,42 @@ version or revision this one does not know) is refused with ConfigError, never t
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config as AlembicConfig
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util.exc import CommandError
 from sqlalchemy import Connection, inspect, text
 
 from rocewatch.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _alembic_detail() -> Iterator[None]:
+    """Alembic reports every plug-in and step at INFO: for a rocewatch user that is detail (the
+    one line that matters is ours, "migrated ... from ... to ..."), so it shows only when this
+    module logs at DEBUG (``rocewatch -v``)."""
+    alembic_log = logging.getLogger("alembic")
+    if log.isEnabledFor(logging.DEBUG) or alembic_log.level != logging.NOTSET:
+        yield  # verbose, or someone chose alembic's level: leave it
+        return
+    alembic_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        alembic_log.setLevel(logging.NOTSET)
+
+
+# alembic logs its plug-ins at INFO while it is imported: imported here, as detail
+with _alembic_detail():
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from alembic.util.exc import CommandError
+
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 ADVISORY_LOCK = 0x726F6365  # 'roce': one schema change at a time on a shared PostgreSQL
@@ -46,6 +69,11 @@ def current(conn: Connection) -> str | None:
 
 def upgrade(conn: Connection, where: str) -> str:
     """Bring the schema on ``conn`` to the newest revision; return the revision before."""
+    with _alembic_detail():
+        return _upgrade(conn, where)
+
+
+def _upgrade(conn: Connection, where: str) -> str:
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": ADVISORY_LOCK})
     tables = set(inspect(conn).get_table_names())
