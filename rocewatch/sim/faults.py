@@ -373,7 +373,10 @@ def resolve_faults(cfg: SimConfig, fab: Fabric) -> list[Fault]:
                 pick.claim(t0, t1, set(), {leaf // fab.n_pods})
                 f = dataclasses.replace(f, switch=fab.leaves[leaf], spine=fab.spines[spine])
             if f.flap_windows_s is None:
-                f = dataclasses.replace(f, flap_windows_s=_flaps(rng, t0, t1, f.flaps))
+                # a cable that only flaps has nothing to show before its first flap: it
+                # flaps from the start; one going bad shows errors first, flaps later
+                flaps = _flaps(rng, t0, t1, f.flaps, later=f.errors)
+                f = dataclasses.replace(f, flap_windows_s=flaps)
         elif isinstance(f, EcnIncast):
             assert f.node is not None and f.nic is not None
             e = fab.nic_index(f.node, f.nic)
@@ -415,10 +418,11 @@ def resolve_faults(cfg: SimConfig, fab: Fabric) -> list[Fault]:
 
 
 def _flaps(
-    rng: np.random.Generator, t0: float, t1: float, n: int
+    rng: np.random.Generator, t0: float, t1: float, n: int, later: bool = True
 ) -> tuple[tuple[float, float], ...]:
-    """``n`` flaps of ~1 s in the later 60% of the fault, ~2 s apart where room allows."""
-    lo, hi = t0 + 0.4 * (t1 - t0), t1 - 1.5
+    """``n`` flaps of ~1 s in the later 60% of the fault (``later``; else over all of it),
+    ~2 s apart where room allows."""
+    lo, hi = t0 + (0.4 if later else 0.0) * (t1 - t0), t1 - 1.5
     if n <= 0 or hi <= lo:
         return ()
     n = max(1, min(n, int((hi - lo) / 1.8) + 1))
