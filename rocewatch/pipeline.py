@@ -203,9 +203,7 @@ class Pipeline:
         self.policy = DrainPolicy(self.config.policy, topology, executor or DryRunExecutor())
         self.domain = domain
         self.policy.domain = domain
-        self.grouper = StormGrouper(
-            topology, self.config.lifecycle.resolve_after_s, split_domains=domain is not None
-        )
+        self.grouper = StormGrouper(topology, self.config.lifecycle.resolve_after_s)
         self.inhibitor = Inhibitor(self.config.inhibit)
         self.actions: list[Action] = []
         self.rollups: Rollups | None = None
@@ -331,12 +329,7 @@ class Pipeline:
         """The grouping and inhibition stages (made here for a pipeline restored from a
         checkpoint written before they existed)."""
         if getattr(self, "inhibitor", None) is None:
-            domain = getattr(self, "domain", None)
-            self.grouper = StormGrouper(
-                self.topology,
-                self.config.lifecycle.resolve_after_s,
-                split_domains=domain is not None,
-            )
+            self.grouper = StormGrouper(self.topology, self.config.lifecycle.resolve_after_s)
             self.inhibitor = Inhibitor(getattr(self.config, "inhibit", None) or InhibitConfig())
         return self.grouper, self.inhibitor
 

@@ -13,28 +13,46 @@ from rocewatch.topology import Topology
 from tests import test_inhibit
 from tests.test_inhibit import T0, Scripted, at, named, run
 
-# two leaves under a spine; gpu-001/002 on leaf-0, gpu-003/004 on leaf-1
-TOPO = Topology.from_dict(
-    {
-        "switches": [
-            {"name": "leaf-0", "role": "leaf", "rail": 0, "domain": "pod-0"},
-            {"name": "leaf-1", "role": "leaf", "rail": 0, "domain": "pod-1"},
-            {"name": "spine-0", "role": "spine"},
-        ],
-        "links": [
-            {"a": "leaf-0/Ethernet9", "b": "spine-0/Ethernet1"},
-            {"a": "leaf-1/Ethernet9", "b": "spine-0/Ethernet2"},
-        ],
-        "nodes": [
-            {
-                "name": f"gpu-00{i + 1}",
-                "domain": f"pod-{i // 2}",
-                "nics": [{"nic": "mlx5_0", "switch_port": f"leaf-{i // 2}/Ethernet{i % 2 + 1}"}],
-            }
-            for i in range(4)
-        ],
-    }
-)
+
+def fabric(domains: bool = False) -> Topology:
+    """Two leaves under a spine; gpu-001/002 on leaf-0, gpu-003/004 on leaf-1; with
+    ``domains``, each leaf and its nodes a fabric domain (pod-0, pod-1), the spine in none."""
+    return Topology.from_dict(
+        {
+            "switches": [
+                {
+                    "name": "leaf-0",
+                    "role": "leaf",
+                    "rail": 0,
+                    "domain": "pod-0" if domains else None,
+                },
+                {
+                    "name": "leaf-1",
+                    "role": "leaf",
+                    "rail": 0,
+                    "domain": "pod-1" if domains else None,
+                },
+                {"name": "spine-0", "role": "spine"},
+            ],
+            "links": [
+                {"a": "leaf-0/Ethernet9", "b": "spine-0/Ethernet1"},
+                {"a": "leaf-1/Ethernet9", "b": "spine-0/Ethernet2"},
+            ],
+            "nodes": [
+                {
+                    "name": f"gpu-00{i + 1}",
+                    "nics": [
+                        {"nic": "mlx5_0", "switch_port": f"leaf-{i // 2}/Ethernet{i % 2 + 1}"}
+                    ],
+                }
+                for i in range(4)
+            ],
+        }
+    )
+
+
+TOPO = fabric()
+PODS = fabric(domains=True)
 
 
 def pipeline(*dets: object) -> Pipeline:
@@ -151,27 +169,46 @@ def test_detectors_reading_the_firing_alerts_see_every_member() -> None:
     }
 
 
-def test_victims_without_a_reachable_origin_and_per_domain_groups() -> None:
+def test_victims_without_a_reachable_origin() -> None:
     g = StormGrouper(TOPO, hold_s=1.0)
     lonely = victim(1.0, "leaf-0", "Ethernet7")  # no cable in the topology: no sender
     (f,) = g.group(at(1.0), [lonely])
     assert f.labels["origin"] == "unknown" and f.labels["port"] == "Ethernet7"
-    # a pipeline of one fabric domain groups a storm's victims per domain
-    g = StormGrouper(TOPO, hold_s=1.0, split_domains=True)
-    found = g.group(at(1.0), two_storms(1.0))
-    groups: dict[str, list[list[str]]] = {}
+
+
+def victim_groups(found: list[Finding]) -> dict[str, tuple[dict[str, str], list[str], str]]:
+    """origin label -> (labels, member devices, origin_note) of each victim finding."""
+    out = {}
     for x in found:
         if x.labels["role"] == "victim":
             devices = sorted(
                 dict(m).get("switch") or dict(m)["node"] for m in parse_members(x.extra["members"])
             )
-            groups.setdefault(x.labels["origin"], []).append(devices)
-    assert sorted(groups["gpu-001/mlx5_0"]) == [["gpu-002", "leaf-0"], ["spine-0"]]
-    # the spine's group sees the storm come in from another domain, and says so
-    notes = {x.labels.get("switch"): x.extra.get("origin_note") for x in found}
-    assert notes["leaf-0"] is None
-    assert "from gpu-001/mlx5_0 (domain 'pod-0')" in notes["spine-0"]
-    assert groups["gpu-004/mlx5_0"] == [["gpu-003", "leaf-1"]]
+            out[x.labels["origin"]] = (x.labels, devices, x.extra.get("origin_note", ""))
+    return out
+
+
+def test_with_domains_victims_are_grouped_per_domain_alike_in_every_mode() -> None:
+    """Replay sees the whole fabric; the scale-out detect stage of the spines' domain sees
+    only the spine and the leaf ports cabled to it, so it takes leaf-0 for the origin. Both
+    name the spine's victims after leaf-0, where the pause enters their domain: the same
+    alert in every mode."""
+    whole = victim_groups(StormGrouper(PODS, hold_s=1.0).group(at(1.0), two_storms(1.0)))
+    assert {k: v[1] for k, v in whole.items()} == {
+        "gpu-001/mlx5_0": ["gpu-002", "leaf-0"],
+        "leaf-0": ["spine-0"],
+        "gpu-004/mlx5_0": ["gpu-003", "leaf-1"],
+    }
+    assert whole["gpu-001/mlx5_0"][2] == ""
+    assert "from leaf-0 (domain 'pod-0'); it started at gpu-001/mlx5_0" in whole["leaf-0"][2]
+    # what the spine domain's storm detector reports: leaf-0's uplink sends pause, unpaused
+    seen = [origin_port("leaf-0", "Ethernet9", 1.0), victim(1.0, "spine-0", "Ethernet1")]
+    spine = victim_groups(StormGrouper(PODS, hold_s=1.0).group(at(1.0), seen))
+    assert spine["leaf-0"][0] == whole["leaf-0"][0]  # same labels: same fingerprint
+    assert "that domain's alerts name where it started" in spine["leaf-0"][2]
+    # without domains, one alert per storm
+    one = victim_groups(StormGrouper(TOPO, hold_s=1.0).group(at(1.0), two_storms(1.0)))
+    assert one["gpu-001/mlx5_0"][1] == ["gpu-002", "leaf-0", "spine-0"]
 
 
 def test_members_annotation_round_trips() -> None:

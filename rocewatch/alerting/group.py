@@ -12,8 +12,9 @@ lifecycle:
   or the switch; ``unknown`` when no origin is found) and with the entity labels of a
   representative victim (the one the origin paused directly, else the first paused; kept
   while the alert fires). ``victims`` lists every entity the storm paused since it began.
-  In a pipeline of one fabric domain (scale-out), a storm's victims are grouped per domain:
-  each domain's pipeline speaks for its own devices.
+  In a fabric split into domains, a storm's victims are grouped per domain, in every mode (the
+  scale-out detect stage runs one pipeline per domain, which sees no further): a domain the
+  pause enters from another is labelled with the device it comes from.
 
 A victim belongs to the storm whose origin reaches it first over the pause graph: each
 paused entity is paused by the device at the other end of its cable, which is either an
@@ -120,11 +121,19 @@ def _member_labels(labels: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in labels.items() if k in ENTITY_KEYS}
 
 
+@dataclass(frozen=True)
+class _Traced:
+    storm: Device  # the storm's origin
+    label: Device  # the device its victims' alert names: the origin, or where it enters
+    direct: bool  # paused by that device itself
+
+
 @dataclass
 class _Group:
     labels: dict[str, str]  # the alert's labels, fixed while it fires
     rep: Entity
-    origin: Device | None = None  # a victim group's origin device, when known
+    origin: Device | None = None  # a victim group's origin (or border) device, when known
+    storm: Device | None = None  # the storm's origin, when known
     # member -> (its finding, the last step it was seen)
     current: dict[Entity, tuple[Finding, int]] = field(default_factory=dict)
     ever: set[Entity] = field(default_factory=set)
@@ -137,12 +146,18 @@ class StormGrouper:
 
     ``hold_s``: how long a member (and a group) outlives its last finding; the lifecycle's
     ``resolve_after_s``, so a group keeps its labels exactly as long as its alert fires.
-    ``split_domains``: group victims per fabric domain (a pipeline of one domain).
+    ``split_domains``: group victims per fabric domain; by default when the topology has
+    domains, in every mode, so that replay and the scale-out detect stage (one pipeline per
+    domain, each seeing only its domain and the cable ends facing it) raise the same alerts.
     """
 
-    def __init__(self, topology: Topology, hold_s: float = 1.0, split_domains: bool = False):
+    def __init__(
+        self, topology: Topology, hold_s: float = 1.0, split_domains: bool | None = None
+    ) -> None:
         self.topology = topology
         self.hold_ns = int(hold_s * 1e9)
+        if split_domains is None:
+            split_domains = len(getattr(topology, "domains", [""])) > 1
         self.split_domains = split_domains
         self.groups: dict[tuple[str, ...], _Group] = {}
 
@@ -216,37 +231,39 @@ class StormGrouper:
         out: list[Finding] = []
         for prio in sorted(by_prio):
             members: dict[tuple[str, ...], dict[Entity, Finding]] = {}
-            first_hop: set[Entity] = set()
-            storm_of, direct, origin_devs = self._trace(
-                prio, by_prio[prio], orig_by_prio.get(prio, [])
-            )
+            traced = self._trace(prio, by_prio[prio], orig_by_prio.get(prio, []))
             for f in by_prio[prio]:
                 e = entity_of(f.labels)
                 if e is None:
                     continue
-                origin = storm_of.get(e, "unknown")
-                if direct.get(e):
-                    first_hop.add(e)
-                domain = self.topology.domain_of(e[1]) if self.split_domains else ""
-                members.setdefault(("victim", origin, prio, domain), {})[e] = f
+                t = traced.get(e)
+                name = _device_name(t.label) if t is not None else "unknown"
+                domain = self._domain(e) if self.split_domains else ""
+                members.setdefault(("victim", name, prio, domain), {})[e] = f
             for key in sorted(members):
-                g = self._update(key, now, members[key], first_hop, origin_devs)
+                found = members[key]
+                first_hop = {e for e in found if (t := traced.get(e)) is not None and t.direct}
+                g = self._update(key, now, found, first_hop)
+                if g.origin is None:
+                    t = next((traced[e] for e in sorted(found) if e in traced), None)
+                    if t is not None:
+                        g.origin, g.storm = t.label, t.storm
                 out.append(self._victim_finding(key, g, now))
         return out
 
+    def _domain(self, e: Entity | Device) -> str:
+        return self.topology.domain_of(e[1])
+
     def _trace(
         self, prio: str, victims: list[Finding], origins: list[Finding]
-    ) -> tuple[dict[Entity, str], dict[Entity, bool], dict[Device, str]]:
-        """Each victim's storm (its origin's name), breadth first from the origins over the
-        pause graph, and whether the origin paused it directly. Victims the origins found now
-        do not reach (the origin stopped first, as it does while a storm drains down) stay in
-        the storm whose victims pause them, or whose member they already are."""
-        origin_name: dict[Device, str] = {}
-        for f in sorted(origins, key=lambda f: sorted(f.labels.items())):
-            e = entity_of(f.labels)
-            if e is not None:
-                d = _device(e)
-                origin_name.setdefault(d, _device_name(d))
+    ) -> dict[Entity, _Traced]:
+        """Each victim's storm, breadth first from the origins over the pause graph.
+
+        A victim the origins found now do not reach (the origin stopped first, as it does while
+        a storm drains down) stays in the storm whose victims pause it, or whose member it is.
+        With domains, a victim in another domain than its storm's origin is labelled with the
+        device the pause came in from, as the pipeline of its own domain, which sees no
+        further, names it: so every mode groups and labels alike."""
         paused_by: dict[Device, list[Entity]] = {}
         for f in victims:
             e = entity_of(f.labels)
@@ -255,47 +272,57 @@ class StormGrouper:
             sender = self._sender(e)
             if sender is not None:
                 paused_by.setdefault(sender, []).append(e)
-        storm: dict[Device, str] = dict(origin_name)
-        storm_of: dict[Entity, str] = {}
-        direct: dict[Entity, bool] = {}
+        # device -> (the storm's origin, the device where the pause last entered a domain)
+        reached: dict[Device, tuple[Device, Device]] = {}
+        out: dict[Entity, _Traced] = {}
 
         def spread(queue: deque[Device]) -> None:
             while queue:
                 d = queue.popleft()
+                storm, via = reached[d]
                 for e in sorted(paused_by.get(d, ())):
-                    if e in storm_of:
+                    if e in out:
                         continue
-                    storm_of[e] = storm[d]
-                    direct[e] = d in origin_name
+                    # with domains: where the pause last came in over a border; a victim in
+                    # another domain than its origin is named after that device
+                    crossed = self.split_domains and self._domain(d) != self._domain(e)
+                    entry = d if crossed else via
+                    label = storm
+                    if self.split_domains and self._domain(storm) != self._domain(e):
+                        label = entry
+                    out[e] = _Traced(storm, label, direct=d == label)
                     dd = _device(e)
-                    if dd not in storm:
-                        storm[dd] = storm[d]
+                    if dd not in reached:
+                        reached[dd] = (storm, entry)
                         queue.append(dd)
 
-        spread(deque(sorted(origin_name)))
-        found_now = dict(origin_name)
+        origin_devs = set()
+        for f in origins:
+            e = entity_of(f.labels)
+            if e is not None:
+                origin_devs.add(_device(e))
+        for d in origin_devs:
+            reached[d] = (d, d)
+        spread(deque(sorted(origin_devs)))
         # what the storms this grouper follows held a moment ago
-        remembered: dict[Device, str] = {}
-        member_of: dict[Entity, str] = {}
+        member_of: dict[Entity, _Traced] = {}
+        fresh: list[Device] = []
         for key in sorted(self.groups):
             g = self.groups[key]
-            if key[0] != "victim" or key[2] != prio or key[1] == "unknown":
+            if key[0] != "victim" or key[2] != prio or g.origin is None or g.storm is None:
                 continue
-            if g.origin is not None:
-                remembered.setdefault(g.origin, key[1])
-                origin_name.setdefault(g.origin, key[1])
+            for d in [g.origin, *map(_device, g.current)]:
+                if d not in reached:
+                    reached[d] = (g.storm, g.origin)
+                    fresh.append(d)
             for e in g.current:
-                remembered.setdefault(_device(e), key[1])
-                member_of.setdefault(e, key[1])
-        fresh = [d for d in sorted(remembered) if d not in storm]
-        for d in fresh:
-            storm[d] = remembered[d]
+                member_of.setdefault(e, _Traced(g.storm, g.origin, direct=False))
         spread(deque(fresh))
         for f in victims:
             e = entity_of(f.labels)
-            if e is not None and e not in storm_of and e in member_of:
-                storm_of[e] = member_of[e]
-        return storm_of, direct, found_now
+            if e is not None and e not in out and e in member_of:
+                out[e] = member_of[e]
+        return out
 
     def _sender(self, e: Entity) -> Device | None:
         """The device at the other end of the paused entity's cable: what paused it."""
@@ -318,15 +345,18 @@ class StormGrouper:
             "victims": ", ".join(sorted(_entity_name(e) for e in g.ever)),
             MEMBERS: encode_members(_member_labels(f.labels) for f, _ in g.current.values()),
         }
-        if self.split_domains and g.origin is not None:
-            there = self.topology.domain_of(g.origin[1])
-            if there != key[3]:
-                # a pipeline of one domain sees the pause come in over its border: what it
-                # calls the origin may relay a storm that started further away
-                extra["origin_note"] = (
-                    f"the pause enters fabric domain '{key[3]}' from {origin} (domain "
-                    f"'{there}'); the alerts of that domain name where the storm started"
-                )
+        if self.split_domains and g.origin is not None and self._domain(g.origin) != key[3]:
+            # grouped per fabric domain, this storm came in over the domain's border: the
+            # device it came from is named; where it started, when this pipeline saw it
+            started = (
+                f"; it started at {_device_name(g.storm)}"
+                if g.storm is not None and g.storm != g.origin
+                else "; that domain's alerts name where it started"
+            )
+            extra["origin_note"] = (
+                f"the pause enters fabric domain '{key[3]}' from {origin} (domain "
+                f"'{self._domain(g.origin)}'){started}"
+            )
         return Finding(
             STORM,
             dict(g.labels),
@@ -349,7 +379,6 @@ class StormGrouper:
         now: int,
         found: dict[Entity, Finding],
         first_hop: set[Entity],
-        origins: Mapping[Device, str] | None = None,
     ) -> _Group:
         g = self.groups.get(key)
         if g is None:
@@ -360,8 +389,6 @@ class StormGrouper:
             if key[0] == "victim":
                 labels["origin"] = key[1]
             g = self.groups[key] = _Group(labels, rep)
-        if key[0] == "victim" and g.origin is None and origins:
-            g.origin = next((d for d, name in origins.items() if name == key[1]), None)
         for e, f in found.items():
             g.current[e] = (f, now)
             g.ever.add(e)
