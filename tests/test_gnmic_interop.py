@@ -28,6 +28,8 @@ import yaml
 from collector.decode import GnmicEventDecoder
 from collector.gnmi import Collector, GnmiConfig, SubscriptionConfig, TargetConfig, TlsConfig
 from collector.gnmi.config import DEFAULT_PATHS
+from detectors.windows import WindowConfig
+from rocewatch.config import Config
 from rocewatch.replay import replay
 from rocewatch.sim import scenarios as sc
 from rocewatch.sim import write_scenario
@@ -102,13 +104,38 @@ def alert_keys(alerts: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     )
 
 
-def replay_switch_events(topology: Path, events: Path, out: Path) -> list[dict[str, Any]]:
+def drift_s(*files: Path) -> float:
+    """How far behind the newest timestamp before it an event of these files comes, at most.
+
+    Both event files are in arrival order, and on a loaded machine the switches' streams drift
+    apart; replay drops a sample further behind than its window's lateness. The replays compare
+    what each collector received, not how far its streams drifted, so they get a lateness that
+    covers the drift (and must then drop nothing)."""
+    drift = 0
+    for f in files:
+        newest = 0
+        for line in event_lines(f):
+            doc = orjson.loads(line)
+            for ev in doc if isinstance(doc, list) else [doc]:
+                drift, newest = max(drift, newest - ev["timestamp"]), max(newest, ev["timestamp"])
+    return drift / 1e9
+
+
+def lenient(drift: float) -> Config:
+    return Config(window=WindowConfig(lateness_s=drift + 1.0))
+
+
+def replay_switch_events(
+    topology: Path, events: Path, out: Path, cfg: Config
+) -> list[dict[str, Any]]:
     """`rocewatch replay` of a directory holding the topology and ``events`` as switch.jsonl."""
     d = out / "scenario"
     d.mkdir(parents=True)
     shutil.copy(topology, d / "topology.yaml")
     shutil.copy(events, d / "switch.jsonl")
-    return replay(d, out / "replayed").alerts
+    res = replay(d, out / "replayed", cfg)
+    assert not res.stats.get("late_samples"), res.stats
+    return res.alerts
 
 
 @dataclasses.dataclass
@@ -248,8 +275,11 @@ def test_gnmic_file_output_replays_to_our_collectors_alerts(
             len(g.leaves) for gs in feed.groups for g in gs
         )
 
-    want = replay_switch_events(scen / "topology.yaml", ours.events, tmp_path / "ours")
-    have = replay_switch_events(scen / "topology.yaml", gnmic_events, tmp_path / "gnmic")
+    cfg_replay = lenient(drift_s(ours.events, gnmic_events))
+    want = replay_switch_events(scen / "topology.yaml", ours.events, tmp_path / "ours", cfg_replay)
+    have = replay_switch_events(
+        scen / "topology.yaml", gnmic_events, tmp_path / "gnmic", cfg_replay
+    )
     assert alert_keys(have) == alert_keys(want)
     if stream_mode == "sample":
         names = {a["labels"]["alertname"] for a in have}
@@ -268,7 +298,7 @@ def test_gnmic_kafka_output_through_collect_gnmic_topic(
     telemetry topic exactly the samples rocewatch's collector decodes on the same target, and
     `rocewatch detect` on it raises the alerts that replaying our collector's events raises."""
     from rocewatch import wire
-    from rocewatch.config import Config, KafkaConfig, TopicsConfig
+    from rocewatch.config import KafkaConfig, TopicsConfig
     from rocewatch.kafka_io import DetectService
     from tests.support.kafka_read import read_to_end
 
@@ -277,25 +307,20 @@ def test_gnmic_kafka_output_through_collect_gnmic_topic(
     gnmic_topic = kafka_topics.create("gnmic", partitions=4)
 
     def gnmic_cfg(addr: str) -> dict[str, Any]:
-        c = subscriber_config(
-            feed.switches,
-            addr,
-            sample_interval_s=0.1,
-            paths=DEFAULT_PATHS,
-            kafka=(kafka_bootstrap, gnmic_topic),
+        kafka = (kafka_bootstrap, gnmic_topic)
+        return subscriber_config(
+            feed.switches, addr, sample_interval_s=0.1, paths=DEFAULT_PATHS, kafka=kafka
         )
-        return c
+
+    messages: list[bytes] = []
 
     def all_in_kafka(peer: Subscriber, ours: Ours) -> None:
-        # one message per notification
-        peer.wait(
-            lambda: (
-                len(read_to_end(gnmic_topic, 10, bootstrap_servers=[kafka_bootstrap]))
-                >= ours.notifications
-            ),
-            60,
-            "Kafka messages",
-        )
+        def read() -> bool:  # gnmic sends one message per notification
+            got = read_to_end(gnmic_topic, 10, bootstrap_servers=[kafka_bootstrap])
+            messages[:] = [m.value for m in got]
+            return len(messages) >= ours.notifications
+
+        peer.wait(read, 60, "Kafka messages")
 
     ours = side_by_side(feed, {}, gnmic_cfg, gnmic, tmp_path, until=all_in_kafka)
     topics = TopicsConfig(
@@ -349,8 +374,15 @@ def test_gnmic_kafka_output_through_collect_gnmic_topic(
         idle_flush_s=2.0,
         session_timeout_ms=6000,
     )
-    dcfg = Config(topology=str(scen / "topology.yaml"), kafka=k, state_dir=str(tmp_path / "st"))
-    DetectService(dcfg).run(max_idle_s=5.0)  # the group join counts as idle
+    as_file = tmp_path / "gnmic-kafka.jsonl"  # gnmic's messages, as its file output has them
+    as_file.write_bytes(b"".join(m + b"\n" for m in messages))
+    cfg_replay = lenient(drift_s(ours.events, as_file))
+    dcfg = dataclasses.replace(
+        cfg_replay, topology=str(scen / "topology.yaml"), kafka=k, state_dir=str(tmp_path / "st")
+    )
+    svc = DetectService(dcfg)
+    svc.run(max_idle_s=5.0)  # the group join counts as idle
+    assert not svc.stats.get("late_samples"), svc.stats.as_dict()
     events = [
         orjson.loads(m.value)
         for m in read_to_end(topics.alerts, 30, bootstrap_servers=[kafka_bootstrap])
@@ -360,7 +392,8 @@ def test_gnmic_kafka_output_through_collect_gnmic_topic(
         key = (e["fingerprint"], e["startsAt"])
         if key not in final or e["status"] == "resolved":
             final[key] = e
-    want = replay_switch_events(scen / "topology.yaml", ours.events, tmp_path / "ours")
+    want = replay_switch_events(scen / "topology.yaml", ours.events, tmp_path / "ours", cfg_replay)
+    assert want, "the scenario raises alerts"
     assert alert_keys(list(final.values())) == alert_keys(want)
 
 

@@ -140,11 +140,10 @@ def subscriber_config(
             cfg["tls-cert"], cfg["tls-key"] = str(tls.cert), str(tls.key)
     if username is not None:
         cfg["username"], cfg["password"] = username, password or ""
-    # retry: a stream the target ended is not taken again while a test reads what came (it would
-    # start over and send everything twice)
-    cfg["targets"] = {
-        t: {"address": address, "subscriptions": [f"sub-{t}"], "retry": "600s"} for t in targets
-    }
+    # a stream the target ended is not taken again while a test reads what came (it would start
+    # over and send everything twice); gnmic 0.47 takes the global retry, not a target's own
+    cfg["retry"] = "600s"
+    cfg["targets"] = {t: {"address": address, "subscriptions": [f"sub-{t}"]} for t in targets}
     sub: dict[str, Any] = {"paths": list(paths), "mode": "stream", "stream-mode": stream_mode}
     if stream_mode == "sample":
         sub["sample-interval"] = f"{round(sample_interval_s * 1000)}ms"
