@@ -1091,18 +1091,20 @@ def _generated() -> dict[str, Any]:
     import platform
     import subprocess
 
-    commit = None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        commit = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
+    def git(*args: str) -> str:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            return subprocess.run(
+                ["git", *args],
                 cwd=Path(__file__).resolve().parent,
                 capture_output=True,
                 text=True,
                 timeout=10,
             ).stdout.strip()
-            or None
-        )
+        return ""
+
+    commit = git("rev-parse", "--short", "HEAD") or None
+    if commit and git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"  # figures of a tree with uncommitted changes
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
