@@ -4,6 +4,7 @@ grouped and inhibited alerts and the detection bound (docs/evaluation.md)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 from rocewatch.evaluate import MATRIX, Cell, cell_config, late_bound, run_matrix, score_run
 from rocewatch.model import Alert
-from rocewatch.sim import Simulator
+from rocewatch.sim import Simulator, config_from_dict, config_to_dict
 
 S = 1_000_000_000
 T0 = 1_795_946_400 * S
@@ -64,10 +65,10 @@ def test_tiny_matrix_reports_every_key() -> None:
 
 @pytest.mark.parametrize("cell", [MATRIX[2], MATRIX[6]], ids=lambda c: c.name)
 def test_a_cells_recording_has_the_cells_cadences(cell: Cell) -> None:
-    """Observed median intervals per source are what the cell says (first 40 s of a smaller
+    """Observed median intervals per source are what the cell says (first 25 s of a smaller
     copy of the cell: the cadences do not depend on the size)."""
     small = dataclasses.replace(cell, nodes=4, nics_per_node=2)
-    cfg = dataclasses.replace(cell_config(small), duration_s=40.0, faults=())
+    cfg = dataclasses.replace(cell_config(small), duration_s=25.0, faults=())
     df = pl.concat(list(Simulator(cfg).ticks()))
     key = ["device", "port", "qual", "metric"]
 
@@ -94,6 +95,9 @@ def test_the_matrix_covers_what_production_varies() -> None:
     assert {c.magnitude for c in MATRIX} == {"mild", "middling", "severe", "healthy"}
     assert min(c.buffer_mb for c in MATRIX) == 16 and max(c.buffer_mb for c in MATRIX) == 64
     assert max(c.nodes for c in MATRIX) == 128 and min(c.nodes for c in MATRIX) == 16
+    for cell in MATRIX:  # scenario.json reads back to the very run
+        c = cell_config(cell)
+        assert config_from_dict(json.loads(json.dumps(config_to_dict(c)))) == c, cell.name
     cfg = cell_config(MATRIX[0])
     kinds: dict[str, int] = {}
     for f in Simulator(dataclasses.replace(cfg, duration_s=cfg.duration_s)).truth()["faults"]:
