@@ -130,6 +130,7 @@ def _noting(evaluate: Callable[..., Any], into: set[str]) -> Callable[..., Any]:
     return run
 
 
+@pytest.mark.slow
 def test_every_detector_reads_only_the_metrics_it_declares(
     scenarios: dict[str, Path], recorded: dict[str, set[str]], tmp_path: Path
 ) -> None:
@@ -154,6 +155,7 @@ def test_every_detector_reads_only_the_metrics_it_declares(
             assert seen, f"{det} read nothing: the recording missed its reads"
 
 
+@pytest.mark.slow
 def test_replay_of_the_declared_metrics_alone_raises_the_same_alerts(
     scenarios: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

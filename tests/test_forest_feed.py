@@ -9,6 +9,7 @@ import pickle
 
 import numpy as np
 import polars as pl
+import pytest
 
 from detectors.base import StepContext
 from detectors.isolation_forest import (
@@ -34,6 +35,7 @@ def scores(det: IsolationForestDetector) -> dict[tuple[str, str, str], float]:
     return out
 
 
+@pytest.mark.slow
 def test_forest_fed_by_partitions_scores_what_the_whole_stream_scores() -> None:
     sim_cfg = default_scenario(nodes=4, duration_s=16.0, seed=11)
     sim = Simulator(sim_cfg)

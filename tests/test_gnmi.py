@@ -100,6 +100,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SimConfig]
     return write_scenario(cfg, tmp_path_factory.mktemp("scenario") / "sim"), cfg
 
 
+@pytest.mark.slow
 def test_collector_over_grpc_gives_the_replay_alerts(
     scenario: tuple[Path, SimConfig], tmp_path: Path
 ) -> None:
@@ -568,6 +569,7 @@ def test_openconfig_gnmi_cli_reads_the_simulated_target(
 # --- LLDP: discover the cabling, report what disagrees with the topology ------------------------
 
 
+@pytest.mark.slow
 def test_topology_discover_and_miscabling_report(tmp_path: Path) -> None:
     cfg = SimConfig(nodes=4, nics_per_node=2, spines=2, duration_s=600.0)
     sim = Simulator(cfg)

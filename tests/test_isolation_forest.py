@@ -117,6 +117,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[IsolationForestDe
 # --- baseline ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_learns_a_baseline_then_stays_silent_on_healthy_traffic(
     trained: tuple[IsolationForestDetector, Path],
 ) -> None:
@@ -136,6 +137,7 @@ def test_learns_a_baseline_then_stays_silent_on_healthy_traffic(
         assert len(det.kinds[kind].last_scores) > 0  # it scored after the baseline
 
 
+@pytest.mark.slow
 def test_raises_nothing_until_the_baseline_is_complete() -> None:
     # faults from 3.3 s on; with no model the first 10 s only teach the baseline
     det, found = run(FAULTS, dataclasses.replace(BASELINE, baseline_s=10.0))
@@ -295,6 +297,7 @@ def test_cli_replay_refuses_a_bad_model_in_one_line(
 # --- determinism, retraining, config -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_seed_alone_decides_the_model(trained: tuple[IsolationForestDetector, Path]) -> None:
     det, _ = trained
     again, _ = run(HEALTHY, BASELINE)
@@ -347,6 +350,7 @@ def test_config_is_validated_and_read_from_yaml() -> None:
 # --- in the pipeline: only what no rule explains -------------------------------------------------
 
 
+@pytest.mark.slow
 def test_replay_with_a_model_flags_what_no_rule_explains(
     trained: tuple[IsolationForestDetector, Path], tmp_path: Path
 ) -> None:

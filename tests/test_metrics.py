@@ -36,6 +36,7 @@ def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_detector_metrics(tmp_path: Path) -> None:
     from rocewatch.sim import scenarios as sc
     from rocewatch.sim import write_scenario
@@ -71,6 +72,7 @@ def test_detector_metrics(tmp_path: Path) -> None:
     assert got[("rocewatch_alerts_firing", ())] == len(pipe.lifecycle.firing)
 
 
+@pytest.mark.slow
 def test_notify_process_metrics_show_failures_depth_and_delivery(tmp_path: Path) -> None:
     port, mport = free_port(), free_port()
     state = tmp_path / "state"

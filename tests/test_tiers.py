@@ -7,7 +7,8 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-# a throwaway suite: its own stand-ins for the service fixtures (named as the real ones)
+# a throwaway suite: its own stand-ins for the service fixtures (named as the real ones); its
+# modules' names are unique (pytester runs in this process, where tests/ is imported)
 CONFTEST = """
 import pytest
 
@@ -50,7 +51,7 @@ def test_skips():
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_demo=TESTS)
+    pytester.makepyfile(test_tiersample_suite=TESTS)
     return pytester.runpytest("-p", "tests.support.tiers", "--strict-markers", "-rs", *args)
 
 
@@ -95,8 +96,10 @@ def test_under_ci_a_module_skipped_at_collection_fails_the_run(
 ) -> None:
     monkeypatch.setenv("CI", "true")
     pytester.makepyfile(
-        test_gone="import pytest\npytest.skip('no module today', allow_module_level=True)\n",
-        test_here="def test_ok():\n    pass\n",
+        test_tiersample_gone=(
+            "import pytest\npytest.skip('no module today', allow_module_level=True)\n"
+        ),
+        test_tiersample_here="def test_ok():\n    pass\n",
     )
     res = pytester.runpytest("-p", "tests.support.tiers")
     res.assert_outcomes(passed=1, skipped=1)
@@ -104,3 +107,42 @@ def test_under_ci_a_module_skipped_at_collection_fails_the_run(
     # ... and outside CI a skip is only reported
     monkeypatch.setenv("CI", "false")
     assert pytester.runpytest("-p", "tests.support.tiers").ret == pytest.ExitCode.OK
+
+
+def test_under_ci_a_fast_tier_test_far_over_its_budget_fails_the_run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setenv("ROCEWATCH_FAST_LIMIT_S", "0.2")
+    pytester.makepyfile(
+        test_tiersample_slowish="""
+import time
+import pytest
+
+def test_forgot_its_mark():
+    time.sleep(0.3)  # stands for minutes of work
+
+@pytest.mark.slow
+def test_marked():
+    time.sleep(0.3)
+"""
+    )
+    res = pytester.runpytest("-p", "tests.support.tiers")
+    res.assert_outcomes(passed=2)
+    res.stdout.fnmatch_lines(["*test_forgot_its_mark took*outside the slow tier*"])
+    assert "test_marked took" not in res.stdout.str()
+    assert res.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_every_test_named_slow_elsewhere_exists() -> None:
+    """A renamed or deleted test left in the list would mark nothing: the list must be true."""
+    import ast
+    from pathlib import Path
+
+    from tests.support.tiers import SLOW_ELSEWHERE
+
+    here = Path(__file__).parent
+    for module, names in SLOW_ELSEWHERE.items():
+        tree = ast.parse((here / module).read_text())
+        tests = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert names - {"*"} <= tests, (module, sorted(names - tests - {"*"}))

@@ -60,6 +60,7 @@ def test_bad_topology_one_line_per_problem():
     assert len(lines) == 3
 
 
+@pytest.mark.slow
 def test_cli_topology_check(tmp_path: Path):
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(GOOD))
