@@ -1,5 +1,9 @@
 """`rocewatch evaluate`: score the detectors on labelled simulated scenarios.
 
+Two suites: the default one below (every source every 100 ms, in process) and the matrix
+(``--matrix``: cadences, fabrics, vendor naming and fault magnitudes, each cell replayed from
+its recording; ``MATRIX``, ``run_matrix`` and docs/evaluation.md).
+
 Runs a suite of simulated fabrics (several seeds and sizes, healthy all-reduce and MoE traffic,
 two tenants, counter clears and agent gaps, overlapping faults, a storm from a node without an
 agent) through the same pipeline as replay, in process, and matches every alert against the
