@@ -187,8 +187,16 @@ class Sketch:
             b = np.ceil(np.log10(np.maximum(v, 1e-300) / self.lo) * self.per_decade)
         return np.clip(np.nan_to_num(b, nan=0.0), 0, self.bins - 1).astype(np.int64)
 
-    def add(self, slots: np.ndarray, values: np.ndarray, weight_s: np.ndarray, ts: int) -> None:
-        """Learn ``values`` (one per slot, slots distinct), each standing for ``weight_s``."""
+    def add(
+        self,
+        slots: np.ndarray,
+        values: np.ndarray,
+        weight_s: np.ndarray,
+        ts: int,
+        distinct: bool = True,
+    ) -> None:
+        """Learn ``values`` (for ``slots``: distinct unless told), each standing for
+        ``weight_s``."""
         if len(slots) == 0:
             return
         if self.t_ref is None:
@@ -197,26 +205,45 @@ class Sketch:
         if age > 30.0:  # keep the weights finite: rescale everything to a new reference
             self.hist *= math.exp(-age)
             self.t_ref, age = ts, 0.0
-        self.hist[slots, self.bin_of(values)] += weight_s * math.exp(age)
-        self.learned_s[slots] += weight_s
-        self.samples[slots] += 1
+        if distinct:  # a step's readings: one per slot, fancy indexing (ten times faster)
+            self.hist[slots, self.bin_of(values)] += weight_s * math.exp(age)
+            self.learned_s[slots] += weight_s
+            self.samples[slots] += 1
+            return
+        np.add.at(self.hist, (slots, self.bin_of(values)), weight_s * math.exp(age))
+        np.add.at(self.learned_s, slots, weight_s)
+        np.add.at(self.samples, slots, 1)
 
     def quantile(self, slots: np.ndarray, q: float | np.ndarray) -> np.ndarray:
         """The ``q`` quantile (one, or one per slot) of each slot's samples (NaN for a slot
         with none)."""
-        if len(slots) == 0:
-            return np.zeros(0)
-        c = np.cumsum(self.hist[slots], axis=1)
-        tot = c[:, -1]
-        k = np.argmax(c >= np.reshape(q * tot, (-1, 1)), axis=1)
-        return np.where(tot > 0, self.upper[k], np.nan)
+        return self.quantile_of(self.hist[slots], q)
 
     def share_above(self, slots: np.ndarray, level: np.ndarray) -> np.ndarray:
         """The share of each slot's samples (by weight) that were at least ``level`` (counting
         only bins wholly at or above it: a slight underestimate)."""
-        if len(slots) == 0:
-            return np.zeros(0)
+        return self.share_above_of(self.hist[slots], level)
+
+    def counts(self, slots: np.ndarray) -> np.ndarray:
+        """Each slot's histogram scaled to its number of samples (for pooling slots)."""
         h = self.hist[slots]
+        tot = h.sum(axis=1, keepdims=True)
+        scale = np.divide(self.samples[slots][:, None], tot, out=np.zeros_like(tot), where=tot > 0)
+        return h * scale
+
+    def quantile_of(self, h: np.ndarray, q: float | np.ndarray) -> np.ndarray:
+        """``quantile`` of histogram rows ``h`` (this sketch's bins)."""
+        if len(h) == 0:
+            return np.zeros(0)
+        c = np.cumsum(h, axis=1)
+        tot = c[:, -1]
+        k = np.argmax(c >= np.reshape(q * tot, (-1, 1)), axis=1)
+        return np.where(tot > 0, self.upper[k], np.nan)
+
+    def share_above_of(self, h: np.ndarray, level: np.ndarray) -> np.ndarray:
+        """``share_above`` of histogram rows ``h`` (this sketch's bins)."""
+        if len(h) == 0:
+            return np.zeros(0)
         lower = np.r_[0.0, self.upper[:-1]]
         tot = h.sum(axis=1)
         above = (h * (lower[None, :] >= np.reshape(level, (-1, 1)))).sum(axis=1)
@@ -269,14 +296,17 @@ class Run:
     def __init__(self) -> None:
         self.readings: deque[tuple[int, int, float]] = deque(maxlen=512)
 
-    def push(self, begin: int, end: int, value: float, interval_ns: int, keep_ns: int) -> None:
+    def push(
+        self, begin: int, end: int, value: float, interval_ns: int, keep_ns: int, keep: int = 2
+    ) -> None:
+        """Add a reading; keep what a window of ``keep_ns`` and ``keep`` readings reads."""
         r = self.readings
         if r and begin - r[-1][1] > MISSED * interval_ns + NS // 100:
             r.clear()
         r.append((begin, end, value))
-        # drop readings the longest window no longer needs (the oldest one it reads begins at
-        # or before the window's start)
-        while len(r) > 2 and r[1][0] <= end - keep_ns:
+        # drop readings no window needs: beyond the last ``keep``, the oldest one a window
+        # reads begins at or before its start
+        while len(r) > keep and r[1][0] <= end - keep_ns:
             r.popleft()
 
     def held(self, threshold: float) -> tuple[int, int, float]:

@@ -83,6 +83,7 @@ DEPTH, INT_MEAN, PEAK, PAUSE = (
 )
 RULE_NONE, RULE_BASELINE, RULE_PEERS = 0, 1, 2
 TTD_S = 10.0  # the time a relative rule may take to detect (or 3 readings, if longer)
+PENDING_MAX = 256  # readings of one run held back at most
 REFRESH_NS = NS  # thresholds follow the baselines once a second
 
 
@@ -94,7 +95,7 @@ class QueueBuildupConfig:
     peer_factor: float = 3.0  # x its peers' median typical occupancy (a queue new among them)
     # odds that a queue's own bursts, caught by some share of its readings, fill every reading
     # of a run by chance: sets how many readings a run needs
-    burst_odds: float = 1e-6
+    burst_odds: float = 1e-7
     min_fraction: float = 0.12  # of the buffer: below it a queue has ample headroom anyway
     standing_s: float = 2.0  # every reading this long (longer than any collective's burst)
     receiver_pause_fraction: float = 0.15  # paused that much: a slow receiver, not congestion
@@ -175,8 +176,9 @@ class QueueBuildupDetector:
         )
         self.slots = KeySlots()
         self.iv = Intervals()
-        # occupancy in bytes, 1 KiB .. 4 GiB: a baseline independent of a guessed buffer size
-        self.sketch = Sketch(lo=1024.0, decades=6.7, tau_s=c.baseline_tau_s)
+        # occupancy as a share of the queue's buffer (1e-5 .. 1): peers pooled alike whatever
+        # their switches' buffers
+        self.sketch = Sketch(lo=1e-5, decades=5.0, tau_s=c.baseline_tau_s)
         self.groups = Groups()
         self.switch_of: dict[str, int] = {}
         self.sw = np.zeros(0, dtype=np.int64)  # slot -> switch index
@@ -185,9 +187,9 @@ class QueueBuildupDetector:
         self.has_depth = np.zeros(0, dtype=bool)  # INT's mean is used only where no gauge is
         self.first_ts = np.zeros(0, dtype=np.int64)  # first reading
         self.peers_since: dict[int, int] = {}  # peer group -> when it had trusted members
-        self.pending = np.zeros(0)  # a high reading not learned yet (NaN: none)
-        self.pending_w = np.zeros(0)
-        self.freeze = np.zeros(0)  # bytes: readings in a run above it are not learned
+        # the readings of a run above the freeze level, not learned yet: (bytes, seconds)
+        self.pending: dict[int, list[tuple[float, float]]] = {}
+        self.freeze = np.zeros(0)  # share of the buffer: readings in a run above it wait
         self.rel_thr = np.zeros(0)  # bytes; inf: no relative rule yet
         self.rel_k = np.zeros(0, dtype=np.int64)  # readings a relative run needs
         self.rel_rule = np.zeros(0, dtype=np.int8)
@@ -222,8 +224,6 @@ class QueueBuildupDetector:
         self.sketch.grow(n)
         self.has_depth = grow(self.has_depth, n, False)
         self.first_ts = grow(self.first_ts, n, 0)
-        self.pending = grow(self.pending, n, np.nan)
-        self.pending_w = grow(self.pending_w, n, 0.0)
         self.freeze = grow(self.freeze, n, math.inf)
         self.rel_thr = grow(self.rel_thr, n, math.inf)
         self.rel_k = grow(self.rel_k, n, 3)
@@ -250,40 +250,44 @@ class QueueBuildupDetector:
         if n == 0:
             return
         all_ = np.arange(n)
+        buf = self.buffer(all_)  # NaN where none: no relative rule
+        # shares of the buffer until the end, then bytes
         typical = self.sketch.quantile(all_, 0.5)
         trusted = (
             (self.sketch.learned_s >= cfg.learn_s)
             & (self.sketch.samples >= cfg.learn_samples)
             & np.isfinite(typical)
+            & np.isfinite(buf)
         )
-        floor = cfg.min_fraction * self.buffer(all_)  # NaN where no buffer: no relative rule
-        thr = np.where(
-            trusted & ~np.isnan(floor), np.fmax(floor, cfg.baseline_factor * typical), np.inf
-        )
+        thr = np.where(trusted, np.fmax(cfg.min_fraction, cfg.baseline_factor * typical), np.inf)
         # readings in a run above it are not learned (a queue still learning learns them all)
         self.freeze = thr.copy()
-        # a run needs enough readings that the queue's own bursts (the share f of its readings
-        # at the threshold, taken as independent) line up that often with odds under
-        # burst_odds, and no more than the detection time allows (TTD_S, or 3 readings at a
-        # slow cadence). Bursts too frequent for that raise the threshold to the level they
-        # seldom reach. Never fewer than 3: a handful of calm readings cannot tell a queue that
-        # bursts one reading in seven from one that never does, and two bursts in a row of such
-        # a queue come every fifty readings.
+        # a run needs enough readings k that bursts (the share f of past readings at the
+        # threshold, taken as independent: at a slow cadence a reading is a random instant)
+        # fill all k with odds under burst_odds. f is the largest of the queue's own and its
+        # peer groups' (all the readings of a group pooled: a MoE job's queues burst alike, and
+        # together show it many times sooner), and at least half a reading in all of them, so
+        # a short history asks for more readings than a long calm one (two). k is at most what
+        # the detection time allows (TTD_S, or 3 readings at a slow cadence); bursts too
+        # frequent for that raise the threshold to the level they seldom reach, as far as the
+        # history can tell (two readings above it at least).
         iv = np.where(self.iv.interval > 0, self.iv.interval, 1.0)
         k_max = np.maximum(3, np.floor(TTD_S / iv))
-        k = self._readings_needed(all_, thr)
+        bursts = _Bursts(
+            self.sketch, (self.groups.fine[:n], self.groups.coarse[:n]), cfg.burst_odds
+        )
+        k = bursts.needed(all_, thr)
         over = np.flatnonzero(trusted & (k > k_max))
         if len(over):
-            q = 1.0 - cfg.burst_odds ** (1.0 / k_max[over])
-            thr[over] = np.fmax(thr[over], self.sketch.quantile(over, q))
-            k[over] = self._readings_needed(over, thr[over])
-        k = np.clip(k, 3, k_max)
+            thr[over] = np.fmax(thr[over], bursts.seldom(over, k_max[over]))
+            k[over] = bursts.needed(over, thr[over])
+        k = np.clip(k, 2, k_max)
         rule = np.where(np.isfinite(thr), RULE_BASELINE, RULE_NONE).astype(np.int8)
         base = np.where(trusted, typical, np.nan)
         # queues without a normal of their own: their peers' (the median of trusted peers')
         # that appeared after those were trusted (one that started with them learns its own:
         # a busy port, high from the first reading, is at its normal)
-        lone = np.flatnonzero(~trusted & ~np.isnan(floor))
+        lone = np.flatnonzero(~trusted & np.isfinite(buf))
         if len(lone) and trusted.any():
             for ids in (self.groups.fine, self.groups.coarse):
                 left = lone[rule[lone] == RULE_NONE]
@@ -298,20 +302,15 @@ class QueueBuildupDetector:
                         continue
                     med = float(np.median(typical[m]))
                     who = later
-                    thr[who] = np.fmax(floor[who], cfg.peer_factor * med)
+                    thr[who] = np.fmax(cfg.min_fraction, cfg.peer_factor * med)
                     rule[who], base[who] = RULE_PEERS, med
                     k[who] = np.minimum(np.median(k[m]), k_max[who])  # as their bursts need
                     # readings far above the peers are not learned: a queue that appears
                     # standing does not make that its normal
                     self.freeze[who] = thr[who]
-        self.rel_thr, self.rel_rule, self.base = thr, rule, base
+        self.rel_thr, self.rel_rule = np.where(np.isfinite(thr), thr * buf, np.inf), rule
+        self.base = base * buf
         self.rel_k = k.astype(np.int64)
-
-    def _readings_needed(self, slots: np.ndarray, thr: np.ndarray) -> np.ndarray:
-        """Readings in a row that each slot's own past readings reach ``thr`` with odds under
-        ``burst_odds``, taken as independent (1 where none ever did)."""
-        f = np.clip(self.sketch.share_above(slots, thr), 1e-300, 1 - 1e-9)
-        return np.maximum(np.ceil(math.log(self.config.burst_odds) / np.log(f)), 1)
 
     # --- per step ----------------------------------------------------------------------------
     def evaluate(self, ctx: StepContext) -> list[Finding]:
@@ -428,27 +427,37 @@ class QueueBuildupDetector:
             fired.above = above
         iv = self.iv.interval[slot]
         w = np.where(np.isfinite(gap), np.minimum(gap, np.where(iv > 0, MISSED * iv, gap)), 0.1)
-        busy = np.zeros(len(slot), dtype=bool)
+        busy = ~np.isfinite(buf)  # no buffer: nothing to learn for
         if tracked:
-            busy = np.isin(slot, [self.slots.index[k] for k in tracked if k in self.slots.index])
-        self._learn(slot, last, w, busy, int(ts.max()))
+            busy |= np.isin(slot, [self.slots.index[k] for k in tracked if k in self.slots.index])
+        self._learn(slot, last / buf, w, busy, int(ts.max()))
         return rows
 
     def _learn(
         self, slot: np.ndarray, value: np.ndarray, w: np.ndarray, busy: np.ndarray, ts: int
     ) -> None:
-        """Learn the readings of queues not alerting. A reading above the freeze level is held
-        back until the next one: learned if that one is below (a burst that drained), dropped
-        if not (the start of a run: perhaps a fault, which must not become its own baseline)."""
+        """Learn the readings (shares of the buffer) of queues not alerting. Readings above the
+        freeze level are held back while they last: learned once a reading below ends their run
+        without an alert (bursts, however long, that drained), dropped if the queue alerts (a
+        fault must not become its own baseline). The burst statistics need them all: bursts
+        that come in pairs line up more often than single ones."""
         hi = value >= self.freeze[slot]
-        pend = np.isfinite(self.pending[slot])
-        drained = ~hi & ~busy & pend
-        self.sketch.add(
-            slot[drained], self.pending[slot[drained]], self.pending_w[slot[drained]], ts
-        )
-        self.pending[slot[pend | busy]] = np.nan
-        hold = hi & ~busy & ~pend
-        self.pending[slot[hold]], self.pending_w[slot[hold]] = value[hold], w[hold]
+        pend = self.pending
+        if pend:
+            for s in slot[busy].tolist():
+                pend.pop(s, None)
+            for s in slot[~hi & ~busy].tolist():
+                run = pend.pop(s, None)
+                if run:
+                    v, wt = zip(*run, strict=True)
+                    slots = np.full(len(run), s)
+                    self.sketch.add(slots, np.array(v), np.array(wt), ts, distinct=False)
+        for i in np.flatnonzero(hi & ~busy).tolist():
+            run = pend.setdefault(int(slot[i]), [])
+            run.append((float(value[i]), float(w[i])))
+            if len(run) > PENDING_MAX:  # high for long, never alerting: its normal
+                v0, w0 = run.pop(0)
+                self.sketch.add(np.array([slot[i]]), np.array([v0]), np.array([w0]), ts)
         clean = ~hi & ~busy
         self.sketch.add(slot[clean], value[clean], w[clean], ts)
 
@@ -471,7 +480,7 @@ class QueueBuildupDetector:
         run = self.runs.get(s)
         if run is None:
             run = self.runs[s] = Run()
-        run.push(ts, ts, low, iv_ns, max(need_rel, need_abs))
+        run.push(ts, ts, low, iv_ns, max(need_rel, need_abs), max(k, 2))
         p = self.paused.get(key)
         paused = p[0] if p is not None and p[1] >= ts else 0.0
         absolute = paused < cfg.pause_exempt_fraction
@@ -568,6 +577,45 @@ class QueueBuildupDetector:
             f"in every reading for {i.need:.1f} s; received pause {i.paused:.0%} of the time; "
             f"readings every {i.interval:.2g} s",
         )
+
+
+class _Bursts:
+    """How often queues' readings reached a level: each queue's own, and its peer groups'
+    (fine and coarse: all their readings pooled)."""
+
+    def __init__(self, sketch: Sketch, groups: tuple[np.ndarray, ...], odds: float) -> None:
+        self.sketch, self.odds = sketch, odds
+        every = np.arange(len(groups[0]))
+        counts = sketch.counts(every)
+        self.seen = sketch.samples[every].astype(np.float64)
+        self.pools: list[np.ndarray] = []  # each queue's group's readings, per grouping
+        for group in groups:
+            g = np.maximum(group, 0)
+            pool = np.zeros((int(g.max(initial=0)) + 1, sketch.bins))
+            np.add.at(pool, g, counts)
+            self.pools.append(pool[g])
+        self.pool_seen = [p.sum(axis=1) for p in self.pools]
+
+    def needed(self, slots: np.ndarray, level: np.ndarray) -> np.ndarray:
+        """Readings in a row that bursts reach ``level`` with odds under ``odds``."""
+        f = self.sketch.share_above(slots, level)
+        most = self.seen[slots]
+        for pool, seen in zip(self.pools, self.pool_seen, strict=True):
+            f = np.maximum(f, self.sketch.share_above_of(pool[slots], level))
+            most = np.maximum(most, seen[slots])
+        f = np.minimum(np.maximum(f, 0.5 / (most + 1)), 1 - 1e-9)
+        return np.maximum(np.ceil(math.log(self.odds) / np.log(f)), 2)
+
+    def seldom(self, slots: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """The level that bursts reach in k readings in a row with odds under ``odds``: the
+        highest of the queue's own and its groups', each as far as its readings can tell (at
+        least two readings above it)."""
+        q = 1.0 - self.odds ** (1.0 / k)
+        out = self.sketch.quantile(slots, np.minimum(q, 1.0 - 2.0 / (self.seen[slots] + 1)))
+        for pool, seen in zip(self.pools, self.pool_seen, strict=True):
+            qq = np.minimum(q, 1.0 - 2.0 / (seen[slots] + 1))
+            out = np.fmax(out, self.sketch.quantile_of(pool[slots], qq))
+        return out
 
 
 class _Info(NamedTuple):
