@@ -305,21 +305,25 @@ class Run:
             r.clear()
         r.append((begin, end, value))
         # drop readings no window needs: beyond the last ``keep``, the oldest one a window
-        # reads begins at or before its start
-        while len(r) > keep and r[1][0] <= end - keep_ns:
+        # reads ends at or before its start
+        while len(r) > keep and r[1][1] <= end - keep_ns:
             r.popleft()
 
     def held(self, threshold: float) -> tuple[int, int, float]:
-        """(duration in ns, readings, lowest value) of the newest readings all >= ``threshold``."""
+        """(duration in ns, readings, lowest value) of the newest readings all >= ``threshold``.
+
+        The duration counts from the *end* of the first of them: a counter reading over its
+        interval may owe its share to a burst in part of it (a 1.5 s burst can lift two 1 s
+        readings), so only the later readings are known to have held throughout."""
         r = self.readings
-        n, low, begin = 0, math.inf, 0
-        for b, _e, v in reversed(r):
+        n, low, first = 0, math.inf, 0
+        for _b, e, v in reversed(r):
             if not v >= threshold:
                 break
-            n, low, begin = n + 1, min(low, v), b
+            n, low, first = n + 1, min(low, v), e
         if n == 0:
             return 0, 0, math.nan
-        return r[-1][1] - begin, n, low
+        return r[-1][1] - first, n, low
 
 
 # --- peers --------------------------------------------------------------------------------------

@@ -30,10 +30,12 @@ reading above twice that normal waits for the next one: learned if that one is b
 burst), dropped if not (the start of a run), so a fault never becomes its own baseline.
 
 Cadence: ECN counters arrive every 0.1-5 s, NIC counters every 0.1-2 s. A counter reading says
-what held over its own interval, so a run's duration counts from the start of its first
-reading's interval, and two readings are always needed: at 5 s a sustained fault is found two
-readings after its onset, at 0.1 s after ``sustain_s``. Denominators may come at another cadence
-than the marks: the newest fresh one is used. Counter clears give small deltas (rates.py).
+what its interval held on average: a burst in part of it may lift it (a 1.5 s burst lifts two
+1 s readings), so a run's duration counts from the *end* of its first reading, and two readings
+are always needed: at 5 s a sustained fault is found at the second reading wholly inside it
+(about two intervals after its onset), at 1 s at the third, at 0.1 s after ``sustain_s``.
+Denominators may come at another cadence than the marks: the newest fresh one is used. Counter
+clears give small deltas (rates.py).
 
 An alert stays firing while two readings in a row mark at least ``exit_ratio`` of the threshold
 it fired on, and clears ``clear_s`` plus 2.5 intervals after that last held (``state.Sustain``):
