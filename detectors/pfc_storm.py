@@ -375,9 +375,16 @@ class PfcStormDetector:
             d = _device(k)
             intervals[d] = max(intervals.get(d, 0), iv)
 
+        reported: dict[str, tuple[int, int] | None] = {}  # per switch, this step
+
+        def report(switch: str) -> tuple[int, int] | None:
+            if switch not in reported:
+                reported[switch] = self._reported(switch)
+            return reported[switch]
+
         def relay_ns(s: Key) -> int:
             iv = intervals.get(_device(s), 0)
-            rep = self._reported(s[1]) if s[0] == "port" else None
+            rep = report(s[1]) if s[0] == "port" else None
             if rep is not None:
                 iv = max(iv, rep[1])
             return cfg_relay_ns(cfg) + round(MISSED_SAMPLE_INTERVALS * iv)
@@ -394,7 +401,7 @@ class PfcStormDetector:
         def unheard(s: Key, since: int) -> bool:
             """A switch whose own pause counters have not reported since its victim stalled
             (yet: one of its intervals is waited for), so it may still turn out a relay."""
-            rep = self._reported(s[1]) if s[0] == "port" else None
+            rep = report(s[1]) if s[0] == "port" else None
             if rep is None:
                 return False
             newest, iv = rep

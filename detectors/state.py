@@ -46,9 +46,22 @@ def over(
 
 
 def matches(f: pl.DataFrame, keys: Sequence[tuple[str, ...]]) -> np.ndarray:
-    """A mask of the rows of ``f`` whose (device, port[, qual]) is one of ``keys``."""
-    devs, ports = f["device"].to_numpy(), f["port"].to_numpy()
+    """A mask of the rows of ``f`` whose (device, port[, qual]) is one of ``keys``.
+
+    A few keys cost a numpy scan each; more, one hash of the frame's key columns and a set
+    lookup (a 64-bit hash collision could add a row: about one in 10^15 at these sizes).
+    """
     out = np.zeros(f.height, dtype=bool)
+    if f.height == 0 or not keys:
+        return out
+    if len(keys) > 4:
+        names = QKEY[: len(keys[0])]
+        kf = pl.DataFrame(list(keys), schema=dict.fromkeys(names, pl.String()), orient="row")
+        struct = pl.struct(names).hash(seed=EntitySlots.SEED)
+        return np.isin(
+            f.select(struct).to_series().to_numpy(), kf.select(struct).to_series().to_numpy()
+        )
+    devs, ports = f["device"].to_numpy(), f["port"].to_numpy()
     for key in keys:
         m = (devs == key[0]) & (ports == key[1])
         if len(key) > 2 and m.any():

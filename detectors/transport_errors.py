@@ -39,7 +39,7 @@ import numpy as np
 import polars as pl
 
 from detectors.base import Finding, StepContext, node_labels
-from detectors.state import NS, EntitySlots, Episode, Key, Row, Sustain, counter_timing, matches
+from detectors.state import NS, EntitySlots, Episode, Key, Row, Sustain, counter_timing
 from detectors.windows import Step
 from rocewatch.errors import ConfigError
 from rocewatch.topology import Topology
@@ -54,6 +54,8 @@ ERRORS = (
 # a NIC's latest reading counts (for the fabric median, or as its current out_of_sequence
 # rate between its samples) until this many of its intervals passed without a new one
 STALE_INTERVALS = 2.5
+# of the stay threshold: a NIC whose error rate reaches this has every sample followed
+FOLLOW = 0.5
 
 
 @dataclass(frozen=True)
@@ -99,33 +101,50 @@ class TransportErrorsConfig:
             )
 
 
-@dataclass
 class _Errors:
-    """One NIC's recent error-counter samples: per counter, (ts, delta, dt) newest last."""
+    """One NIC's recent error-counter samples: per counter, (ts, delta, dt) newest last, with
+    their running sums (so a step costs what it adds and drops, not what is kept)."""
 
-    samples: list[deque[tuple[int, float, float]]] = field(
-        default_factory=lambda: [deque() for _ in ERRORS]
-    )
+    __slots__ = ("samples", "sum_d", "sum_t")
 
-    def rates(self) -> list[float]:
-        """Each counter's rate over its kept samples (0 without any)."""
-        out = []
-        for d in self.samples:
-            dt = sum(x[2] for x in d)
-            out.append(sum(x[1] for x in d) / dt if dt > 0 else 0.0)
-        return out
+    def __init__(self) -> None:
+        self.samples: list[deque[tuple[int, float, float]]] = [deque() for _ in ERRORS]
+        self.sum_d = [0.0] * len(ERRORS)
+        self.sum_t = [0.0] * len(ERRORS)
+
+    def add(self, i: int, ts: int, delta: float, dt: float) -> None:
+        self.samples[i].append((ts, delta, dt))
+        self.sum_d[i] += delta
+        self.sum_t[i] += dt
+
+    def rates(self, window_s: float) -> list[float]:
+        """Each counter's rate over its kept samples, taken over at least ``window_s`` (a NIC
+        not followed keeps only its samples with errors: one stray error is not a rate)."""
+        return [d / max(window_s, t) for d, t in zip(self.sum_d, self.sum_t, strict=True)]
+
+    def span(self) -> float:
+        """The longest time (s) a counter's kept samples cover."""
+        return max(self.sum_t)
 
     def prune(self, horizon: int, stale: int) -> bool:
         """Keep each counter's samples newer than ``horizon`` and its newest one unless older
         than ``stale``; return whether any error is left to follow."""
-        left = False
-        for d in self.samples:
+        for i, d in enumerate(self.samples):
             while d and (d[0][0] <= horizon and len(d) > 1):
-                d.popleft()
+                _, x, t = d.popleft()
+                self.sum_d[i] -= x
+                self.sum_t[i] -= t
             if d and d[-1][0] < stale:
                 d.clear()
-            left |= any(x[1] > 0 for x in d)
-        return left
+            if not d:
+                self.sum_d[i] = self.sum_t[i] = 0.0
+        return any(x >= 0.5 for x in self.sum_d)
+
+    def __getstate__(self) -> tuple[object, ...]:
+        return (self.samples, self.sum_d, self.sum_t)
+
+    def __setstate__(self, state: tuple[object, ...]) -> None:
+        self.samples, self.sum_d, self.sum_t = state  # type: ignore[assignment]
 
 
 @dataclass
@@ -150,13 +169,16 @@ class TransportErrorsDetector:
         self.seen = np.empty(0, dtype=np.int64)  # newest reading's time
         self.last_rate = np.empty(0)  # newest reading's rate
         self.interval = np.empty(0)  # sampling interval (s), smoothed
-        # the NICs with errors lately, and their samples
+        # the NICs with errors lately, and their samples (``following``: the same, by slot)
         self.errors: dict[tuple[str, str], _Errors] = {}
+        self.following = np.empty(0, dtype=bool)
 
     def __setstate__(self, d: dict[str, object]) -> None:
         self.__dict__.update(d)
         if "slots" not in d:  # a checkpoint from before the per-sample baselines: start over
             self.__post_init__()
+        elif "following" not in d:
+            self.following = np.array([k in self.errors for k in self.slots.keys], dtype=bool)
 
     @property
     def window_s(self) -> float:
@@ -181,31 +203,33 @@ class TransportErrorsDetector:
         return, per NIC with a new sample, (newest ts, sample interval, span) in ns."""
         cfg = self.config
         fresh: dict[tuple[str, str], tuple[int, int, int]] = {}
-        followed = list(self.errors)
+        known = cur.positions
         for i, (metric, _) in enumerate(ERRORS):
             f = cur.get(metric)
             if f.height == 0:
                 continue
-            delta = np.nan_to_num(f.get_column("delta").to_numpy())
+            delta = np.nan_to_num(f.get_column("delta").to_numpy().astype(np.float64))
             want = delta >= 0.5  # counts: any error at all
-            if followed:
-                want |= matches(f, followed)
-            idx = np.flatnonzero(want & ~f.get_column("dt").is_null().to_numpy())
+            if not want.any() and not self.errors:
+                continue  # the healthy fast path
+            at = (known[0], known[1][metric]) if known is not None and metric in known[1] else None
+            slot = self.slots.rows_at(f, at)
+            self._grow()
+            dt = f.get_column("dt").to_numpy().astype(np.float64)
+            idx = np.flatnonzero((want | self.following[slot]) & (np.nan_to_num(dt) > 0))
             if len(idx) == 0:
                 continue
             iv, held = counter_timing(f)
-            sel = f[pl.Series(idx, dtype=pl.UInt32)].select("device", "port", "delta", "dt", "ts")
-            for j, (dev, port, d, dt, ts) in zip(idx.tolist(), sel.iter_rows(), strict=True):
-                if not dt:
-                    continue
-                key = (dev, port)
+            ts = f.get_column("ts").to_numpy()
+            for j in idx.tolist():  # NICs with errors, and those followed: a few
+                key = self.slots.keys[int(slot[j])]
                 e = self.errors.get(key)
                 if e is None:
                     e = self.errors[key] = _Errors()
-                e.samples[i].append((int(ts), float(d), float(dt)))
+                e.add(i, int(ts[j]), float(delta[j]), float(dt[j]))
                 t, _, _ = fresh.get(key, (0, 0, 0))
-                if ts >= t:
-                    fresh[key] = (int(ts), int(iv[j]), int(held[j]))
+                if ts[j] >= t:
+                    fresh[key] = (int(ts[j]), int(iv[j]), int(held[j]))
         horizon = end - round(cfg.window_s * NS)
         for key in list(self.errors):
             e = self.errors[key]
@@ -214,7 +238,16 @@ class TransportErrorsDetector:
             stale = end - round((cfg.window_s + STALE_INTERVALS * newest) * NS)
             if not e.prune(horizon, stale):
                 del self.errors[key]
+                self.following[self.slots.index[key]] = False
         return fresh
+
+    def _follow(self, key: tuple[str, str], err_rate: float) -> None:
+        """Follow a NIC's every error sample (zeros too, so its rate is exact) while its rate
+        is within reach of the stay threshold; a NIC with stray errors is not followed."""
+        cfg = self.config
+        i = self.slots.index.get(key)
+        if i is not None:
+            self.following[i] = err_rate >= FOLLOW * cfg.exit_ratio * cfg.error_min_rate
 
     # --- per step ------------------------------------------------------------------------------
     def _rows(
@@ -230,8 +263,9 @@ class TransportErrorsDetector:
         # NICs with a new sample in this step whose out_of_sequence or errors are at least warm
         for key in sorted({*cand, *(k for k in fresh if k in self.errors)}):
             e = self.errors.get(key)
-            sums = e.rates() if e is not None else [0.0] * len(ERRORS)
+            sums = e.rates(cfg.window_s) if e is not None else [0.0] * len(ERRORS)
             err_rate = sum(sums)
+            self._follow(key, err_rate)
             i = self.slots.index.get(key, -1)
             mine = None
             if i >= 0 and self._ready(i):
@@ -271,12 +305,9 @@ class TransportErrorsDetector:
             return 0.0
         return float(self.last_rate[i])
 
-    @staticmethod
-    def _error_span(e: _Errors | None) -> float:
-        """The seconds of samples the error rate was taken over (for the evidence)."""
-        if e is None:
-            return 0.0
-        return max((sum(x[2] for x in d) for d in e.samples), default=0.0)
+    def _error_span(self, e: _Errors | None) -> float:
+        """The seconds the error rate was taken over (for the evidence)."""
+        return max(self.config.window_s, e.span()) if e is not None else 0.0
 
     # --- out_of_sequence and its baselines --------------------------------------------------------
     def _grow(self) -> None:
@@ -289,6 +320,7 @@ class TransportErrorsDetector:
         self.seen = np.concatenate([self.seen, np.zeros(add, dtype=np.int64)])
         self.last_rate = np.concatenate([self.last_rate, np.zeros(add)])
         self.interval = np.concatenate([self.interval, np.zeros(add)])
+        self.following = np.concatenate([self.following, np.zeros(add, dtype=bool)])
 
     def _oos(
         self, cur: Step, oos: pl.DataFrame, end: int

@@ -195,3 +195,25 @@ def test_severity_escalates_at_a_slow_cadence() -> None:
         for j in range(1, 50):  # the steps between samples, without rows
             assert s.update(ts + j * STEP, ts + (j + 1) * STEP, [])
     assert sev == ["warning"] * 3 + ["critical"] * 5
+
+
+def test_matches_few_and_many_keys_agree() -> None:
+    import polars as pl
+
+    from detectors.state import matches
+
+    f = pl.DataFrame(
+        {
+            "device": [f"leaf-{i % 7}" for i in range(200)],
+            "port": [f"Ethernet1/{i % 13}" for i in range(200)],
+            "qual": [str(i % 3) for i in range(200)],
+        }
+    )
+    keys = [(f"leaf-{i}", f"Ethernet1/{i + 1}", "1") for i in range(6)] + [("nope", "x", "1")]
+    for ks in (keys, [k[:2] for k in keys]):  # (device, port, qual) and (device, port)
+        many = matches(f, ks)  # hashed
+        few = np.zeros(f.height, dtype=bool)
+        for k in ks:
+            few |= matches(f, [k])  # scanned
+        assert many.any() and (many == few).all()
+    assert matches(f, keys).sum() < matches(f, [k[:2] for k in keys]).sum()
