@@ -152,3 +152,33 @@ def test_series_beyond_the_limit_are_dropped_and_counted():
     assert len(eng.series) <= 50 and len(eng.rates) <= 50
     with pytest.raises(ConfigError, match="max_series"):
         WindowConfig(max_series=0)
+
+
+def test_step_rows_carry_each_series_sampling_interval() -> None:
+    """What the detectors judge durations by (``state.counter_timing``): a counter read every
+    50 ms has two samples in a 0.1 s step (dt 0.1 s, n 2: a 50 ms interval), one read every
+    second a row in one step of ten (dt 1 s, n 1); gauges carry no dt."""
+    import numpy as np
+
+    from detectors.state import NS, counter_timing
+    from tests import cadence
+
+    series = [
+        cadence.Series("int-0", "Ethernet1", "queue_tx_pkts", rate=cadence.Rate(1000.0)),
+        cadence.Series("leaf-0", "Ethernet1", "pfc_rx_pause_us", rate=cadence.Rate(500.0)),
+        cadence.Series("leaf-0", "Ethernet1", "queue_depth_bytes", gauge=lambda t: 2e4),
+    ]
+    series = [series[0].every(0.05), series[1].every(1.0), series[2].every(1.0)]
+    eng = WindowEngine()
+    rows: dict[str, list[tuple[int, int, float | None]]] = {}
+    for f in cadence.frames(series, 6.0):
+        eng.add(f)
+        for step in eng.close_until(int(f["ts"].max()) - eng.lateness_ns()):
+            for metric, part in step.by_metric.items():
+                iv, held = counter_timing(part)
+                rows.setdefault(metric, []).append((int(iv[0]), int(held[0]), part["dt"][0]))
+    fast, slow, gauge = rows["queue_tx_pkts"], rows["pfc_rx_pause_us"], rows["queue_depth_bytes"]
+    assert np.allclose([iv for iv, _, _ in fast[1:-1]], 0.05 * NS, rtol=1e-3)
+    assert np.allclose([held for _, held, _ in fast[1:-1]], 0.1 * NS, rtol=1e-3)
+    assert len(slow) == 5 and np.allclose([iv for iv, _, _ in slow], NS, rtol=1e-3)
+    assert all(dt is None for _, _, dt in gauge) and all(iv == 0 for iv, _, _ in gauge)
