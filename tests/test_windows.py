@@ -2,12 +2,15 @@
 
 import pickle
 
+import numpy as np
 import polars as pl
 
+from detectors.state import NS, counter_timing
 from detectors.windows import AGG_SCHEMA, WindowEngine, window_by_group_by
 from rocewatch.model import SAMPLE_SCHEMA, SERIES_KEY
 from rocewatch.sim import Simulator
 from rocewatch.sim.scenarios import SCENARIOS
+from tests import cadence
 
 
 def reference(parts: list[pl.DataFrame]) -> pl.DataFrame:
@@ -158,11 +161,6 @@ def test_step_rows_carry_each_series_sampling_interval() -> None:
     """What the detectors judge durations by (``state.counter_timing``): a counter read every
     50 ms has two samples in a 0.1 s step (dt 0.1 s, n 2: a 50 ms interval), one read every
     second a row in one step of ten (dt 1 s, n 1); gauges carry no dt."""
-    import numpy as np
-
-    from detectors.state import NS, counter_timing
-    from tests import cadence
-
     series = [
         cadence.Series("int-0", "Ethernet1", "queue_tx_pkts", rate=cadence.Rate(1000.0)),
         cadence.Series("leaf-0", "Ethernet1", "pfc_rx_pause_us", rate=cadence.Rate(500.0)),
