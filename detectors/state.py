@@ -153,9 +153,9 @@ class Row:
     1 = the enter condition holds, 2 = the critical enter condition holds.
 
     ``interval`` (ns) is the sampling interval of the series the row was read from: a counter's
-    sample interval (the step's ``dt / n``), a gauge's observed interval (``IntervalTracker``);
-    0 = unknown, taken as one step. ``held`` (ns) is how long before ``ts`` the condition is
-    known to have held: a counter rate measured over the sample's interval held over that
+    sample interval (the step's ``dt / n``: ``counter_timing``), a gauge's observed interval (the
+    gap between its readings, which the detector follows); 0 = unknown, taken as one step.
+    ``held`` (ns) is how long before ``ts`` the condition is known to have held: a counter rate measured over the sample's interval held over that
     interval (the step's ``dt``); a single gauge reading, 0.
     """
 
