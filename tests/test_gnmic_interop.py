@@ -313,16 +313,29 @@ def test_gnmic_kafka_output_through_collect_gnmic_topic(
         )
 
     messages: list[bytes] = []
+    partitions: list[int] = []
 
     def all_in_kafka(peer: Subscriber, ours: Ours) -> None:
         def read() -> bool:  # gnmic sends one message per notification
             got = read_to_end(gnmic_topic, 10, bootstrap_servers=[kafka_bootstrap])
             messages[:] = [m.value for m in got]
+            partitions[:] = [m.partition for m in got]
             return len(messages) >= ours.notifications
 
         peer.wait(read, 60, "Kafka messages")
 
     ours = side_by_side(feed, {}, gnmic_cfg, gnmic, tmp_path, until=all_in_kafka)
+    # keyed (insert-key), each switch's messages are in one partition, in time order
+    where: dict[str, set[int]] = {}
+    last: dict[str, int] = {}
+    for value, part in zip(messages, partitions, strict=True):
+        for ev in orjson.loads(value):
+            src = ev["tags"]["source"]
+            where.setdefault(src, set()).add(part)
+            assert ev["timestamp"] >= last.get(src, 0), f"{src}: out of order in the topic"
+            last[src] = ev["timestamp"]
+    assert sorted(where) == sorted(feed.switches)
+    assert all(len(p) == 1 for p in where.values()), where
     topics = TopicsConfig(
         telemetry=kafka_topics("telemetry"),
         alerts=kafka_topics("alerts"),
