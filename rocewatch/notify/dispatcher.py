@@ -138,7 +138,12 @@ class Dispatcher:
         return sum(self.outbox.depth().values())
 
     def drain(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> bool:
-        """Deliver until nothing is pending or ``timeout_s`` passed; True when all went out."""
+        """Deliver until nothing is pending or ``timeout_s`` passed; True when all went out.
+
+        Called after ``stop`` (a replay's last events, enqueued as the stream ended), it still
+        delivers: the stop flag only ends the background sender's loop."""
+        if self._thread is None:
+            self._stop.clear()
         end = clock() + timeout_s
         while True:
             self.run_once()
