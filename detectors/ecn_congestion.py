@@ -14,10 +14,10 @@ nothing). Three rules:
 - **peers**: every reading for ``sustain_s`` marks at least ``peer_factor`` times the median
   share of its peers (the same switch role, rail and kind of port, same queue; a NIC's rail; the
   whole fabric's where that group has fewer than ``min_peers`` reporting), each peer's share
-  smoothed over ``sustain_s`` so that synchronised collective bursts do not hide or fake one,
-  *and* beyond its own normal: ``baseline_factor`` times its learned share once trusted, else at
-  least ``new_mark_share`` (a port marking a lot from its first reading may be a busy port at its
-  normal). Never below ``min_mark_share``.
+  smoothed over half of ``sustain_s`` so that synchronised collective bursts neither hide nor
+  fake one, *and* beyond its own normal: ``normal_factor`` times its learned share once
+  trusted, else at least ``new_mark_share`` (a port marking a lot from its first reading may be
+  a busy port at its normal). Never below ``min_mark_share``.
 - **baseline**: where too few peers report, ``baseline_factor`` times its own learned share and
   at least ``min_mark_share``.
 - **absolute**: every reading for ``sustain_s`` marks at least ``absolute_mark_share``: no
@@ -25,9 +25,10 @@ nothing). Three rules:
 
 The own baseline is the traffic-weighted mean share (an EWMA of marks over an EWMA of packets,
 time constant ``baseline_tau_s``, each reading weighing the time it covers), trusted after
-``learn_s`` and ``learn_samples`` readings. It learns nothing while the entity alerts, and a
-reading above twice that normal waits for the next one: learned if that one is back below (a
-burst), dropped if not (the start of a run), so a fault never becomes its own baseline.
+``learn_s`` and ``learn_samples`` readings. It learns nothing while the entity alerts, and
+readings above 1.5 times that normal wait while they last: learned once the entity is back
+below without an alert (a burst), dropped if it alerts, so a fault never becomes its own
+baseline.
 
 Cadence: ECN counters arrive every 0.1-5 s, NIC counters every 0.1-2 s. A counter reading says
 what its interval held on average: a burst in part of it may lift it (a 1.5 s burst lifts two
@@ -37,8 +38,9 @@ are always needed: at 5 s a sustained fault is found at the second reading wholl
 Denominators may come at another cadence than the marks: the newest fresh one is used. Counter
 clears give small deltas (rates.py).
 
-An alert stays firing while two readings in a row mark at least ``exit_ratio`` of the threshold
-it fired on, and clears ``clear_s`` plus 2.5 intervals after that last held (``state.Sustain``):
+An alert stays firing while its smoothed share stays, two readings in a row,
+at least ``exit_ratio`` of the threshold it fired on and 1.25 times its own normal and its
+peers' median, and clears ``clear_s`` plus 2.5 intervals after that last held (``state.Sustain``):
 one fault, one alert, at any cadence. The evidence names the rule, the baseline, the peers'
 median and the threshold.
 
@@ -80,7 +82,10 @@ N_MARKS, N_RDMA, N_BYTES, N_CNP = (
     "nic_rx_bytes",
     "nic_cnp_sent",
 )
-SUSPECT = 2.0  # x the own normal: a reading learned only once the next one is back below
+SMOOTH = 0.5  # of sustain_s: the time constant of the smoothed share
+STAY_OVER = 1.25  # x its own normal and its peers' median: an alert's stay condition
+SUSPECT = 1.5  # x the own normal: readings above wait until the entity is back below
+PENDING_MAX = 256  # readings of one run held back at most
 RDMA_FRESH = NS * 30  # a NIC with an RDMA byte counter this recent is not judged on all bytes
 
 
@@ -91,8 +96,9 @@ class EcnCongestionConfig:
     min_mark_share: float = 0.12
     new_mark_share: float = 0.25  # at least this much without a learned normal of its own
     absolute_mark_share: float = 0.5  # half the packets, for seconds: never healthy
-    peer_factor: float = 2.5  # x the median share of its peers
-    baseline_factor: float = 2.5  # x its own learned share
+    peer_factor: float = 2.0  # peers rule: x the median share of its peers...
+    normal_factor: float = 1.5  # ...and x its own learned share (not a busy port's normal)
+    baseline_factor: float = 2.5  # baseline rule (too few peers): x its own learned share
     min_peers: int = 3  # peers reporting, else the whole fabric's (then none: no peers rule)
     # an idle port's few packets say nothing: ~0.3 Gb/s of marked 4 KiB packets, far below
     # any real congestion on a 100-800G link
@@ -118,8 +124,8 @@ class EcnCongestionConfig:
             raise ConfigError(f"{where}: need 0 < min_mark_share <= new_mark_share <= 1")
         if not self.min_mark_share <= self.absolute_mark_share <= 1:
             raise ConfigError(f"{where}.absolute_mark_share: must be within [min_mark_share, 1]")
-        if self.peer_factor <= 1 or self.baseline_factor <= 1:
-            raise ConfigError(f"{where}: peer_factor and baseline_factor must be > 1")
+        if min(self.peer_factor, self.normal_factor, self.baseline_factor) <= 1:
+            raise ConfigError(f"{where}: peer_factor, normal_factor, baseline_factor must be > 1")
         if not 0 < self.exit_ratio <= 1:
             raise ConfigError(f"{where}.exit_ratio: must be within (0, 1]")
         if self.min_marked_pps < 0:
@@ -162,13 +168,14 @@ class EcnCongestionDetector:
         self.den_until = np.zeros(0, dtype=np.int64)  # ... fresh until
         self.rdma_ts = np.zeros(0, dtype=np.int64)  # NIC: newest RDMA byte reading
         self.port_slot = np.zeros(0, dtype=np.int64)  # queue -> its port's slot (-1: none)
-        self.smooth = np.zeros(0)  # marked share smoothed over sustain_s (what peers see)
+        self.smooth = np.zeros(0)  # marked share, smoothed (what peers see, what stays)
         self.smooth_until = np.zeros(0, dtype=np.int64)
         self.base_marks = np.zeros(0)  # EWMA marks/s
         self.base_pkts = np.zeros(0)  # EWMA packets/s
         self.learned_s = np.zeros(0)
         self.samples = np.zeros(0, dtype=np.int64)
-        self.pending = np.zeros((0, 3))  # a high reading not learned yet: marks/s, pkts/s, dt
+        # the readings of a run above SUSPECT x its normal, not learned yet: marks/s, pkts/s, s
+        self.pending: dict[int, list[tuple[float, float, float]]] = {}
         self.runs: dict[int, Run] = {}
         self.fired: dict[Key, _Fired] = {}
 
@@ -192,7 +199,6 @@ class EcnCongestionDetector:
         self.base_pkts = grow(self.base_pkts, n, 0.0)
         self.learned_s = grow(self.learned_s, n, 0.0)
         self.samples = grow(self.samples, n, 0)
-        self.pending = grow(self.pending, n, np.nan)
 
     def _slots(self, cur: Step, metric: str) -> tuple[np.ndarray, Any]:
         f = cur.get(metric)
@@ -263,17 +269,18 @@ class EcnCongestionDetector:
         s, ts, dt, n, marks, den, share = (a[valid] for a in (s, ts, dt, n, marks, den, share))
         if len(s) == 0:
             return []
-        # peers see each entity's share smoothed over sustain_s (time-weighted)
+        # peers see each entity's share smoothed (time-weighted) over half of sustain_s:
+        # several collective bursts, yet quick to fall once the marking stops
         old = self.smooth[s]
-        a = np.where(np.isnan(old), 1.0, -np.expm1(-dt / cfg.sustain_s))
+        a = np.where(np.isnan(old), 1.0, -np.expm1(-dt / (SMOOTH * cfg.sustain_s)))
         self.smooth[s] = np.where(np.isnan(old), share, old + a * (share - old))
         self.smooth_until[s] = ts + np.round((MISSED * dt / n + 0.1) * NS).astype(np.int64)
         trusted = (self.learned_s[s] >= cfg.learn_s) & (self.samples[s] >= cfg.learn_samples)
         with np.errstate(divide="ignore", invalid="ignore"):
             own = np.where(trusted, self.base_marks[s] / self.base_pkts[s], np.nan)
-        floor = np.where(
-            trusted, np.fmax(cfg.min_mark_share, cfg.baseline_factor * own), cfg.new_mark_share
-        )
+        # the lowest threshold either rule could have (the peers rule's own term)
+        lowest = min(cfg.normal_factor, cfg.baseline_factor)
+        floor = np.where(trusted, np.fmax(cfg.min_mark_share, lowest * own), cfg.new_mark_share)
         cand = (marks >= cfg.min_marked_pps) & (share >= np.fmin(floor, cfg.absolute_mark_share))
         out = s[~cand]
         if self.runs:
@@ -310,10 +317,10 @@ class EcnCongestionDetector:
             at = np.flatnonzero(s == x)
             if len(at) == 0:
                 continue
-            # two readings in a row at the stay threshold: a burst after the marking stopped
-            # does not keep its alert alive
+            # the smoothed share, two readings in a row: a burst after the
+            # marking stopped does not keep its alert alive
             i, fired = int(at[0]), self.fired[ek]
-            above = bool(share[i] >= fired.stay)
+            above = bool(self.smooth[x] >= fired.stay)
             if above and fired.above:
                 rows.append(Row(ek, 0, int(ts[i]), (), int(dt[i] * NS / n[i]), int(dt[i] * NS)))
             fired.above = above
@@ -352,16 +359,23 @@ class EcnCongestionDetector:
         return own
 
     def _learn(self, s: np.ndarray, reading: np.ndarray, hi: np.ndarray, busy: np.ndarray) -> None:
-        """Learn the readings (marks/s, packets/s, seconds) of entities not alerting. A reading
-        above its entity's own threshold is held back until the next one: learned if that one is
-        below (a burst that ended), dropped if not (the start of a run: perhaps a fault, which
-        must not become its own baseline)."""
-        pend = np.isfinite(self.pending[s, 0])
-        drained = ~hi & ~busy & pend
-        self._mean(s[drained], self.pending[s[drained]])
-        self.pending[s[pend | busy]] = np.nan
-        hold = hi & ~busy & ~pend
-        self.pending[s[hold]] = reading[hold]
+        """Learn the readings (marks/s, packets/s, seconds) of entities not alerting. Readings
+        well above the entity's own normal are held back while they last: learned once a
+        reading below ends their run without an alert (bursts that ended), dropped if the
+        entity alerts (a fault must not become its own baseline)."""
+        pend = self.pending
+        if pend:
+            for x in s[busy].tolist():
+                pend.pop(x, None)
+            for x in s[~hi & ~busy].tolist():
+                run = pend.pop(x, None)
+                while run:  # oldest first: an EWMA's order matters
+                    self._mean(np.array([x]), np.array([run.pop(0)]))
+        for i in np.flatnonzero(hi & ~busy).tolist():
+            run = pend.setdefault(int(s[i]), [])
+            run.append(tuple(reading[i].tolist()))  # type: ignore[arg-type]
+            if len(run) > PENDING_MAX:  # high for long, never alerting: its normal
+                self._mean(np.array([s[i]]), np.array([run.pop(0)]))
         clean = ~hi & ~busy
         self._mean(s[clean], reading[clean])
 
@@ -402,16 +416,14 @@ class EcnCongestionDetector:
         run.push(ts - dt_ns, ts, share, iv_ns, need + iv_ns)
         peers = peer_median(self.groups, s, self.smooth, peers_valid, cfg.min_peers)
         med = peers[0]
-        parts = [cfg.min_mark_share]
-        parts.append(cfg.baseline_factor * own if math.isfinite(own) else cfg.new_mark_share)
         if math.isfinite(med):
             rule = "peers"
-            parts.append(cfg.peer_factor * med)
+            mine = cfg.normal_factor * own if math.isfinite(own) else cfg.new_mark_share
+            thr = max(cfg.min_mark_share, cfg.peer_factor * med, mine)
         elif math.isfinite(own):
-            rule = "baseline"
+            rule, thr = "baseline", max(cfg.min_mark_share, cfg.baseline_factor * own)
         else:
-            rule = ""
-        thr = max(parts) if rule else math.inf
+            rule, thr = "", math.inf
 
         def standing(h: tuple[int, int, float]) -> bool:
             return h[1] >= 2 and h[0] >= need
@@ -424,6 +436,11 @@ class EcnCongestionDetector:
             h, stay = rel, cfg.exit_ratio * thr
         else:
             return None
+        # stays while clearly above its own normal and its peers' (their smoothed shares): a
+        # port back at its normal bursts is not still congested
+        for level in (own, med):
+            if math.isfinite(level):
+                stay = max(stay, STAY_OVER * level)
         if ek not in self.fired:
             self.fired[ek] = _Fired(rule, stay, s)
         info = (rule, h[2], rates, h[0] / NS, h[1], dt_ns / NS, own, thr, peers)
@@ -458,12 +475,20 @@ class EcnCongestionDetector:
         )
         if rule == "absolute":
             thr_s = f"at least {cfg.absolute_mark_share:.0%} marked"
-        else:
+        elif rule == "peers":
+            mine = (
+                f"{cfg.normal_factor:g}x own normal"
+                if math.isfinite(own)
+                else f"{cfg.new_mark_share:.0%} without a learned normal"
+            )
             thr_s = (
                 f"at least {thr:.1%} marked (the largest of {cfg.min_mark_share:.0%}, "
-                f"{cfg.baseline_factor:g}x own normal"
-                + (f", {cfg.peer_factor:g}x the peers' median" if rule == "peers" else "")
-                + ")"
+                f"{cfg.peer_factor:g}x the peers' median, {mine})"
+            )
+        else:
+            thr_s = (
+                f"at least {thr:.1%} marked (the larger of {cfg.min_mark_share:.0%} and "
+                f"{cfg.baseline_factor:g}x own normal)"
             )
         extra = f", {cnp:,.0f} CNPs sent/s" if cnp is not None else ""
         return Finding(

@@ -187,7 +187,7 @@ class QueueBuildupDetector:
         self.has_depth = np.zeros(0, dtype=bool)  # INT's mean is used only where no gauge is
         self.first_ts = np.zeros(0, dtype=np.int64)  # first reading
         self.peers_since: dict[int, int] = {}  # peer group -> when it had trusted members
-        # the readings of a run above the freeze level, not learned yet: (bytes, seconds)
+        # the readings of a run above the freeze level, not learned yet: (share, seconds)
         self.pending: dict[int, list[tuple[float, float]]] = {}
         self.freeze = np.zeros(0)  # share of the buffer: readings in a run above it wait
         self.rel_thr = np.zeros(0)  # bytes; inf: no relative rule yet
@@ -428,8 +428,12 @@ class QueueBuildupDetector:
         iv = self.iv.interval[slot]
         w = np.where(np.isfinite(gap), np.minimum(gap, np.where(iv > 0, MISSED * iv, gap)), 0.1)
         busy = ~np.isfinite(buf)  # no buffer: nothing to learn for
-        if tracked:
-            busy |= np.isin(slot, [self.slots.index[k] for k in tracked if k in self.slots.index])
+        # nor from queues alerting, or held by their receiver (a storm's victims, a slow NIC):
+        # their depth says how long they were paused, not how they carry traffic
+        held = [k for k, (_, until) in self.paused.items() if until >= int(ts.min())]
+        keys = [k for k in (*tracked, *held) if k in self.slots.index]
+        if keys:
+            busy |= np.isin(slot, [self.slots.index[k] for k in keys])
         self._learn(slot, last / buf, w, busy, int(ts.max()))
         return rows
 
