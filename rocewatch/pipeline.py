@@ -235,15 +235,22 @@ class Pipeline:
     def finish(self) -> Output:
         out = self._run(self.engine.finish())
         # the stream ended: alerts held for a late inhibiting source are decided now
+        out.extend(self.decide_held())
+        for level in self._rollup_levels():
+            last = level.flush()
+            if last is not None:
+                out.rollups.append(last)
+        return out
+
+    def decide_held(self) -> Output:
+        """Decide every alert held for a late inhibiting source now, as the input has ended
+        or gone quiet (telemetry time no longer moves, so its wait would never end)."""
+        out = Output()
         shown, hidden = self._alerting()[1].flush(self.lifecycle)
         for ev in shown:
             self.policy.on_alert(ev, self.policy.now)
         out.alerts += shown
         out.inhibited += hidden
-        for level in self._rollup_levels():
-            last = level.flush()
-            if last is not None:
-                out.rollups.append(last)
         return out
 
     # --- evaluation ------------------------------------------------------------------------------

@@ -1641,6 +1641,7 @@ class Detector:
         self.state: DetectState | None = None
         self.seen: dict[int, float] = {}
         self.idle_offset: dict[int, int] = {}  # the owner's read offset in its idle report
+        self.all_quiet = False  # every telemetry partition idle and read to its end
         self.ends: dict[int, int] = {}  # telemetry end offsets, asked at most every END_EVERY_S
         self.ends_at = -float("inf")
         self.moved_at = -float("inf")  # when a steps message last moved a partition's close
@@ -1928,6 +1929,7 @@ class Detector:
             self.started = now
         idle = [p for p in range(self.n_parts) if st.part_idle.get(p)]
         quiet = set(self._still_quiet(idle, now)) if idle else set()
+        self.all_quiet = len(quiet) == self.n_parts
         for p in range(self.n_parts):
             if p in quiet:
                 continue
@@ -1973,6 +1975,16 @@ class Detector:
         ]
 
     def _advance(self, st: DetectState, now: float) -> None:
+        self.all_quiet = False
+        self._advance_steps(st, now)
+        if self.all_quiet:
+            # every partition read to its end and idle: telemetry time stands still, so alerts
+            # held for a late inhibiting source are decided now (as replay's end decides them)
+            out = st.pipeline.decide_held()
+            if out.alerts or out.inhibited or out.actions:
+                self._emit(out)
+
+    def _advance_steps(self, st: DetectState, now: float) -> None:
         target = self._target(st, now)
         if target is None:
             return

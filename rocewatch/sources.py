@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 import polars as pl
 
@@ -41,7 +41,9 @@ class LineFileSource:
         # users keep recordings compressed: a .gz file is read as it is (progress in its bytes)
         self._raw: IO[bytes] = path.open("rb")
         self._fh: IO[bytes] = (
-            gzip.GzipFile(fileobj=self._raw, mode="rb") if path.suffix == ".gz" else self._raw
+            cast(IO[bytes], gzip.GzipFile(fileobj=self._raw, mode="rb"))
+            if path.suffix == ".gz"
+            else self._raw
         )
         self.bytes_total = path.stat().st_size
 
