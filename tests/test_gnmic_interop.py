@@ -325,15 +325,13 @@ def test_gnmic_kafka_output_through_collect_gnmic_topic(
         peer.wait(read, 60, "Kafka messages")
 
     ours = side_by_side(feed, {}, gnmic_cfg, gnmic, tmp_path, until=all_in_kafka)
-    # keyed (insert-key), each switch's messages are in one partition, in time order
+    # keyed (insert-key), each switch's messages are in one partition; not always in time order
+    # there (one run here had a switch's first notification land after ones 2 s later; the
+    # lateness computed from these messages covers that)
     where: dict[str, set[int]] = {}
-    last: dict[str, int] = {}
     for value, part in zip(messages, partitions, strict=True):
         for ev in orjson.loads(value):
-            src = ev["tags"]["source"]
-            where.setdefault(src, set()).add(part)
-            assert ev["timestamp"] >= last.get(src, 0), f"{src}: out of order in the topic"
-            last[src] = ev["timestamp"]
+            where.setdefault(ev["tags"]["source"], set()).add(part)
     assert sorted(where) == sorted(feed.switches)
     assert all(len(p) == 1 for p in where.values()), where
     topics = TopicsConfig(
