@@ -245,8 +245,9 @@ class QueueBuildupDetector:
         """Each queue's relative threshold and the readings a run needs, from its learned
         normal (or its peers'), and how often its own past readings reached that threshold."""
         cfg = self.config
-        self.next_refresh = now + REFRESH_NS
         n = len(self.slots)
+        # once a second; a large fabric's baselines, which move over minutes, less often
+        self.next_refresh = now + REFRESH_NS * max(1, n // 10_000)
         if n == 0:
             return
         all_ = np.arange(n)
@@ -585,28 +586,43 @@ class QueueBuildupDetector:
 
 class _Bursts:
     """How often queues' readings reached a level: each queue's own, and its peer groups'
-    (fine and coarse: all their readings pooled)."""
+    (fine and coarse: all their readings pooled). Histograms as tails (the readings at or above
+    each bin), so a share above a level is one lookup per queue."""
 
     def __init__(self, sketch: Sketch, groups: tuple[np.ndarray, ...], odds: float) -> None:
         self.sketch, self.odds = sketch, odds
-        every = np.arange(len(groups[0]))
-        counts = sketch.counts(every)
-        self.seen = sketch.samples[every].astype(np.float64)
-        self.pools: list[np.ndarray] = []  # each queue's group's readings, per grouping
+        self.lower = np.r_[0.0, sketch.upper[:-1]]
+        counts = sketch.counts(np.arange(len(groups[0])))
+        self.own = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1]  # readings at or above each bin
+        self.pools: list[tuple[np.ndarray, np.ndarray]] = []  # (group of each queue, tails)
         for group in groups:
             g = np.maximum(group, 0)
+            order = np.argsort(g, kind="stable")
+            gs = g[order]
+            starts = np.flatnonzero(np.r_[True, gs[1:] != gs[:-1]]) if len(gs) else gs
             pool = np.zeros((int(g.max(initial=0)) + 1, sketch.bins))
-            np.add.at(pool, g, counts)
-            self.pools.append(pool[g])
-        self.pool_seen = [p.sum(axis=1) for p in self.pools]
+            if len(gs):
+                pool[gs[starts]] = np.add.reduceat(counts[order], starts, axis=0)
+            self.pools.append((g, np.cumsum(pool[:, ::-1], axis=1)[:, ::-1]))
+
+    def _bin(self, level: np.ndarray) -> np.ndarray:
+        """The first bin wholly at or above ``level`` (``bins``: none)."""
+        return np.searchsorted(self.lower, level, side="left")
+
+    @staticmethod
+    def _share(tails: np.ndarray, rows: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
+        total = tails[rows, 0]
+        above = np.where(b < tails.shape[1], tails[rows, np.minimum(b, tails.shape[1] - 1)], 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(total > 0, above / total, 0.0), total
 
     def needed(self, slots: np.ndarray, level: np.ndarray) -> np.ndarray:
         """Readings in a row that bursts reach ``level`` with odds under ``odds``."""
-        f = self.sketch.share_above(slots, level)
-        most = self.seen[slots]
-        for pool, seen in zip(self.pools, self.pool_seen, strict=True):
-            f = np.maximum(f, self.sketch.share_above_of(pool[slots], level))
-            most = np.maximum(most, seen[slots])
+        b = self._bin(level)
+        f, most = self._share(self.own, slots, b)
+        for g, tails in self.pools:
+            fg, seen = self._share(tails, g[slots], b)
+            f, most = np.maximum(f, fg), np.maximum(most, seen)
         f = np.minimum(np.maximum(f, 0.5 / (most + 1)), 1 - 1e-9)
         return np.maximum(np.ceil(math.log(self.odds) / np.log(f)), 2)
 
@@ -615,10 +631,21 @@ class _Bursts:
         highest of the queue's own and its groups', each as far as its readings can tell (at
         least two readings above it)."""
         q = 1.0 - self.odds ** (1.0 / k)
-        out = self.sketch.quantile(slots, np.minimum(q, 1.0 - 2.0 / (self.seen[slots] + 1)))
-        for pool, seen in zip(self.pools, self.pool_seen, strict=True):
-            qq = np.minimum(q, 1.0 - 2.0 / (seen[slots] + 1))
-            out = np.fmax(out, self.sketch.quantile_of(pool[slots], qq))
+        out = np.full(len(slots), np.nan)
+        for tails in (self.own[slots], *(t[g[slots]] for g, t in self.pools)):
+            total = tails[:, 0]
+            # the first bin whose readings at or above it are at most the share 1 - q, and at
+            # least two readings (the level history can vouch for)
+            allowed = np.maximum((1.0 - q) * total, 2.0)
+            ok = tails <= allowed[:, None]
+            k_bin = np.where(ok.any(axis=1), np.argmax(ok, axis=1), len(self.lower))
+            level = np.where(
+                k_bin < len(self.lower),
+                self.lower[np.minimum(k_bin, len(self.lower) - 1)],
+                self.sketch.upper[-1],
+            )
+            level = np.where(total > 0, level, np.nan)
+            out = np.fmax(out, level)
         return out
 
 
