@@ -132,6 +132,11 @@ class Episode:
     # the sampling intervals (ns) of its last few rows; a tuple (and a class default) so an
     # episode pickled before it existed restores
     intervals: tuple[int, ...] = ()
+    # end of the last step a row said the enter condition (``last_cool``: level <= 0) or the
+    # stay condition (``last_cold``: level COLD) did not hold: news, not a missed sample
+    last_cool: int = 0
+    last_cold: int = 0
+    hot_rows: int = 0  # rows at the enter condition in this episode
 
     @property
     def interval(self) -> int:
@@ -147,16 +152,22 @@ class Episode:
         return round(MISSED_SAMPLE_INTERVALS * self.interval)
 
 
+COLD = -1  # a Row's level when the entity was sampled and its stay condition does not hold
+
+
 @dataclass(frozen=True)
 class Row:
     """One entity's condition at this step: ``level`` 0 = only the stay (exit) condition holds,
-    1 = the enter condition holds, 2 = the critical enter condition holds.
+    1 = the enter condition holds, 2 = the critical enter condition holds; ``COLD`` (-1) = it
+    was sampled and the stay condition does not hold (optional: worth sending only for
+    entities with an episode, ``Sustain.episodes``).
 
     ``interval`` (ns) is the sampling interval of the series the row was read from: a counter's
     sample interval (the step's ``dt / n``: ``counter_timing``), a gauge's observed interval (the
     gap between its readings, which the detector follows); 0 = unknown, taken as one step.
-    ``held`` (ns) is how long before ``ts`` the condition is known to have held: a counter rate measured over the sample's interval held over that
-    interval (the step's ``dt``); a single gauge reading, 0.
+    ``held`` (ns) is how long before ``ts`` the condition is known to have held: a counter rate
+    measured over the sample's interval held over that interval (the step's ``dt``); a single
+    gauge reading, 0.
     """
 
     key: Key
@@ -179,8 +190,11 @@ class Sustain:
     says the condition began (``ts - held``), and before firing tolerates ``gap_s`` plus 2.5
     intervals without a hot row (one missed sample and a fifth of an interval of jitter); once
     firing it clears ``clear_s`` plus 2.5 intervals after the stay condition last held. A fault
-    that persists, at any cadence, is one episode until it ends. Severity only escalates within
-    an episode. At most ``max_entities`` episodes are tracked (bounded state).
+    that persists, at any cadence, is one episode until it ends. A row that says the condition
+    did not hold (level 0 before firing, ``COLD`` after) is news, not a missed sample: from it
+    on only ``gap_s`` / ``clear_s`` count, as they did at one step per sample. Severity only
+    escalates within an episode. At most ``max_entities`` episodes are tracked (bounded
+    state).
 
     >>> s, key = Sustain(sustain_s=2.0, gap_s=0.1, clear_s=0.5), ("nic", "gpu-1", "mlx5_0")
     >>> fired = []
@@ -198,6 +212,9 @@ class Sustain:
     max_entities: int = 10_000
     episodes: dict[Key, Episode] = field(default_factory=dict)
     dropped: int = 0  # new episodes refused because max_entities were tracked
+    # hot rows an episode needs before it fires, whatever they span: 2 keeps one slow
+    # sample (the average of a 5 s burst) from firing alone
+    min_rows: int = 1
 
     def update(self, start: int, end: int, rows: Iterable[Row]) -> list[tuple[Key, Episode]]:
         """Apply one step; return the firing episodes (``ts`` is their alert's startsAt)."""
@@ -221,9 +238,15 @@ class Sustain:
                 ep = self.episodes[r.key] = Episode(since=began, last_hot=end, last_warm=end)
             iv = r.interval if r.interval > 0 else step
             ep.intervals = (*ep.intervals[1 - RECENT_INTERVALS :], iv)
+            if r.level < 0:
+                ep.last_cool = ep.last_cold = end
+                continue
             ep.last_warm = end
             if r.level >= 1:
                 ep.last_hot = end
+                ep.hot_rows += 1
+            else:
+                ep.last_cool = end
             if r.level >= 2:
                 if ep.crit_since is None or start - ep.last_crit > gap + ep.slack():
                     ep.crit_since = began
@@ -234,7 +257,8 @@ class Sustain:
                 # a critical run under way is waited for (up to sustain_s), so that one alert
                 # fires at the right severity instead of a warning replaced a moment later
                 waiting = r.level >= 2 and not crit and held < 2 * sustain
-                if r.level >= 1 and held >= sustain and not waiting:
+                enough = ep.hot_rows >= self.min_rows
+                if r.level >= 1 and held >= sustain and enough and not waiting:
                     ep.ts, ep.info = r.ts, r.info
                     ep.severity = "critical" if crit else "warning"
             elif crit and ep.severity != "critical":
@@ -243,10 +267,13 @@ class Sustain:
             ep = self.episodes[key]
             slack = ep.slack() if ep.intervals else round(MISSED_SAMPLE_INTERVALS * step)
             if ep.ts:
-                if end - ep.last_warm >= clear + slack:
+                told = ep.last_cold > ep.last_warm
+                if end - ep.last_warm >= clear + (0 if told else slack):
                     del self.episodes[key]
-            elif end - ep.last_hot > gap + slack:
-                del self.episodes[key]
+            else:
+                told = ep.last_cool > ep.last_hot
+                if end - ep.last_hot > gap + (0 if told else slack):
+                    del self.episodes[key]
         return [(k, ep) for k, ep in self.episodes.items() if ep.ts]
 
 

@@ -17,12 +17,13 @@ the NIC's own samples, at whatever interval the agent reads them:
   one sample per 5 s, not a window with holes). Only NICs that had an error lately are
   followed (a few).
 
-A NIC fires once hot for ``sustain_s`` (``Sustain``: dips of ``gap_s`` tolerated, plus one
-missed sample and jitter at the NIC's own sampling interval), stays firing while either
-signal is at least ``exit_ratio`` of its threshold and clears ``clear_s`` (plus two and a half
-sampling intervals) after that last held. A sample's rate is known to have held over its own
-interval, so a NIC read every 5 s fires on its first hot sample. A counter reset yields a small
-delta, never a spike (detectors/rates.py), so it cannot fire.
+A NIC fires once hot for ``sustain_s`` and in two samples at least (``Sustain``: dips of
+``gap_s`` tolerated, plus one missed sample and jitter at the NIC's own sampling interval;
+a sample read back as cold is a dip), stays firing while either signal is at least
+``exit_ratio`` of its threshold and clears ``clear_s`` after that last held (plus two and a
+half sampling intervals while no sample says otherwise). A sample's rate is known to have held
+over its own interval, so a NIC read every 5 s fires on its second hot sample. A counter reset
+yields a small delta, never a spike (detectors/rates.py), so it cannot fire.
 
 A healthy step costs one vectorised update of the baselines (NumPy over entity slots) and a
 filter per error counter.
@@ -39,7 +40,16 @@ import numpy as np
 import polars as pl
 
 from detectors.base import Finding, StepContext, node_labels
-from detectors.state import NS, EntitySlots, Episode, Key, Row, Sustain, counter_timing
+from detectors.state import (
+    COLD,
+    NS,
+    EntitySlots,
+    Episode,
+    Key,
+    Row,
+    Sustain,
+    counter_timing,
+)
 from detectors.windows import Step
 from rocewatch.errors import ConfigError
 from rocewatch.topology import Topology
@@ -157,7 +167,9 @@ class TransportErrorsDetector:
 
     def __post_init__(self) -> None:
         c = self.config
-        self.sustain = Sustain(c.sustain_s, c.gap_s, c.clear_s, c.max_entities)
+        # two samples at least: one NIC sample read every few seconds averages a burst (an
+        # MoE all-to-all's reordering) over its whole interval
+        self.sustain = Sustain(c.sustain_s, c.gap_s, c.clear_s, c.max_entities, min_rows=2)
         self.fabric_oos: float | None = None  # EWMA of the fabric's median out_of_sequence rate
         self.next_baseline = 0
         self.next_forget = 0
@@ -204,19 +216,23 @@ class TransportErrorsDetector:
         cfg = self.config
         fresh: dict[tuple[str, str], tuple[int, int, int]] = {}
         known = cur.positions
+        suspects = self._suspects() if self.sustain.episodes else None
         for i, (metric, _) in enumerate(ERRORS):
             f = cur.get(metric)
             if f.height == 0:
                 continue
             delta = np.nan_to_num(f.get_column("delta").to_numpy().astype(np.float64))
             want = delta >= 0.5  # counts: any error at all
-            if not want.any() and not self.errors:
+            if not want.any() and not self.errors and suspects is None:
                 continue  # the healthy fast path
             at = (known[0], known[1][metric]) if known is not None and metric in known[1] else None
             slot = self.slots.rows_at(f, at)
             self._grow()
             dt = f.get_column("dt").to_numpy().astype(np.float64)
-            idx = np.flatnonzero((want | self.following[slot]) & (np.nan_to_num(dt) > 0))
+            want |= self.following[slot]
+            if suspects is not None:
+                want |= np.isin(slot, suspects)  # their samples are news, errors or not
+            idx = np.flatnonzero(want & (np.nan_to_num(dt) > 0))
             if len(idx) == 0:
                 continue
             iv, held = counter_timing(f)
@@ -260,8 +276,10 @@ class TransportErrorsDetector:
             cand = self._oos(cur, oos, end)
         fabric = self.fabric_oos or 0.0
         rows = []
-        # NICs with a new sample in this step whose out_of_sequence or errors are at least warm
-        for key in sorted({*cand, *(k for k in fresh if k in self.errors)}):
+        # NICs with a new sample in this step whose out_of_sequence or errors are at least warm,
+        # and suspect NICs with a new sample (a cold one says the condition ended: news)
+        suspects = {k[1:] for k in self.sustain.episodes}
+        for key in sorted({*cand, *(k for k in fresh if k in self.errors or k in suspects)}):
             e = self.errors.get(key)
             sums = e.rates(cfg.window_s) if e is not None else [0.0] * len(ERRORS)
             err_rate = sum(sums)
@@ -287,6 +305,8 @@ class TransportErrorsDetector:
                 span = self._error_span(e)
                 info = (r, thr, base, mine, fabric, tuple(sums), err_rate, span)
                 rows.append(Row(("nic", *key), int(hot), ts, info, interval=iv, held=held))
+            elif key in suspects:
+                rows.append(Row(("nic", *key), COLD, ts, (), interval=iv, held=held))
         return rows
 
     def _ready(self, i: int) -> bool:
@@ -358,9 +378,7 @@ class TransportErrorsDetector:
         # learn from clean readings only, and never while the NIC is suspect
         learn = ok & ~hot
         if self.sustain.episodes:
-            index = self.slots.index
-            sus = [index.get((k[1], k[2]), -1) for k in self.sustain.episodes if k[0] == "nic"]
-            learn &= ~np.isin(slot, np.array(sus, dtype=np.int64))
+            learn &= ~np.isin(slot, self._suspects())
         s, x, w = slot[learn], r[learn], dt[learn]
         alpha = -np.expm1(-w / cfg.baseline_tau_s)
         old = self.ewma[s]
@@ -368,13 +386,24 @@ class TransportErrorsDetector:
         self.learned_s[s] += w
         self.learned_n[s] += 1
         out: dict[tuple[str, str], tuple[float, int, int, int]] = {}
-        idx = np.flatnonzero(warm)
+        pick = warm
+        if self.sustain.episodes:  # a suspect NIC's sample is news either way
+            pick = warm | (ok & np.isin(slot, self._suspects()))
+        idx = np.flatnonzero(pick)
         if len(idx):
             iv_ns, held_ns = counter_timing(oos)
             for j in idx.tolist():  # the few NICs reordering beyond their threshold
                 key = self.slots.keys[int(slot[j])]
                 out[key] = (float(r[j]), int(ts[j]), int(iv_ns[j]), int(held_ns[j]))
         return out
+
+    def _suspects(self) -> np.ndarray:
+        """The slots of the NICs with an episode (pending or firing)."""
+        index = self.slots.index
+        return np.array(
+            [index.get((k[1], k[2]), -1) for k in self.sustain.episodes if k[0] == "nic"],
+            dtype=np.int64,
+        )
 
     def _fabric(self, end: int) -> None:
         """Fold the median of every NIC's latest rate into the fabric's baseline."""

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from detectors.state import NS, Row, Sustain
+from detectors.state import COLD, NS, Row, Sustain
 
 STEP = NS // 10
 T0 = 1_795_946_400 * NS
@@ -217,3 +217,40 @@ def test_matches_few_and_many_keys_agree() -> None:
             few |= matches(f, [k])  # scanned
         assert many.any() and (many == few).all()
     assert matches(f, keys).sum() < matches(f, [k[:2] for k in keys]).sum()
+
+
+def test_a_sample_that_says_the_condition_ended_is_news_not_a_missed_sample() -> None:
+    # 0.1 s steps. Before firing, a level-0 row (sampled, not hot) leaves only gap_s: two cold
+    # readings restart the count, as at one step per sample; a silence of two steps does not
+    s = Sustain(sustain_s=1.0, gap_s=0.1, clear_s=0.5)
+    pattern = [1, 1, 1, 0, 0, 1, 1]
+    for i, level in enumerate(pattern):
+        s.update(T0 + i * STEP, T0 + (i + 1) * STEP, [Row(KEY, level, T0 + i * STEP, ())])
+    assert s.episodes[KEY].since == T0 + 5 * STEP  # restarted at the hot row after the dip
+    s = Sustain(sustain_s=1.0, gap_s=0.1, clear_s=0.5)
+    for i, level in enumerate(pattern):
+        rows = [Row(KEY, level, T0 + i * STEP, ())] if level else []  # not sampled instead
+        s.update(T0 + i * STEP, T0 + (i + 1) * STEP, rows)
+    assert s.episodes[KEY].since == T0
+    # once firing, a COLD row (sampled, stay condition gone) clears after clear_s alone: a
+    # series read every 5 s resolves at its first cold reading, not 13 s after its last warm one
+    for told in (True, False):
+        s = Sustain(sustain_s=2.0, gap_s=0.1, clear_s=0.5)
+        ts = T0 + 5 * NS
+        assert s.update(ts, ts + STEP, [Row(KEY, 1, ts, (), 5 * NS, 5 * NS)])
+        nxt = T0 + 10 * NS
+        rows = [Row(KEY, COLD, nxt, (), 5 * NS, 5 * NS)] if told else []
+        s.update(nxt, nxt + STEP, rows)
+        assert (KEY in s.episodes) is not told
+
+
+def test_min_rows_keeps_one_slow_sample_from_firing_alone() -> None:
+    # a rate over 5 s held over those 5 s; with min_rows=2 the next hot sample is needed
+    for min_rows, fires_at in ((1, 1), (2, 2)):
+        s = Sustain(sustain_s=2.0, gap_s=0.1, clear_s=0.5, min_rows=min_rows)
+        fired = []
+        for k in (1, 2):
+            ts = T0 + k * 5 * NS
+            if s.update(ts, ts + STEP, [Row(KEY, 1, ts, (), 5 * NS, 5 * NS)]):
+                fired.append(k)
+        assert fired[0] == fires_at
