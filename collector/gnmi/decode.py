@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import polars as pl
 
-from collector.decode import _Columns, _number
+from collector.decode import _U64, _Columns, _number
 from collector.gnmi.paths import flatten
 from collector.mapping import GnmiMapper, default_gnmi_mapper
 from rocewatch.model import is_counter
@@ -88,7 +88,7 @@ class NotificationDecoder:
     ``add(device, response)`` appends the response's updates; ``take()`` returns the batch so
     far as a SAMPLE_SCHEMA frame and starts a new one. Counts go to ``stats``:
     ``gnmi_unknown_paths`` (detail: the path), ``gnmi_non_numeric_values``, ``gnmi_deletes``,
-    ``gnmi_no_interface``.
+    ``gnmi_no_interface``, ``gnmi_out_of_range_values`` (a counter scaled past 64 bits).
     """
 
     def __init__(
@@ -183,6 +183,11 @@ class NotificationDecoder:
                     st.inc("gnmi_non_numeric_values", detail=full)
                     continue
                 value, raw = num
+                if raw is not None and raw >= _U64:
+                    # scaled past 64 bits (a mapping's scale > 1): the batch's UInt64 column
+                    # cannot hold it, and one such value would fail everyone's batch
+                    st.inc("gnmi_out_of_range_values", detail=full)
+                    continue
             if not port:
                 st.inc("gnmi_no_interface", detail=full)
                 continue
