@@ -19,6 +19,12 @@ receiver is congested but sends at full rate). A straggler shows both, in ``min_
 windows in a row; it resolves after ``clear_windows`` normal ones. A PCIe link below its
 maximum is quoted as evidence.
 
+Cadence: a window counts for a NIC only when it holds a new sample of it, and a streak must
+cover ``min_windows`` windows' worth of time (less half a window) in two samples at least: a
+NIC read every second needs three samples, one read every 5 s two (a sample stands for its whole
+interval, but one sample alone is one burst). A NIC read less often than the window still
+stands, as a peer, for its newest sample while that is fresh.
+
 Cost: a healthy step reads the highest pause share and ECN rate of the step (two column
 reductions); if no NIC could reach the pressure thresholds in a window and none is being
 followed, the window is not evaluated at all.
@@ -106,6 +112,8 @@ class StragglerDetector:
 
     def __setstate__(self, d: dict[str, object]) -> None:
         self.__dict__.update(d)
+        if "streak_s" not in d:  # a checkpoint from before streaks counted time
+            self.streak_s = self.streak * float(self.config.window_s)
         if "last_ts" not in d:  # a checkpoint from before the newest samples were kept
             n = len(self.acc_ts)
             self.last_delta, self.last_dt = np.zeros((n, 3)), np.zeros((n, 3))
@@ -118,6 +126,7 @@ class StragglerDetector:
         self.rail = np.empty(0, dtype=np.int64)
         self.group_names: list[str] = []
         self.streak = np.empty(0, dtype=np.int64)  # windows in a row that looked slow
+        self.streak_s = np.empty(0)  # ... and the seconds of samples they held
         self.calm = np.empty(0, dtype=np.int64)  # ... that looked normal
         self.active: dict[int, _Active] = {}
         self.next_eval_ns = 0
@@ -172,6 +181,7 @@ class StragglerDetector:
         self.rail = np.concatenate([self.rail, np.array(rails, dtype=np.int64)])
         z = np.zeros(len(groups), dtype=np.int64)
         self.streak = np.concatenate([self.streak, z])
+        self.streak_s = np.concatenate([self.streak_s, np.zeros(len(groups))])
         self.calm = np.concatenate([self.calm, z])
         self.acc_delta = np.concatenate([self.acc_delta, np.zeros((len(groups), 3))])
         self.acc_dt = np.concatenate([self.acc_dt, np.zeros((len(groups), 3))])
@@ -316,11 +326,20 @@ class StragglerDetector:
             cond[m] = pressed & slow
             zs[m] = np.stack([zp, ze, zt], axis=1)
             stats[g] = (med_p, med_e, med_t, float(len(m)), ref_t)
-        self.streak = np.where(cond, self.streak + 1, np.where(judged, 0, self.streak))
-        self.calm = np.where(cond, 0, np.where(judged, self.calm + 1, self.calm))
+        # a window counts for a NIC only with a new sample of it: a NIC read every 5 s is
+        # judged once per sample, and its streak counts the seconds its samples cover
+        span = self.acc_dt.max(axis=1)
+        new = span > 0
+        hit, seen = cond & new, judged & new
+        self.streak = np.where(hit, self.streak + 1, np.where(seen, 0, self.streak))
+        self.streak_s = np.where(hit, self.streak_s + span, np.where(seen, 0.0, self.streak_s))
+        self.calm = np.where(hit, 0, np.where(seen, self.calm + 1, self.calm))
         for i in [i for i in self.active if self.calm[i] >= cfg.clear_windows]:
             del self.active[i]
-        enter = np.flatnonzero(cond & (self.streak >= cfg.min_windows))
+        # min_windows windows' worth of time (less half a window: a window's samples may
+        # cover a little less of it), in two samples at least
+        held = self.streak_s >= (cfg.min_windows - 0.5) * cfg.window_s
+        enter = np.flatnonzero(hit & held & (self.streak >= min(2, cfg.min_windows)))
         for i in enter.tolist():  # the few stragglers
             if i in self.active:
                 continue
@@ -350,7 +369,8 @@ class StragglerDetector:
             self.active[i] = _Active(
                 int(ts[i]),
                 f"{node}/{nic} among {peers}, over {cfg.window_s:g} s windows, "
-                f"{int(self.streak[i])} in a row: " + "; ".join(ev),
+                f"{int(self.streak[i])} in a row ({self.streak_s[i]:.1f} s of samples): "
+                + "; ".join(ev),
                 self._pcie(ctx, node, nic),
             )
 
