@@ -26,11 +26,6 @@ from tests.notify_receiver import free_port
 
 BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
-pytestmark = pytest.mark.skipif(
-    BINARY is None,
-    reason="prometheus-alertmanager is not installed (bash scripts/services.sh install)",
-)
-
 
 def http(method: str, url: str, body: Any = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
@@ -98,16 +93,10 @@ def key(a: dict[str, Any] | Alert) -> frozenset[tuple[str, str]]:
     return frozenset(labels.items())
 
 
-@pytest.fixture(scope="module")
-def replayed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
-    from rocewatch.sim import scenarios as sc
-    from rocewatch.sim import write_scenario
-
-    d = tmp_path_factory.mktemp("scenario")
-    write_scenario(sc.SCENARIOS["default"](nodes=16, duration_s=20.0, seed=1), d)
-    out = tmp_path_factory.mktemp("out")
-    res = replay(d, out)
-    return d, res.alerts
+@pytest.fixture
+def replayed(scenario_16n: Path, replay_16n: Any) -> tuple[Path, list[dict[str, Any]]]:
+    """The run's shared 16-node scenario (tests/conftest.py) and its replay's alert events."""
+    return scenario_16n, replay_16n.alerts
 
 
 def test_firing_alerts_are_listed_and_resolved_ones_end(

@@ -1,12 +1,11 @@
 """`rocewatch sink` over a real Kafka broker: the alerts and actions a scale-out detect stage
 publishes reach storage and the webhooks once each, bad records are skipped and counted, and a
-database outage holds the events until it is back (real PostgreSQL when the tests have one)."""
+database outage holds the events until it is back (the test PostgreSQL)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import threading
 import time
 from collections import Counter
@@ -34,13 +33,6 @@ from tests.pg_fresh import fresh_database
 from tests.test_kafka_resilience import scrape
 from tests.test_notify import SECRET, check_signed, events
 from tests.test_scaleout import PARTITIONS, so_cfg
-from tests.test_scaleout import scenario as scaleout_scenario
-
-pytestmark = pytest.mark.kafka
-
-scenario = scaleout_scenario  # the same scenario fixture (nodes=8, 30 s, seed 3)
-
-PG_URL = os.environ.get("ROCEWATCH_TEST_PG_URL", "")
 
 
 @dataclasses.dataclass
@@ -49,10 +41,14 @@ class Events:
     actions: list[Action]
 
 
-@pytest.fixture(scope="module")
-def replayed(scenario: Path, tmp_path_factory: pytest.TempPathFactory) -> Events:
-    res = replay(scenario, tmp_path_factory.mktemp("replay"))
-    assert res.alerts and res.actions
+@pytest.fixture
+def scenario(scenario_8n: Path) -> Path:
+    return scenario_8n  # the run's shared one (nodes=8, 30 s, seed 3): tests/conftest.py
+
+
+@pytest.fixture
+def replayed(replay_8n: Any) -> Events:
+    res = replay_8n
     return Events(
         [a if isinstance(a, Alert) else Alert.from_json(a) for a in res.alerts],
         [a if isinstance(a, Action) else Action.from_json(a) for a in res.actions],
@@ -60,14 +56,10 @@ def replayed(scenario: Path, tmp_path_factory: pytest.TempPathFactory) -> Events
 
 
 @contextlib.contextmanager
-def database(tmp_path: Path) -> Iterator[str]:
-    """Real PostgreSQL when the test services run (CI), else a SQLite file."""
-    if PG_URL:
-        with fresh_database(PG_URL, prefix="rw_sink") as url:
-            yield url
-    else:
-        tmp_path.mkdir(parents=True, exist_ok=True)
-        yield f"sqlite:///{tmp_path / 'rocewatch.db'}"
+def database(server: str) -> Iterator[str]:
+    """A fresh database on the test PostgreSQL server, dropped afterwards."""
+    with fresh_database(server, prefix="rw_sink") as url:
+        yield url
 
 
 def sink_cfg(bootstrap: str, kafka_topics: Any, db: str, hook_port: int | None) -> Config:
@@ -117,12 +109,12 @@ def stored(db: str) -> tuple[dict[tuple[str, int], tuple[str, int]], list[Action
 
 
 def test_sink_stores_and_notifies_every_event_once(
-    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path, replayed: Events
+    kafka_bootstrap: str, kafka_topics: Any, postgres_url: str, replayed: Events
 ) -> None:
     kafka_topics.create("alerts", partitions=3)
     rx = Receiver(free_port()).start()
     try:
-        with database(tmp_path) as db:
+        with database(postgres_url) as db:
             cfg = sink_cfg(kafka_bootstrap, kafka_topics, db, rx.port)
             publish(cfg, replayed.alerts, replayed.actions, junk=True)
             # the same events again, as an upstream writer that retried would send them
@@ -173,11 +165,10 @@ def _connections(server: str, dbname: str, allow: bool) -> None:
             )
 
 
-@pytest.mark.skipif(not PG_URL, reason="ROCEWATCH_TEST_PG_URL is not set")
 def test_sink_holds_events_while_the_database_is_down(
-    kafka_bootstrap: str, kafka_topics: Any, replayed: Events
+    kafka_bootstrap: str, kafka_topics: Any, postgres_url: str, replayed: Events
 ) -> None:
-    with fresh_database(PG_URL, prefix="rw_sink") as db:
+    with database(postgres_url) as db:
         name = make_url(db).database
         assert name
         port = free_port()
@@ -188,7 +179,7 @@ def test_sink_holds_events_while_the_database_is_down(
         t = threading.Thread(target=sink.run, daemon=True)
         want = (final_states(replayed.alerts), sorted(set(replayed.actions), key=repr))
         try:
-            _connections(PG_URL, name, allow=False)
+            _connections(postgres_url, name, allow=False)
             t.start()
             half = len(replayed.alerts) // 2
             publish(cfg, replayed.alerts[:half], [])
@@ -208,7 +199,7 @@ def test_sink_holds_events_while_the_database_is_down(
             assert got["rocewatch_sink_held_events"] == held
             assert got["rocewatch_sink_storage_retries"] >= 2
             assert got['rocewatch_sink_written_rows{kind="alerts"}'] == 0
-            _connections(PG_URL, name, allow=True)
+            _connections(postgres_url, name, allow=True)
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline:
                 time.sleep(0.5)
@@ -216,7 +207,7 @@ def test_sink_holds_events_while_the_database_is_down(
                 if (alerts, sorted(actions, key=repr)) == want:
                     break
         finally:
-            _connections(PG_URL, name, allow=True)
+            _connections(postgres_url, name, allow=True)
             sink.stop_event.set()
             t.join(60)
         assert not t.is_alive()
@@ -238,11 +229,11 @@ ROLLUP_KEY = ["bucket_start_ns", "resolution_s", "device", "port", "qual", "metr
 
 
 def test_scale_out_and_sink_store_what_replay_stores(
-    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path, scenario: Path
+    kafka_bootstrap: str, kafka_topics: Any, postgres_url: str, tmp_path: Path, scenario: Path
 ) -> None:
     """Four telemetry partitions aggregated apart, their rollups, alerts and actions stored by
     the sink: the database holds what a replay writes to its own."""
-    with database(tmp_path / "ref") as ref_db, database(tmp_path / "so") as db:
+    with database(postgres_url) as ref_db, database(postgres_url) as db:
         with Store(ref_db) as ref:
             ref.create_schema()
             replay(scenario, tmp_path / "replay", store=ref)

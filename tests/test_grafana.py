@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -27,8 +26,6 @@ from storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 PROV = ROOT / "storage" / "grafana" / "provisioning"
-PG_URL = os.environ.get("ROCEWATCH_TEST_PG_URL", "")
-needs_pg = pytest.mark.skipif(not PG_URL, reason="ROCEWATCH_TEST_PG_URL is not set")
 
 
 def dashboard_files() -> list[Path]:
@@ -142,12 +139,11 @@ def test_provisioning_files() -> None:
 
 
 @pytest.fixture(scope="module")
-def filled_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store, dict[str, Any]]]:
+def filled_pg(
+    postgres_url: str, scenario_16n: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Store, dict[str, Any]]]:
     """A fresh PostgreSQL database holding a replay of the default faulty scenario."""
-    from rocewatch.sim import scenarios as sc
-    from rocewatch.sim import write_scenario
-
-    base = make_url(PG_URL)
+    base = make_url(postgres_url)
     name = f"rw_grafana_{uuid.uuid4().hex[:10]}"
     admin = base.set(drivername="postgresql", database="postgres")
     dsn = admin.render_as_string(hide_password=False)
@@ -156,10 +152,8 @@ def filled_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store,
     store = Store(base.set(database=name).render_as_string(hide_password=False))
     try:
         store.create_schema()
-        scen = tmp_path_factory.mktemp("scenario")
-        write_scenario(sc.SCENARIOS["default"](nodes=16, duration_s=20.0, seed=1), scen)
-        replay(scen, tmp_path_factory.mktemp("out"), store=store)
-        truth = json.loads((scen / "truth.json").read_text())
+        replay(scenario_16n, tmp_path_factory.mktemp("out"), store=store)
+        truth = json.loads((scenario_16n / "truth.json").read_text())
         yield store, truth
     finally:
         store.close()
@@ -183,7 +177,6 @@ EXPECT = {
 }
 
 
-@needs_pg
 @pytest.mark.parametrize(("dash", "title", "sql"), queries(), ids=lambda v: str(v)[:60])
 def test_every_dashboard_query_returns_the_faults(
     filled_pg: tuple[Store, dict[str, Any]], dash: str, title: str, sql: str

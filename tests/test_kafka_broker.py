@@ -7,10 +7,7 @@ import uuid
 from collections import defaultdict
 from typing import Any, NamedTuple
 
-import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-
-pytestmark = pytest.mark.kafka
 
 SEND_TIMEOUT = 30.0
 CONSUME_TIMEOUT = 60.0

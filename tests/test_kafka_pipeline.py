@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,40 +12,32 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 import yaml
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
 from rocewatch.kafka_io import DetectService, TelemetryPublisher, ensure_topics, publish_scenario
-from rocewatch.replay import replay
-from rocewatch.sim import write_scenario
-from rocewatch.sim.scenarios import default_scenario
 from rocewatch.sources import merged, scenario_sources
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
-
-pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture(scope="module")
-def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("scenario")
-    write_scenario(default_scenario(nodes=8, duration_s=30.0, seed=3), d)
-    return d
+from tests.support.kafka_read import read_to_end
 
 
-@pytest.fixture(scope="module")
-def replay_result(scenario: Path, tmp_path_factory: pytest.TempPathFactory):
-    res = replay(scenario, tmp_path_factory.mktemp("replay"))
-    assert res.alerts, "the default scenario has faults: replay must find some"
-    assert res.actions, "the default scenario has culprits: replay must decide drains"
-    return res
+@pytest.fixture
+def scenario(scenario_8n: Path) -> Path:
+    return scenario_8n  # simulated once per run (tests/conftest.py): nodes=8, 30 s, seed 3
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
+def replay_result(replay_8n: Any) -> Any:
+    return replay_8n  # its replay, once per run
+
+
+@pytest.fixture
 def replayed(replay_result) -> list[dict]:
     return replay_result.alerts
 
@@ -73,19 +66,45 @@ def kafka_cfg(bootstrap: str, kafka_topics, tmp_path: Path, scenario: Path) -> C
     )
 
 
-def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list:
-    c = KafkaConsumer(
-        topic,
-        bootstrap_servers=[bootstrap],
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        group_id=None,
-        consumer_timeout_ms=int(timeout_s * 1000),
-        isolation_level="read_committed",  # as rocewatch's own readers (DetectWriter)
-    )
-    msgs = list(c)
-    c.close()
-    return msgs
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list:
+    """The topic's committed records, up to its end now (tests/support/kafka_read.py)."""
+    return read_to_end(topic, timeout_s, bootstrap_servers=[bootstrap])
+
+
+def wait_for_records(bootstrap: str, topic: str, n: int, timeout_s: float = 90.0) -> list:
+    """At least ``n`` committed records on ``topic``; fails the test when they do not come."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = read_topic(bootstrap, topic)
+        if len(got) >= n:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(got)} of {n} records on {topic} after {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def wait_for_outputs(
+    bootstrap: str, cfg: Config, alerts: list[dict], actions: list[dict], timeout: float = 240
+) -> None:
+    """Until the alert events on ``cfg``'s topics bring every alert of ``alerts`` (events or
+    final alerts) to its final state, with at least as many actions as ``actions``: the
+    stream has been worked through (what is compared afterwards is compared exactly)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        t = cfg.kafka.topics
+        got_alerts = [orjson.loads(m.value) for m in read_topic(bootstrap, t.alerts)]
+        got_actions = [orjson.loads(m.value) for m in read_topic(bootstrap, t.actions)]
+        if comparable(got_alerts) == comparable(alerts) and len(got_actions) >= len(actions):
+            return
+        if time.monotonic() > deadline:
+            want, got = comparable(alerts), comparable(got_alerts)
+            missing = {k: v for k, v in want.items() if got.get(k) != v}
+            raise AssertionError(
+                f"outputs incomplete after {timeout:.0f} s: {len(missing)} alerts not (yet) in "
+                f"their final state, {len(got_actions)} of {len(actions)} actions: "
+                f"{list(missing.items())[:5]}"
+            )
+        time.sleep(0.5)
 
 
 def final_states(events: list[dict]) -> dict[tuple[str, str], dict]:
@@ -145,29 +164,45 @@ def test_detector_killed_mid_stream_loses_and_doubles_nothing(
             }
         )
     )
-    # publish at 3x telemetry speed in the background, so the kill lands mid-stream
-    pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 3.0), daemon=True)
-    pub.start()
     cmd = [sys.executable, "-m", "rocewatch.cli", "detect", "--config", str(conf)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    first_log = tmp_path / "first.log"
+    with first_log.open("wb") as fh:
+        first = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    # once it reads, publish at 1.5x telemetry speed (20 s) in the background, so the kill
+    # lands mid-stream
+    deadline = time.monotonic() + 120
+    while "assigned partitions [" not in first_log.read_text(errors="replace"):
+        assert first.poll() is None and time.monotonic() < deadline, first_log.read_text()
+        time.sleep(0.1)
+    pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.5), daemon=True)
+    pub.start()
     try:
-        # kill -9 once it has published some alerts (and so checkpointed and committed some)
+        # kill -9 once it has published some alerts and checkpointed since (it writes its
+        # checkpoint every commit interval: 0.5 s)
+        wait_for_records(kafka_bootstrap, k.topics.alerts, 2)
+        checkpoint = Path(cfg.state_dir) / "detect-state.pkl"
+        published = time.time()
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if len(read_topic(kafka_bootstrap, k.topics.alerts, 1.0)) >= 2:
-                break
-        assert first.poll() is None, first.stdout.read().decode() if first.stdout else ""
+        while not (checkpoint.exists() and checkpoint.stat().st_mtime > published):
+            assert time.monotonic() < deadline, "no checkpoint after the first alerts"
+            assert first.poll() is None, first_log.read_text()[-3000:]
+            time.sleep(0.1)
+        assert first.poll() is None, first_log.read_text()[-3000:]
         first.send_signal(signal.SIGKILL)
         first.wait(10)
     finally:
         if first.poll() is None:
             first.kill()
+    assert pub.is_alive(), "the stream ended before the kill: nothing was in flight"
     second = subprocess.run(
         [*cmd, "--max-idle", "8"], env=env, capture_output=True, text=True, timeout=240
     )
     pub.join(120)
     assert second.returncode == 0, second.stderr[-3000:]
+    # the restart began from the checkpoint the killed one left, not from the start
+    restored = re.search(r"restored checkpoint: (\d+) partitions", second.stderr)
+    assert restored and int(restored.group(1)) > 0, second.stderr[-3000:]
     events = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, k.topics.alerts)]
     keys = Counter((e["fingerprint"], e["startsAt"], e["status"]) for e in events)
     doubled = [key for key, c in keys.items() if c > 1]

@@ -30,14 +30,12 @@ from rocewatch.kafka_io import (
     make_producer,
     publish_scenario,
 )
-from rocewatch.replay import replay
-from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import default_scenario
 from rocewatch.sources import merged, scenario_sources
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
-
-pytestmark = pytest.mark.kafka
+from tests.support.kafka_read import read_to_end
+from tests.test_kafka_pipeline import wait_for_outputs
 
 
 def free_port() -> int:
@@ -46,18 +44,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("scenario")
-    write_scenario(default_scenario(nodes=8, duration_s=30.0, seed=3), d)
-    return d
+@pytest.fixture
+def scenario(scenario_8n: Path) -> Path:
+    return scenario_8n  # simulated once per run (tests/conftest.py): nodes=8, 30 s, seed 3
 
 
-@pytest.fixture(scope="module")
-def replay_result(scenario: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    res = replay(scenario, tmp_path_factory.mktemp("replay"))
-    assert res.alerts and res.actions, "the default scenario must raise alerts and drains"
-    return res
+@pytest.fixture
+def replay_result(replay_8n: Any) -> Any:
+    return replay_8n  # its replay, once per run
 
 
 def make_cfg(
@@ -84,19 +78,9 @@ def make_cfg(
     )
 
 
-def read_topic(bootstrap: str, topic: str, timeout_s: float = 8.0) -> list[Any]:
-    c = KafkaConsumer(
-        topic,
-        bootstrap_servers=[bootstrap],
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        group_id=None,
-        consumer_timeout_ms=int(timeout_s * 1000),
-        isolation_level="read_committed",  # as rocewatch's own readers
-    )
-    msgs = list(c)
-    c.close()
-    return msgs
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Any]:
+    """The topic's committed records, up to its end now (tests/support/kafka_read.py)."""
+    return read_to_end(topic, timeout_s, bootstrap_servers=[bootstrap])
 
 
 def comparable(alerts: list[dict]) -> dict[tuple[str, str], tuple]:
@@ -128,10 +112,19 @@ class Worker(threading.Thread):
 
 
 def restart_mid_stream(
-    broker: Any, cfg: Config, scenario: Path, run: Callable[[], Any], going: Callable[[], bool]
+    broker: Any,
+    cfg: Config,
+    scenario: Path,
+    run: Callable[[], Any],
+    going: Callable[[], bool],
+    consumed: Callable[[], int],
+    stop: Callable[[], Any],
+    replay_result: Any,
 ) -> int:
     """Run the detector (``run``) and publish the scenario at 1.5x (20 s), both in threads;
-    once ``going()``, restart the broker mid-stream; let both finish. The samples published."""
+    once ``going()``, restart the broker mid-stream; once the publisher is done, the detector
+    has ``consumed()`` every sample and its outputs bring every alert of the replay to its
+    final state, ``stop`` it (a graceful stop). The samples published."""
     detect = Worker(run)
     published: list[int] = []
     publish = Worker(lambda: published.append(publish_scenario(scenario, cfg, 1.5)))
@@ -146,8 +139,16 @@ def restart_mid_stream(
     broker.restart()
     down_s = time.monotonic() - t0
     publish.join(240)
-    detect.join(300)
-    assert not publish.is_alive() and not detect.is_alive()
+    assert not publish.is_alive() and publish.error is None, repr(publish.error)
+    try:
+        deadline = time.monotonic() + 240
+        while consumed() < published[0] and time.monotonic() < deadline and detect.is_alive():
+            time.sleep(0.2)
+        wait_for_outputs(broker.bootstrap, cfg, replay_result.alerts, replay_result.actions)
+    finally:
+        stop()
+        detect.join(300)
+    assert not detect.is_alive()
     assert publish.error is None, repr(publish.error)
     assert detect.error is None, repr(detect.error)
     assert down_s > 2.0  # the broker really was away for a while
@@ -175,8 +176,11 @@ def test_broker_restart_mid_stream_loses_and_doubles_nothing(
         broker,
         cfg,
         scenario,
-        lambda: svc.run(max_idle_s=20.0),
+        lambda: svc.run(max_idle_s=60.0),  # (a safety net: stopped once done)
         lambda: svc.pipeline.samples_in >= 50_000,
+        lambda: svc.pipeline.samples_in,
+        svc.stop_event.set,
+        replay_result,
     )
     assert_replay_events_once(broker.bootstrap, cfg, replay_result)
     # every sample the publisher accepted reached the detector exactly once, and in time: none
@@ -203,8 +207,11 @@ def test_scale_out_broker_restart_mid_stream_loses_and_doubles_nothing(
         broker,
         cfg,
         scenario,
-        lambda: svc.run(max_idle_s=20.0),
+        lambda: svc.run(max_idle_s=60.0),  # (a safety net: stopped once done)
         lambda: svc.det.steps_evaluated >= 20,
+        lambda: svc.agg.samples,
+        svc.stop_event.set,
+        replay_result,
     )
     assert_replay_events_once(broker.bootstrap, cfg, replay_result)
     assert svc.agg.samples == published

@@ -19,37 +19,28 @@ import orjson
 import pytest
 import yaml
 from conftest import new_topic_prefix
-from kafka import KafkaConsumer
 from kafka_secure import make_pki
 
 from rocewatch.config import Config, KafkaConfig, TopicsConfig, load_config
 from rocewatch.errors import ConfigError
 from rocewatch.kafka_check import KafkaAuthError, KafkaTlsError, preflight
 from rocewatch.kafka_io import DetectService, TelemetryPublisher, ensure_topics, publish_scenario
-from rocewatch.replay import replay
-from rocewatch.sim import write_scenario
-from rocewatch.sim.scenarios import default_scenario
 from rocewatch.sources import merged, scenario_sources
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
-
-pytestmark = pytest.mark.kafka
+from tests.support.kafka_read import read_to_end
 
 USER = "rocewatch"
 
 
-@pytest.fixture(scope="module")
-def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("scenario")
-    write_scenario(default_scenario(nodes=8, duration_s=30.0, seed=3), d)
-    return d
+@pytest.fixture
+def scenario(scenario_8n: Path) -> Path:
+    return scenario_8n  # simulated once per run (tests/conftest.py): nodes=8, 30 s, seed 3
 
 
-@pytest.fixture(scope="module")
-def replay_result(scenario: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    res = replay(scenario, tmp_path_factory.mktemp("replay"))
-    assert res.alerts and res.actions, "the default scenario must raise alerts and drains"
-    return res
+@pytest.fixture
+def replay_result(replay_8n: Any) -> Any:
+    return replay_8n  # its replay, once per run
 
 
 def topics(prefix: str) -> TopicsConfig:
@@ -74,19 +65,9 @@ def sorted_actions(actions: list[dict]) -> list[dict]:
     return sorted(actions, key=lambda a: (a["time"], a["node"], a["action"], a["outcome"]))
 
 
-def read_topic(k: KafkaConfig, topic: str, timeout_s: float = 8.0) -> list[Any]:
-    c = KafkaConsumer(
-        topic,
-        **k.client_kwargs(),
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        group_id=None,
-        consumer_timeout_ms=int(timeout_s * 1000),
-        isolation_level="read_committed",
-    )
-    msgs = list(c)
-    c.close()
-    return msgs
+def read_topic(k: KafkaConfig, topic: str, timeout_s: float = 60.0) -> list[Any]:
+    """The topic's committed records, up to its end now (tests/support/kafka_read.py)."""
+    return read_to_end(topic, timeout_s, **k.client_kwargs())
 
 
 def sasl_kafka(sb: Any, prefix: str, mechanism: str = "SCRAM-SHA-512", **kw: Any) -> KafkaConfig:

@@ -7,7 +7,6 @@ from collections import Counter
 from pathlib import Path
 
 import orjson
-import pytest
 
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
 from rocewatch.kafka_io import DetectService, publish_scenario
@@ -17,8 +16,6 @@ from rocewatch.sim.scenarios import default_scenario
 from tests.notify_receiver import Receiver, free_port
 from tests.test_kafka_pipeline import read_topic
 from tests.test_notify import SECRET, check_signed, events
-
-pytestmark = pytest.mark.kafka
 
 
 def test_detect_service_sends_every_alert_event_once(

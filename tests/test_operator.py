@@ -82,6 +82,7 @@ def run_policy(p: DrainPolicy, store: Store, start: int, end: int) -> list[Actio
     return acts
 
 
+@pytest.mark.slow
 def test_cli_approve_undrain_alerts_actions(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path}/rw.db"
     store = Store(db)
@@ -255,7 +256,6 @@ def test_detect_service_serves_the_api_and_carries_out_approvals(
     import threading
 
     import yaml
-    from kafka import KafkaConsumer
 
     from rocewatch.config import config_from_dict
     from rocewatch.kafka_io import DetectService
@@ -301,19 +301,14 @@ def test_detect_service_serves_the_api_and_carries_out_approvals(
         assert ex.calls == [("drain", "gpu-02")]
         assert call(svc.api, None, "GET", f"/api/v1/commands/{cmd['id']}")[1]["status"] == "done"
     finally:
+        svc.stop_event.set()  # a graceful stop, as SIGTERM (max_idle_s is the safety net)
         t.join(30)
     assert not t.is_alive()
     with pytest.raises(urllib.error.URLError):  # the API stopped with the service
         urllib.request.urlopen(url + "/api/v1/pending", timeout=2)
-    c = KafkaConsumer(
-        cfg.kafka.topics.actions,
-        bootstrap_servers=[kafka_bootstrap],
-        auto_offset_reset="earliest",
-        group_id=None,
-        consumer_timeout_ms=5000,
-    )
-    published = [json.loads(m.value) for m in c]
-    c.close()
+    from tests.test_kafka_pipeline import read_topic
+
+    published = [json.loads(m.value) for m in read_topic(kafka_bootstrap, cfg.kafka.topics.actions)]
     assert [(x["node"], x["outcome"]) for x in published][-1:] == [("gpu-02", "done")]
     with Store(f"sqlite:///{tmp_path}/svc.db") as store:
         assert [(x.node, x.outcome) for x in store.actions()][-1] == ("gpu-02", "done")
@@ -413,6 +408,7 @@ def test_scale_out_detect_stage_carries_out_cli_and_api_commands(
         assert code == 200 and done["status"] == "done", done
     finally:
         other.close()
+        svc.stop_event.set()  # a graceful stop, as SIGTERM (max_idle_s is the safety net)
         t.join(60)
     assert not t.is_alive()
     with Store(db) as store:

@@ -49,27 +49,27 @@ from rocewatch.sim import write_scenario
 from rocewatch.sim.faults import FlakyLink
 from rocewatch.sim.scenarios import default_scenario
 from tests.notify_receiver import free_port
-from tests.test_kafka_pipeline import comparable, read_topic, sorted_actions
+from tests.test_kafka_pipeline import (
+    comparable,
+    read_topic,
+    sorted_actions,
+    wait_for_outputs,
+    wait_for_records,
+)
 from tests.test_kafka_resilience import scrape, set_topic_limit
 from tests.test_membership import SLURMD_NODE, submit_job
-
-pytestmark = pytest.mark.kafka
 
 PARTITIONS = 4
 
 
-@pytest.fixture(scope="module")
-def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("scenario")
-    write_scenario(default_scenario(nodes=8, duration_s=30.0, seed=3), d)
-    return d
+@pytest.fixture
+def scenario(scenario_8n: Path) -> Path:
+    return scenario_8n  # simulated once per run (tests/conftest.py): nodes=8, 30 s, seed 3
 
 
-@pytest.fixture(scope="module")
-def replay_result(scenario: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    res = replay(scenario, tmp_path_factory.mktemp("replay"))
-    assert res.alerts and res.actions
-    return res
+@pytest.fixture
+def replay_result(replay_8n: Any) -> Any:
+    return replay_8n  # its replay, once per run
 
 
 def so_cfg(bootstrap: str, kafka_topics: Any, run: str, tmp: Path, scenario: Path) -> Config:
@@ -157,6 +157,14 @@ class Instance:
             self.proc.wait(10)
         self.fh.close()
 
+    def finish(self) -> int:
+        """A graceful stop (SIGTERM: final checkpoint, summary, exit), once the test has seen
+        the outputs complete; its exit code. (``--max-idle`` is only a safety net: idling it
+        out would cost each test its whole length.)"""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.wait(120)
+
 
 def wait_for_split(a: Instance, b: Instance, timeout: float = 90.0) -> None:
     """Both instances hold telemetry partitions, together all of them."""
@@ -207,10 +215,7 @@ def publish_until_alerts(bootstrap: str, cfg: Config, scenario: Path, speed: flo
     two alert events are out (mid-stream)."""
     pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, speed), daemon=True)
     pub.start()
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if len(read_topic(bootstrap, cfg.kafka.topics.alerts, 1.0)) >= 2:
-            break
+    wait_for_records(bootstrap, cfg.kafka.topics.alerts, 2)
     return pub
 
 
@@ -335,12 +340,14 @@ def publish_to_pair(
     scenario: Path,
     cfg: Config,
     n: int,
+    want: tuple[list[dict], list[dict]],
     domains: list[str] | None = None,
 ) -> None:
     """Two instance processes split the telemetry partitions (and, with ``domains``, the
-    domains' detect stages); the scenario is published and both run until idle."""
-    # (an instance exits after 45 s without input: on a loaded machine the second one may take
-    # a while to start and join, and the stream to begin)
+    domains' detect stages); the scenario is published and both run until the outputs bring
+    ``want``'s (alerts, actions) to their final states, then stop gracefully."""
+    # (an instance exits after 45 s without input, counted from its group join: on a loaded
+    # machine the second one may take a while to start and join)
     a = Instance(conf, tmp_path / "a.log", max_idle=45)
     time.sleep(1.0)  # a joins first and takes the detect stage
     b = Instance(conf, tmp_path / "b.log", max_idle=45)
@@ -349,8 +356,9 @@ def publish_to_pair(
         if domains:
             wait_for_domains(a, b, domains)
         assert publish_scenario(scenario, cfg) == n
-        assert a.wait(240) == 0, a.text()[-3000:]
-        assert b.wait(240) == 0, b.text()[-3000:]
+        wait_for_outputs(cfg.kafka.bootstrap_servers, cfg, *want)
+        assert a.finish() == 0, a.text()[-3000:]
+        assert b.finish() == 0, b.text()[-3000:]
     finally:
         a.stop()
         b.stop()
@@ -376,7 +384,7 @@ def test_two_instances_produce_what_one_produces(
     two = so_cfg(kafka_bootstrap, kafka_topics, "two", tmp_path, scenario)
     kafka_topics.create("two.telemetry", partitions=PARTITIONS)
     conf = write_conf(two, tmp_path / "two.yaml")
-    publish_to_pair(conf, tmp_path, scenario, two, n)
+    publish_to_pair(conf, tmp_path, scenario, two, n, (alerts1, actions1))
     alerts2, actions2 = outputs(kafka_bootstrap, two)
     assert event_keys(alerts2) == event_keys(alerts1)
     assert sorted_actions(actions2) == sorted_actions(actions1)
@@ -475,7 +483,7 @@ def test_a_fabric_of_domains_runs_its_detect_stage_on_both_instances(
     two = so_cfg(kafka_bootstrap, kafka_topics, "dom2", tmp_path, pod_scenario)
     kafka_topics.create("dom2.telemetry", partitions=PARTITIONS)
     conf = write_conf(two, tmp_path / "dom2.yaml")
-    publish_to_pair(conf, tmp_path, pod_scenario, two, n, svc.routes.names)
+    publish_to_pair(conf, tmp_path, pod_scenario, two, n, (alerts1, actions1), svc.routes.names)
     alerts2, actions2 = outputs(kafka_bootstrap, two)
     assert event_keys(alerts2) == event_keys(alerts1)
     assert sorted_actions(actions2) == sorted_actions(actions1)
@@ -508,7 +516,8 @@ def test_kill_one_of_two_instances_running_domains_loses_and_doubles_nothing(
         victim.proc.send_signal(signal.SIGKILL)
         victim.wait(10)
         pub.join(120)
-        assert survivor.wait(240) == 0, survivor.text()[-3000:]
+        wait_for_outputs(kafka_bootstrap, cfg, alerts1, actions1)
+        assert survivor.finish() == 0, survivor.text()[-3000:]
     finally:
         a.stop()
         b.stop()
@@ -537,7 +546,8 @@ def test_kill_one_of_two_instances_loses_and_doubles_nothing(
         victim.proc.send_signal(signal.SIGKILL)
         victim.wait(10)
         pub.join(120)
-        assert survivor.wait(240) == 0, survivor.text()[-3000:]
+        wait_for_outputs(kafka_bootstrap, cfg, replay_result.alerts, replay_result.actions)
+        assert survivor.finish() == 0, survivor.text()[-3000:]
     finally:
         victim.stop()
         survivor.stop()
@@ -581,8 +591,9 @@ def test_a_stalled_instance_comes_back_fenced_and_nothing_doubles(
             stalled.proc.send_signal(signal.SIGCONT)
         assert pub.is_alive(), "the stream ended during the stall: nothing in flight"
         pub.join(120)
-        assert stalled.wait(240) == 0, stalled.text()[-3000:]
-        assert other.wait(240) == 0, other.text()[-3000:]
+        wait_for_outputs(kafka_bootstrap, cfg, replay_result.alerts, replay_result.actions)
+        assert stalled.finish() == 0, stalled.text()[-3000:]
+        assert other.finish() == 0, other.text()[-3000:]
     finally:
         stalled.stop()
         other.stop()
@@ -879,6 +890,7 @@ def test_a_record_the_broker_refuses_stops_the_instance_and_its_restart_loses_no
     assert_replay_outputs_once(kafka_bootstrap, cfg, replay_result)
 
 
+@pytest.mark.slow
 def test_steps_rows_order_is_canonical() -> None:
     """Steps re-emitted by another engine (a restore, another instance: its series table sets
     its own order) must come out row for row the same, or stage 2 would see two versions."""
@@ -1196,8 +1208,7 @@ def test_a_state_snapshot_is_the_state_when_taken_though_its_frames_serialise_la
     assert pickle.loads(scaleout._dumps(state))["frames"][0]["device"].to_list() == ["spine-0"]
 
 
-@pytest.mark.skipif(not SLURMD_NODE, reason="needs the test Slurm cluster (scripts/services.sh)")
-def test_detect_stage_follows_live_slurm_jobs(kafka_bootstrap, kafka_topics, tmp_path):
+def test_detect_stage_follows_live_slurm_jobs(kafka_bootstrap, kafka_topics, tmp_path, slurmd_node):
     """The instance running the detect stage refreshes job membership from the real slurmctld:
     a submitted job shows in its topology (peers, job caps) and goes when it ends."""
     topo = {
