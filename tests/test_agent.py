@@ -25,6 +25,7 @@ from collector.nic.ethtool import EthtoolReader, parse_ethtool_s
 from collector.nic.mlxlink import parse_mlxlink
 from collector.nic.spool import Spool
 from rocewatch.stats import Stats
+from tests.support.kafka_read import read_to_end
 
 FIX = Path(__file__).parent / "fixtures" / "mlx5"
 
@@ -131,6 +132,7 @@ def veth_netns() -> Iterator[tuple[str, str]]:
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
 
 
+@pytest.mark.slow
 def test_agent_matches_ethtool_on_veth(veth_netns: tuple[str, str], tmp_path: Path) -> None:
     a, _ = veth_netns
     # real traffic over the pair first
@@ -193,13 +195,18 @@ def test_spool_keeps_order_and_drops_oldest(tmp_path: Path) -> None:
     assert seg is not None and seg[1] == lines[:3]
 
 
-# --- a 30 s broker outage ---------------------------------------------------------------
+def wait_until(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        time.sleep(0.1)
+
+
+# --- a broker outage: the agent spools to disk and keeps its cadence ----------------------
 @pytest.mark.kafka
 def test_broker_outage_loses_no_snapshot(
     restartable_kafka_broker: Any, kafka_topics: Any, tmp_path: Path
 ) -> None:
-    from kafka import KafkaConsumer
-
     from collector.nic.kafka_sink import KafkaSnapshotSink
     from rocewatch import wire
     from rocewatch.config import KafkaConfig, TopicsConfig
@@ -230,36 +237,31 @@ def test_broker_outage_loses_no_snapshot(
     runner = threading.Thread(target=agent.run, args=(sink, stop), kwargs={"drain_timeout_s": 60})
     runner.start()
     try:
-        time.sleep(3)
+        wait_until(lambda: len(sampled) >= 20, 60, "the agent sampling")
         broker.stop()
-        down_at = len(sampled)
-        time.sleep(30)
-        spooled, _ = agent.spool.pending()
-        assert spooled > 200  # 30 s of 2 NICs at 10 Hz waited on disk
+        down_at, t_down = len(sampled), time.monotonic()
+        # away until more than 200 snapshots (10 s of 2 NICs at 10 Hz) wait on disk: past
+        # anything the producer's own buffer and retries would have held
+        wait_until(lambda: agent.spool.pending()[0] > 200, 120, "200 snapshots spooled")
         broker.start()
-        deadline = time.monotonic() + 90
-        while agent.spool.pending()[0] > 0 and time.monotonic() < deadline:
-            time.sleep(0.5)
-        time.sleep(1)
-    finally:
+        wait_until(lambda: agent.spool.pending()[0] == 0, 90, "the spool drained")
+        away_s = time.monotonic() - t_down
+        # sampling kept its cadence through the outage (at least half of 20 snapshots/s, as
+        # before: 290 over a 30 s outage and the restart)
+        assert len(sampled) - down_at >= 0.5 * 20 * away_s, (len(sampled) - down_at, away_s)
+    finally:  # (stopping drains the spool: what was sampled since is sent too)
         stop.set()
         runner.join(120)
         sink.close()
         agent.close()
-    assert len(sampled) - down_at >= 290  # sampling kept its cadence through the outage
     assert agent.spool.pending()[0] == 0 and agent.spool.dropped == 0
-    consumer = KafkaConsumer(
-        topic, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
-        consumer_timeout_ms=5000, group_id=None,
-    )  # fmt: skip
     got: set[tuple[int, str]] = set()
     order: list[int] = []
-    for m in consumer:
+    for m in read_to_end(topic, bootstrap_servers=broker.bootstrap):
         d = wire.decode(m.value)
         assert m.key == b"gpu-042"
         got |= set(zip(d["ts"].to_list(), d["port"].to_list(), strict=True))
         order.append(int(d["ts"].min()))  # type: ignore[arg-type]
-    consumer.close()
     want = set(sampled)
     assert {ts for ts, _ in got} == want  # every snapshot arrived, none invented
     assert len(got) == len(sampled)
@@ -295,6 +297,7 @@ def test_agent_reads_simulated_node_tree(tmp_path: Path) -> None:
         assert s["port_counters"]["port_xmit_data"] == want["ethtool"]["tx_bytes_phy"] // 4
 
 
+@pytest.mark.slow
 def test_cli_agent_runs_at_100ms(tmp_path: Path) -> None:
     """`rocewatch agent --interval 0.1 --out FILE --duration 2`: ~20 samples of every NIC, each
     snapshot a docs/formats.md section 3 line."""
@@ -313,7 +316,11 @@ def test_cli_agent_runs_at_100ms(tmp_path: Path) -> None:
         per_nic.setdefault(s["nic"], []).append(s["timestamp"])
     assert set(per_nic) == {"mlx5_0", "mlx5_1"}
     for ts in per_nic.values():
-        assert 17 <= len(ts) <= 21 and ts == sorted(ts)
+        # about 2 s sampled (--duration), at 10 Hz over the span the samples cover: judged on
+        # their own times, not on how many a loaded machine let through in 2 s of wall time
+        span = (ts[-1] - ts[0]) / 1e9
+        assert 1.5 <= span <= 2.1 and ts == sorted(ts), ts
+        assert 0.8 * (span / 0.1 + 1) <= len(ts) <= span / 0.1 + 1.5, (len(ts), span)
         gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(ts)]
         assert 0.08 < sorted(gaps)[len(gaps) // 2] < 0.12  # 100 ms cadence
     assert "samples=" in res.stdout

@@ -197,6 +197,7 @@ def test_flags_each_fault_on_its_own_entity(trained: tuple[IsolationForestDetect
         assert any(x["onset_ns"] <= f.ts <= x["end_ns"] + 2 * S for x in truth["faults"])
 
 
+@pytest.mark.slow
 def test_moe_traffic_with_its_own_baseline_raises_nothing() -> None:
     det, found = run(MOE, BASELINE)
     assert det.model is not None and len(det.kinds["nic"].last_scores) > 0
@@ -310,6 +311,7 @@ def test_the_seed_alone_decides_the_model(trained: tuple[IsolationForestDetector
         assert a.threshold != c.threshold
 
 
+@pytest.mark.slow
 def test_retrains_on_schedule_from_recent_calm_windows() -> None:
     det, found = run(HEALTHY, dataclasses.replace(BASELINE, baseline_s=4.0, retrain_every_s=4.0))
     assert det.fits >= 3 and det.model is not None

@@ -21,6 +21,8 @@ from rocewatch.replay import replay
 from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import SCENARIOS
 
+pytestmark = pytest.mark.slow  # each case simulates and replays a scenario
+
 GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "case.yaml").exists())
 

@@ -143,7 +143,12 @@ SLOW_FIXTURES = frozenset(
 # functions ("*": all of it), each over the fast tier's budget in a --durations run. A module
 # that carries its own marks needs no entry; a slow test missing here shows in the summary.
 SLOW_ELSEWHERE: dict[str, frozenset[str]] = {
-    "test_ecn_congestion.py": frozenset({"test_healthy_dcqcn_marking_stays_silent"}),
+    "test_ecn_congestion.py": frozenset(
+        {
+            "test_healthy_dcqcn_marking_stays_silent",
+            "test_busy_port_is_judged_against_its_own_normal",
+        }
+    ),
     "test_inband.py": frozenset({"test_never_raises"}),
     "test_inhibit.py": frozenset(
         {
