@@ -339,6 +339,12 @@ class PfcStormDetector:
         self.relaying = set(self.relay_seen)
         self._switch_reports(ctx)
         if not self.paused and not self.sending:
+            # the storm is over: a device still marked paused stopped being so now (left
+            # open, its span would make the next storm's origin look like a relay)
+            relays = {_device(k) for k in self.relaying}
+            for pd, sp in self.device_paused.items():
+                if sp[1] is None and pd not in relays:
+                    sp[1] = ctx.end
             return []
         topo = self.topology
         # sender -> evidence items (ts, text)

@@ -190,15 +190,16 @@ HOP = {  # receiver -> seconds after the onset its pause starts (the storm sprea
 SWITCHES = {dev for dev, _ in SWITCH_PORTS}
 
 
-def storm_series(switch_iv, nic_iv=None, queue_iv=None, storm=None, jitter=0.2):
+def storm_series(switch_iv, nic_iv=None, queue_iv=None, storm=None, jitter=0.2, hops=None):
     """The fabric's pause, queue and NIC counters, each source read at its own interval;
-    ``storm`` = (onset, end) s: gpu-001 sends pause, the others are paused in turn."""
+    ``storm`` = (onset, end) s: gpu-001 sends pause, the others (``hops``) are paused in turn."""
     queue_iv = queue_iv or switch_iv
+    hops = HOP if hops is None else hops
 
     def window(key):
-        if storm is None or key not in HOP:
+        if storm is None or key not in hops:
             return []
-        return [(storm[0] + HOP[key], storm[1] + HOP[key])]
+        return [(storm[0] + hops[key], storm[1] + hops[key])]
 
     def pause(base, spans):
         return cadence.Rate(base, [(a, b, 1e6 - base) for a, b in spans])
@@ -300,3 +301,30 @@ def test_storm_sources_at_different_cadences(nic_iv, switch_iv, queue_iv):
 def test_healthy_fabric_at_any_cadence(interval):
     r = cadence.run(TOPO, storm_series(interval, interval), storm_times(interval)[2])
     assert r.alerts == []
+
+
+def test_a_second_storm_from_a_switch_that_relayed_the_first_is_found() -> None:
+    # the first storm (gpu-001, no agents) paused only leaf-0, which left the storm last; a
+    # while later a second storm starts at leaf-0 itself (its own transmit-pause counters show
+    # it sending): leaf-0 is its origin, not a device still marked paused from the first storm
+    first, second = (2.0, 6.0), (40.0, 46.0)
+    full = 1e6 - 4_000.0
+
+    def second_storm(x: cadence.Series) -> cadence.Series:
+        if (x.device, x.port, x.metric) != ("gpu-002", "mlx5_0", "nic_rx_pause_us"):
+            return x
+        assert x.rate is not None
+        return dataclasses.replace(x, rate=cadence.Rate(4_000.0, [*x.rate.extra, (*second, full)]))
+
+    only_leaf = {("leaf-0", "Ethernet1/1"): 0.0}
+    series = [second_storm(x) for x in storm_series(1.0, 1.0, storm=first, hops=only_leaf)]
+    sending = cadence.Rate(3_000.0, [(second[0], second[1], 1e6 - 3_000.0)])
+    series.append(
+        cadence.Series("leaf-0", "Ethernet1/2", "pfc_tx_pause_us", "3", rate=sending, interval=1.0)
+    )
+    r = cadence.run(TOPO, series, 52.0)
+    origins = [a for a in r.named("PFCStorm") if a.labels["role"] == "origin"]
+    second_origins = [a for a in origins if a.starts_at >= cadence.T0 + 40 * S]
+    assert [(a.labels.get("switch"), a.labels.get("port")) for a in second_origins] == [
+        ("leaf-0", "Ethernet1/2")
+    ], [a.labels for a in origins]
