@@ -304,7 +304,7 @@ def test_healthy_fabric_at_any_cadence(interval):
 
 
 def test_a_second_storm_from_a_switch_that_relayed_the_first_is_found() -> None:
-    # the first storm (gpu-001, no agents) paused only leaf-0, which left the storm last; a
+    # the first storm (from gpu-001) paused only leaf-0, which left the storm last; a
     # while later a second storm starts at leaf-0 itself (its own transmit-pause counters show
     # it sending): leaf-0 is its origin, not a device still marked paused from the first storm
     first, second = (2.0, 6.0), (40.0, 46.0)
