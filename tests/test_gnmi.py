@@ -194,6 +194,7 @@ def test_stop_hands_everything_received_to_every_output_before_it_returns() -> N
     )
 
 
+@pytest.mark.slow
 def test_once_poll_on_change_and_updates_only() -> None:
     feed = FabricFeed(Simulator(SimConfig(nodes=2, nics_per_node=2, spines=1, duration_s=1.0)))
     with GnmiTarget(feed) as target:
@@ -281,6 +282,7 @@ def test_once_poll_on_change_and_updates_only() -> None:
         assert upd.filter(pl.col("metric") == "port_in_octets").height == ports * 9
 
 
+@pytest.mark.slow
 def test_dead_target_is_resubscribed_within_the_backoff_bound() -> None:
     cfg = SimConfig(nodes=2, nics_per_node=2, spines=1, duration_s=600.0)
     feed = FabricFeed(Simulator(cfg))

@@ -154,6 +154,7 @@ def test_raises_nothing_until_the_baseline_is_complete() -> None:
 # --- detection -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_flags_each_fault_on_its_own_entity(trained: tuple[IsolationForestDetector, Path]) -> None:
     _, path = trained
     _, found = run(FAULTS, dataclasses.replace(BASELINE, model_path=str(path)))
@@ -204,6 +205,7 @@ def test_moe_traffic_with_its_own_baseline_raises_nothing() -> None:
     assert not found, [entity(f.labels) for _, f in found.values()]
 
 
+@pytest.mark.slow
 def test_a_workload_the_model_never_saw_is_not_a_flood_of_anomalies(
     trained: tuple[IsolationForestDetector, Path],
 ) -> None:
@@ -217,6 +219,7 @@ def test_a_workload_the_model_never_saw_is_not_a_flood_of_anomalies(
 # --- persistence ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_save_and_load_give_identical_scores(
     trained: tuple[IsolationForestDetector, Path],
 ) -> None:
@@ -271,6 +274,7 @@ def test_a_model_for_another_feature_list_is_a_config_error(
         ForestModel.load(tmp_path / "missing.joblib")
 
 
+@pytest.mark.slow
 def test_cli_replay_refuses_a_bad_model_in_one_line(
     trained: tuple[IsolationForestDetector, Path],
     tmp_path: Path,

@@ -147,8 +147,10 @@ SLOW_ELSEWHERE: dict[str, frozenset[str]] = {
         {
             "test_healthy_dcqcn_marking_stays_silent",
             "test_busy_port_is_judged_against_its_own_normal",
+            "test_field_report_queue_and_nic_found_once_at_any_cadence",
         }
     ),
+    "test_evaluate.py": frozenset({"test_a_run_is_deterministic_for_its_seed"}),
     "test_inband.py": frozenset({"test_never_raises"}),
     "test_inhibit.py": frozenset(
         {
