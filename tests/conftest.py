@@ -1,4 +1,10 @@
-"""Shared pytest fixtures for rocewatch."""
+"""Shared pytest fixtures for rocewatch.
+
+Tiers (tests/support/tiers.py): ``python -m pytest -m "not slow"`` is the fast tier (no service,
+no test over about 2 s); ``bash scripts/test-all.sh`` runs everything with the real services and
+``CI`` set, under which a skipped test fails the run. A test using a service fixture below is
+marked with that service and ``slow`` automatically.
+"""
 
 from __future__ import annotations
 
