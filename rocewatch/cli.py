@@ -169,21 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     isd.add_argument("--to", default="127.0.0.1:32766", help="HOST:PORT of the INT collector")
     isd.add_argument("--rate", type=float, default=0.0, help="datagrams per second (0: no pacing)")
 
-    ag = sub.add_parser(
-        "agent",
-        help="the node agent: sample NIC counters (ethtool, RDMA hw_counters, PCIe) and send "
-        "snapshots to Kafka, spooled to disk while the broker is away",
-    )
-    ag.add_argument("--config", type=Path, help="rocewatch config (its agent: and kafka:)")
-    ag.add_argument("--node", help="node name (default: agent.node, else the host name)")
-    ag.add_argument("--interval", type=float, help="seconds between samples (>= 0.1)")
-    ag.add_argument("--sysfs-root", help="where sysfs is mounted (default /sys)")
-    ag.add_argument("--netdev", action="append", default=[], help="also sample this netdev")
-    ag.add_argument("--spool-dir", help="where unsent snapshots wait")
-    ag.add_argument("--out", type=Path, help="append snapshots to this file instead of Kafka")
-    ag.add_argument("--once", action="store_true", help="print one sample as JSON lines, exit")
-    ag.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: forever)")
-    ag.add_argument("--metrics-port", type=int, help="serve /metrics here (else the config's)")
+    from collector.nic import cli as agent_cli  # argparse only: the agent is imported by run()
+
+    agent_cli.add_arguments(sub.add_parser("agent", help=agent_cli.HELP))
 
     col = sub.add_parser(
         "collect",
@@ -243,7 +231,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    # operators' handles first: they need no detectors (a quick start)
+    if args.command == "agent":
+        # before anything else is imported: the agent runs on every GPU node and needs none of
+        # the detectors, Polars or actions (collector/nic/cli.py imports what it needs)
+        from collector.nic.cli import run as run_agent
+
+        return run_agent(args)
+    # operators' handles next: they need no detectors (a quick start)
     if args.command in ("alerts", "actions", "approve", "undrain"):
         from rocewatch import operator_cli as oc
 
@@ -357,8 +351,6 @@ def _dispatch(args: argparse.Namespace) -> int:
 
             return run_evaluate_matrix(args.out, args.json, args.config, args.jobs, args.cells)
         return run_evaluate(args.out, args.json, args.quick, args.config, args.verbose)
-    if args.command == "agent":
-        return _agent(args)
     if args.command == "int-listen":
         return _int_listen(args)
     if args.command == "int-send":
@@ -459,59 +451,6 @@ def _int_listen(args: argparse.Namespace) -> int:
             c.close()  # type: ignore[attr-defined]
     print(" ".join(f"{k}={v}" for k, v in sorted(coll.counts().items())))
     return 0
-
-
-def _agent(args: argparse.Namespace) -> int:
-    import dataclasses
-    import signal
-    import threading
-
-    from collector.nic.agent import FileSink, NicAgent
-    from rocewatch.config import load_config
-
-    cfg = load_config(args.config)
-    over: dict[str, object] = {}
-    if args.node:
-        over["node"] = args.node
-    if args.interval is not None:
-        over["interval_s"] = args.interval
-    if args.sysfs_root:
-        over["sysfs_root"] = args.sysfs_root
-    if args.netdev:
-        over["netdevs"] = tuple(args.netdev)
-    if args.spool_dir:
-        over["spool_dir"] = args.spool_dir
-    acfg = dataclasses.replace(cfg.agent, **over)  # type: ignore[arg-type]
-    agent = NicAgent(acfg)
-    try:
-        if args.once:
-            sys.stdout.buffer.write(b"".join(agent.sample_lines()))
-            return 0
-        if args.out is not None:
-            sink: object = FileSink(args.out)
-        else:
-            from collector.nic.kafka_sink import KafkaSnapshotSink
-
-            sink = KafkaSnapshotSink(
-                cfg.kafka, agent.node, acfg.kafka_format, acfg.kafka_topic or None
-            )
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        log.info("agent %s: %d NICs every %.3g s", agent.node, len(agent.nics), acfg.interval_s)
-        metrics = _readings_endpoint(args.metrics_port or cfg.metrics_port, agent.readings)
-        try:
-            agent.run(sink, stop, duration_s=args.duration)  # type: ignore[arg-type]
-        finally:
-            sink.close()  # type: ignore[attr-defined]
-            if metrics is not None:
-                metrics.close()
-        counts = dict(agent.stats.counts)
-        counts["samples"] = agent.samples
-        print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-        return 0
-    finally:
-        agent.close()
 
 
 def _int_send(args: argparse.Namespace) -> int:

@@ -2,36 +2,37 @@
 
 Unknown keys and bad values raise ConfigError naming the key. Secrets may be given as
 ``${ENV_VAR}`` so they stay out of the file; they are never logged.
+
+Each section's dataclass lives with the code it configures (``detectors.windows``,
+``actions.policy``, ``collector.nic.config``, ...) and is imported only when that section is
+built, so that a process reading one part does not import the others: the node agent reads
+``kafka``, ``agent`` and ``metrics_port`` with :func:`load_agent_config` and never imports a
+detector, Polars or an action module.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import yaml
-
-from actions.api import ApiConfig
-from actions.membership import MembershipConfig
-from actions.policy import PolicyConfig
-from actions.routing import ExecutorsConfig
-from collector.nic.agent import AgentConfig
-from detectors.lifecycle import LifecycleConfig
-from detectors.registry import DETECTORS
-from detectors.windows import WindowConfig
-from rocewatch.alerting.inhibit import InhibitConfig, inhibit_config
+from collector.nic.config import AgentConfig
 from rocewatch.errors import ConfigError
-from rocewatch.notify.base import (
-    AlertmanagerConfig,
-    NotifyConfig,
-    RetryConfig,
-    TlsConfig,
-    WebhookConfig,
-)
+
+if TYPE_CHECKING:
+    from actions.api import ApiConfig
+    from actions.membership import MembershipConfig
+    from actions.policy import PolicyConfig
+    from actions.routing import ExecutorsConfig
+    from detectors.lifecycle import LifecycleConfig
+    from detectors.windows import WindowConfig
+    from rocewatch.alerting.inhibit import InhibitConfig
+    from rocewatch.notify.base import NotifyConfig
 
 T = TypeVar("T")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
@@ -179,6 +180,15 @@ class KafkaConfig:
             raise ConfigError(f"kafka.compression_type: {self.compression_type!r} is not valid")
 
 
+def _section(module: str, name: str) -> Callable[[], Any]:
+    """A default_factory that imports the section's dataclass only when a default is made."""
+
+    def make() -> Any:
+        return getattr(importlib.import_module(module), name)()
+
+    return make
+
+
 @dataclass(frozen=True)
 class Config:
     topology: str | None = None
@@ -187,18 +197,39 @@ class Config:
     storage_retention_days: float | None = None  # storage.retention_days: prune older rows
     state_dir: str = "./rocewatch-state"
     metrics_port: int | None = None
-    window: WindowConfig = field(default_factory=WindowConfig)
-    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    executors: ExecutorsConfig = field(default_factory=ExecutorsConfig)
-    membership: MembershipConfig = field(default_factory=MembershipConfig)
-    api: ApiConfig = field(default_factory=ApiConfig)
+    window: WindowConfig = field(default_factory=_section("detectors.windows", "WindowConfig"))
+    lifecycle: LifecycleConfig = field(
+        default_factory=_section("detectors.lifecycle", "LifecycleConfig")
+    )
+    policy: PolicyConfig = field(default_factory=_section("actions.policy", "PolicyConfig"))
+    executors: ExecutorsConfig = field(
+        default_factory=_section("actions.routing", "ExecutorsConfig")
+    )
+    membership: MembershipConfig = field(
+        default_factory=_section("actions.membership", "MembershipConfig")
+    )
+    api: ApiConfig = field(default_factory=_section("actions.api", "ApiConfig"))
     detectors: dict[str, Any] = field(default_factory=dict)
     agent: AgentConfig = field(default_factory=AgentConfig)
-    notify: NotifyConfig = field(default_factory=NotifyConfig)
+    notify: NotifyConfig = field(default_factory=_section("rocewatch.notify.base", "NotifyConfig"))
     gnmi: dict[str, Any] = field(default_factory=dict)  # collector/gnmi/config.py reads it
     # top-level ``inhibit_rules`` (Alertmanager's syntax) and ``inhibit_wait_s``: docs/alerting.md
-    inhibit: InhibitConfig = field(default_factory=InhibitConfig)
+    inhibit: InhibitConfig = field(
+        default_factory=_section("rocewatch.alerting.inhibit", "InhibitConfig")
+    )
+
+
+# top-level keys config_from_dict reads by hand (not fields of Config)
+_HAND_READ = ("storage", "actions", "executors", "notify", "inhibit_rules", "inhibit_wait_s")
+
+
+@dataclass(frozen=True)
+class AgentFileConfig:
+    """What the node agent reads of a config file (:func:`load_agent_config`)."""
+
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    metrics_port: int | None = None
 
 
 def _expand(v: Any) -> Any:
@@ -246,22 +277,43 @@ def build(cls: type[T], data: Any, where: str) -> T:
     return obj
 
 
-_DATACLASSES: dict[str, type[Any]] = {
-    "TopicsConfig": TopicsConfig,
-    "KafkaConfig": KafkaConfig,
-    "WindowConfig": WindowConfig,
-    "LifecycleConfig": LifecycleConfig,
-    "PolicyConfig": PolicyConfig,
-    "MembershipConfig": MembershipConfig,
-    "ApiConfig": ApiConfig,
-    "AgentConfig": AgentConfig,
-    "RetryConfig": RetryConfig,
-    "TlsConfig": TlsConfig,
+# dataclass name (a field's annotation) -> the module that defines it; ``build`` recurses into
+# these. Imported on first use (see the module docstring).
+_SECTION_MODULES: dict[str, str] = {
+    "TopicsConfig": __name__,
+    "KafkaConfig": __name__,
+    "WindowConfig": "detectors.windows",
+    "LifecycleConfig": "detectors.lifecycle",
+    "PolicyConfig": "actions.policy",
+    "MembershipConfig": "actions.membership",
+    "ApiConfig": "actions.api",
+    "AgentConfig": "collector.nic.config",
+    "RetryConfig": "rocewatch.notify.base",
+    "TlsConfig": "rocewatch.notify.base",
 }
+
+
+class _Sections(Mapping[str, type[Any]]):
+    """``_SECTION_MODULES`` as a mapping of name -> class, each module imported when asked."""
+
+    def __getitem__(self, name: str) -> type[Any]:
+        cls: type[Any] = getattr(importlib.import_module(_SECTION_MODULES[name]), name)
+        return cls
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_SECTION_MODULES)
+
+    def __len__(self) -> int:
+        return len(_SECTION_MODULES)
+
+
+_DATACLASSES: Mapping[str, type[Any]] = _Sections()
 
 
 def _notify(data: Any, where: str) -> NotifyConfig:
     """The ``notify`` section: lists of webhooks and alertmanagers, retry settings."""
+    from rocewatch.notify.base import AlertmanagerConfig, NotifyConfig, WebhookConfig
+
     if data is None:
         return NotifyConfig()
     if not isinstance(data, dict):
@@ -278,19 +330,54 @@ def _notify(data: Any, where: str) -> NotifyConfig:
     return cfg
 
 
-def load_config(path: str | Path | None) -> Config:
-    if path is None:
-        return Config()
+def _read(path: str | Path) -> Any:
+    import yaml  # here: `rocewatch agent --once` without a file never needs it
+
     try:
-        doc = yaml.safe_load(Path(path).read_text()) or {}
+        return yaml.safe_load(Path(path).read_text()) or {}
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config: {e.strerror}") from e
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
-    return config_from_dict(doc, str(path))
+
+
+def load_config(path: str | Path | None) -> Config:
+    if path is None:
+        return Config()
+    return config_from_dict(_read(path), str(path))
+
+
+def load_agent_config(path: str | Path | None) -> AgentFileConfig:
+    """The node agent's sections of a config file: ``kafka``, ``agent`` and ``metrics_port``.
+
+    They are read and validated as :func:`load_config` reads them. The file may be the services'
+    own config: its other sections are left to the services (an unknown top-level key is still
+    an error), and ``${ENV_VAR}`` is expanded only in the agent's sections, so a node need not
+    hold the services' secrets.
+    """
+    if path is None:
+        return AgentFileConfig()
+    return agent_config_from_dict(_read(path), str(path))
+
+
+def agent_config_from_dict(doc: Any, where: str = "config") -> AgentFileConfig:
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    known = {f.name for f in dataclasses.fields(Config) if f.name != "inhibit"}
+    known.update(_HAND_READ)
+    for k in doc:
+        if k not in known:
+            raise ConfigError(f"{where}.{k}: unknown setting (known: {', '.join(sorted(known))})")
+    mine = {f.name for f in dataclasses.fields(AgentFileConfig)}
+    return build(AgentFileConfig, _expand({k: v for k, v in doc.items() if k in mine}), where)
 
 
 def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
+    from actions.policy import PolicyConfig
+    from actions.routing import ExecutorsConfig
+    from detectors.registry import DETECTORS
+    from rocewatch.alerting.inhibit import inhibit_config
+
     if not isinstance(doc, dict):
         raise ConfigError(f"{where}: must be a mapping")
     doc = _expand(doc)

@@ -13,59 +13,29 @@ their cadence (down to 100 ms) while the broker is away, and reach it in order w
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from collector.nic.config import AgentConfig
 from collector.nic.ethtool import EthtoolError, EthtoolReader, ethtool_s_command
 from collector.nic.mlxlink import mlxlink_path, read_mlxlink
 from collector.nic.spool import Spool
 from collector.nic.sysfs import AttrFiles, RdmaDevice, netdev_speed, rdma_devices
 from rocewatch.errors import ConfigError, RetryableError
-from rocewatch.metrics import Reading, skipped_readings
 from rocewatch.stats import Stats
 
+if TYPE_CHECKING:
+    from rocewatch.metrics import Reading
+
 log = logging.getLogger(__name__)
+__all__ = ["AgentConfig", "FileSink", "NicAgent"]
 
 Sink = Callable[[list[bytes]], None]
-
-
-@dataclass(frozen=True)
-class AgentConfig:
-    node: str = ""  # the scheduler's node name; default: this host's name
-    interval_s: float = 1.0
-    sysfs_root: str = "/sys"
-    nics: tuple[str, ...] = ()  # RDMA devices to sample; default: every one in sysfs
-    netdevs: tuple[str, ...] = ()  # more netdevs without an RDMA device
-    ethtool: str = "ioctl"  # ioctl | command (fork `ethtool -S`) | off
-    mlxlink: str = "auto"  # auto (when the tool exists) | off
-    mlxlink_interval_s: float = 10.0
-    spool_dir: str = "./rocewatch-agent-spool"
-    spool_max_bytes: int = 256 << 20
-    spool_segment_bytes: int = 256 << 10
-    kafka_format: str = "batch"  # batch (TelemetryBatch on the telemetry topic) | json
-    kafka_topic: str = ""  # default: the telemetry topic
-
-    def validate(self) -> None:
-        if not 0.1 <= self.interval_s <= 3600:
-            raise ConfigError(f"agent.interval_s: {self.interval_s} (0.1 .. 3600)")
-        if self.ethtool not in ("ioctl", "command", "off"):
-            raise ConfigError(f"agent.ethtool: {self.ethtool!r} (ioctl, command or off)")
-        if self.mlxlink not in ("auto", "off"):
-            raise ConfigError(f"agent.mlxlink: {self.mlxlink!r} (auto or off)")
-        if self.kafka_format not in ("batch", "json"):
-            raise ConfigError(f"agent.kafka_format: {self.kafka_format!r} (batch or json)")
-        if self.spool_max_bytes < 2 * self.spool_segment_bytes or self.spool_segment_bytes < 1024:
-            raise ConfigError("agent.spool_max_bytes must hold two spool_segment_bytes (>= 1 KiB)")
-
-    def node_name(self) -> str:
-        return self.node or socket.gethostname()
 
 
 class _Nic:
@@ -257,6 +227,9 @@ class NicAgent:
 
     def readings(self) -> list[Reading]:
         """The agent's /metrics, read at scrape time."""
+        # here, not at the top: the Prometheus client is only needed when /metrics is served
+        from rocewatch.metrics import skipped_readings
+
         sent = self.stats.get("agent_snapshots_sent")
         spool = getattr(self, "spool", None)
         pending, size = spool.pending() if spool is not None else (0, 0)

@@ -1,0 +1,147 @@
+"""The node agent's command line: ``rocewatch agent`` and, in the lean ``rocewatch-agent``
+distribution (agent/pyproject.toml), the ``rocewatch-agent`` command; both take the same
+arguments, defined once here.
+
+Only what sampling and sending need is imported: the config's ``kafka``, ``agent`` and
+``metrics_port`` sections, the sysfs/ethtool/mlxlink readers, the spool and, when it sends, the
+Kafka sink. No detector, no Polars, no action module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from rocewatch.errors import ConfigError, RocewatchError
+
+log = logging.getLogger("rocewatch.agent")
+
+HELP = (
+    "the node agent: sample NIC counters (ethtool, RDMA hw_counters, PCIe) and send "
+    "snapshots to Kafka, spooled to disk while the broker is away"
+)
+
+
+def add_arguments(ag: argparse.ArgumentParser) -> None:
+    ag.add_argument("--config", type=Path, help="rocewatch config (its agent: and kafka:)")
+    ag.add_argument("--node", help="node name (default: agent.node, else the host name)")
+    ag.add_argument("--interval", type=float, help="seconds between samples (>= 0.1)")
+    ag.add_argument("--sysfs-root", help="where sysfs is mounted (default /sys)")
+    ag.add_argument("--netdev", action="append", default=[], help="also sample this netdev")
+    ag.add_argument("--spool-dir", help="where unsent snapshots wait")
+    ag.add_argument(
+        "--out", type=Path, help="append snapshots to this file instead of Kafka (or stdout)"
+    )
+    ag.add_argument(
+        "--once",
+        action="store_true",
+        help="take one snapshot of every NIC, write them as JSON lines (stdout, or --out), exit",
+    )
+    ag.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: forever)")
+    ag.add_argument("--metrics-port", type=int, help="serve /metrics here (else the config's)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rocewatch-agent", description=HELP)
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
+    add_arguments(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the agent as ``args`` (from :func:`add_arguments`) say; the exit status."""
+    import dataclasses
+    import signal
+    import threading
+
+    from collector.nic.agent import FileSink, NicAgent
+    from rocewatch.config import load_agent_config
+
+    cfg = load_agent_config(args.config)
+    over: dict[str, object] = {}
+    if args.node:
+        over["node"] = args.node
+    if args.interval is not None:
+        over["interval_s"] = args.interval
+    if args.sysfs_root:
+        over["sysfs_root"] = args.sysfs_root
+    if args.netdev:
+        over["netdevs"] = tuple(args.netdev)
+    if args.spool_dir:
+        over["spool_dir"] = args.spool_dir
+    acfg = dataclasses.replace(cfg.agent, **over)  # type: ignore[arg-type]
+    agent = NicAgent(acfg)
+    try:
+        if args.once:
+            data = b"".join(agent.sample_lines())
+            if args.out is not None:
+                try:
+                    with args.out.open("ab") as fh:
+                        fh.write(data)
+                except OSError as e:
+                    raise ConfigError(f"--out {args.out}: {e.strerror}") from e
+            else:
+                sys.stdout.buffer.write(data)
+                sys.stdout.flush()
+            return 0
+        if args.out is not None:
+            sink: object = FileSink(args.out)
+        else:
+            from collector.nic.kafka_sink import KafkaSnapshotSink
+
+            sink = KafkaSnapshotSink(
+                cfg.kafka, agent.node, acfg.kafka_format, acfg.kafka_topic or None
+            )
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        log.info("agent %s: %d NICs every %.3g s", agent.node, len(agent.nics), acfg.interval_s)
+        metrics = None
+        port = args.metrics_port or cfg.metrics_port
+        if port:
+            from rocewatch.metrics import ReadingsEndpoint
+
+            metrics = ReadingsEndpoint(port, agent.readings)
+            log.info("serving /metrics on port %d", metrics.port)
+        try:
+            agent.run(sink, stop, duration_s=args.duration)  # type: ignore[arg-type]
+        finally:
+            sink.close()  # type: ignore[attr-defined]
+            if metrics is not None:
+                metrics.close()
+        counts = dict(agent.stats.counts)
+        counts["samples"] = agent.samples
+        print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+        return 0
+    finally:
+        agent.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rocewatch-agent``: the exit status (2 for a configuration error, 1 for another)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    try:
+        return run(args)
+    except ConfigError as e:
+        lines = str(e).splitlines() or ["invalid input"]
+        print(f"rocewatch-agent: error: {lines[0]}", file=sys.stderr)
+        for line in lines[1:]:
+            print(f"  {line}", file=sys.stderr)
+        return 2
+    except RocewatchError as e:
+        print(f"rocewatch-agent: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
