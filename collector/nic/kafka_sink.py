@@ -1,9 +1,10 @@
 """Snapshot lines -> Kafka, acknowledged or raised, so the spool knows what it may delete.
 
-``batch`` (default): the lines are decoded into canonical samples and sent as TelemetryBatch
-messages on the telemetry topic, keyed by node: what the detector service consumes. ``json``:
-each snapshot line is sent unchanged (docs/formats.md section 3), keyed by node, for consumers that
-want the agent's own format.
+``batch`` (default): the lines are read into canonical samples (collector/nic/samples.py) and
+sent as TelemetryBatch messages (collector/nic/batch.py) on the telemetry topic, keyed by node:
+what the detector service consumes. Neither needs Polars or NumPy (the lean agent has neither).
+``json``: each snapshot line is sent unchanged (docs/formats.md section 3), keyed by node, for
+consumers that want the agent's own format.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
-from collector.decode import NicSnapshotDecoder
-from rocewatch import wire
+from collector.mapping import NicMapper
+from collector.nic import batch
+from collector.nic.samples import SnapshotReader
 from rocewatch.config import KafkaConfig
 from rocewatch.errors import RetryableError
 from rocewatch.stats import Stats
@@ -33,7 +35,8 @@ class KafkaSnapshotSink:
         self.fmt = fmt
         self.topic = topic or k.topics.telemetry
         self.stats = Stats()
-        self.decoder = NicSnapshotDecoder(None, self.stats)
+        # the mapping's metric names are checked by the services that decode what is sent
+        self.reader = SnapshotReader(self.stats, NicMapper(check_metrics=False))
         self.producer: Any = None
         self.seq = 0
         self.source = f"agent:{node}"
@@ -66,6 +69,15 @@ class KafkaSnapshotSink:
                 log.debug("closing the Kafka producer failed", exc_info=True)
             self.producer = None
 
+    def encode(self, lines: list[bytes]) -> list[bytes]:
+        """Snapshot lines -> TelemetryBatch messages of at most MAX_ROWS_PER_MESSAGE rows."""
+        cols = self.reader.read_lines(lines)
+        out = []
+        for off in range(0, len(cols), MAX_ROWS_PER_MESSAGE):
+            self.seq += 1
+            out.append(batch.encode(cols, off, off + MAX_ROWS_PER_MESSAGE, self.source, self.seq))
+        return out
+
     def __call__(self, lines: list[bytes]) -> None:
         """Send and wait for the broker's acknowledgement; RetryableError when it does not."""
         try:
@@ -75,10 +87,7 @@ class KafkaSnapshotSink:
                 for line in lines:
                     futures.append(prod.send(self.topic, key=self.key, value=line.rstrip(b"\n")))
             else:
-                df = self.decoder.decode_lines(lines)
-                for off in range(0, df.height, MAX_ROWS_PER_MESSAGE):
-                    self.seq += 1
-                    value = wire.encode(df.slice(off, MAX_ROWS_PER_MESSAGE), self.source, self.seq)
+                for value in self.encode(lines):
                     futures.append(prod.send(self.topic, key=self.key, value=value))
             prod.flush(timeout=20)
             for f in futures:
