@@ -325,3 +325,148 @@ def test_cli_agent_runs_at_100ms(tmp_path: Path) -> None:
         assert 0.08 < sorted(gaps)[len(gaps) // 2] < 0.12  # 100 ms cadence
     assert "samples=" in res.stdout
     assert not list((tmp_path / "spool").glob("*.jsonl"))  # everything left the spool
+
+
+# --- the lean agent: what it imports, what it sends -----------------------------------------------
+# what the node agent must never import: the detectors' and services' dependencies, and the
+# product's other parts (collector/nic/cli.py, rocewatch.config's lazy sections)
+HEAVY = (
+    "polars", "numpy", "pyarrow", "sklearn", "sqlalchemy", "alembic", "grpc", "google.protobuf",
+    "kubernetes", "detectors", "actions", "storage", "rocewatch.model", "rocewatch.wire",
+    "rocewatch.pipeline", "rocewatch.notify", "collector.decode", "collector.gnmi",
+)  # fmt: skip
+
+_ONCE_THEN_ENCODE = """
+import json, sys
+from pathlib import Path
+from rocewatch.cli import main
+rc = main(sys.argv[1:])
+once = sorted(sys.modules)
+from collector.nic.kafka_sink import KafkaSnapshotSink
+from rocewatch.config import load_agent_config
+cfg = load_agent_config(sys.argv[sys.argv.index("--config") + 1])
+sink = KafkaSnapshotSink(cfg.kafka, "n1")
+out = Path(sys.argv[sys.argv.index("--out") + 1])
+msgs = sink.encode(out.read_bytes().splitlines(keepends=True))
+print(json.dumps({"rc": rc, "once": once, "sending": sorted(sys.modules), "msgs": len(msgs)}))
+"""
+
+
+def test_cli_agent_once_imports_only_the_agent(tmp_path: Path) -> None:
+    """`rocewatch agent --once --out FILE` with the services' own config file: one snapshot per
+    NIC in FILE, exit 0, and neither it nor the Kafka sink's encoding imports a detector, Polars,
+    NumPy, scikit-learn, SQLAlchemy, grpcio or protobuf (the lean distribution has none)."""
+    cfg = tmp_path / "rocewatch.yaml"
+    cfg.write_text(
+        "kafka: {bootstrap_servers: '127.0.0.1:1', client_id: agent-test}\n"
+        "agent: {ethtool: 'off', mlxlink: 'off'}\n"
+        "metrics_port: 9464\n"
+        # the services' sections: theirs to read; the agent neither imports nor expands them
+        "detectors: {pfc_storm: {enabled: true}}\n"
+        "window: {step_s: 0.1}\n"
+        "notify: {webhooks: [{url: 'https://example.invalid/', secret: '${RW_NOT_ON_NODES}'}]}\n"
+    )
+    out = tmp_path / "once.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "RW_NOT_ON_NODES"}
+    res = subprocess.run(
+        [sys.executable, "-c", _ONCE_THEN_ENCODE, "agent", "--config", str(cfg),
+         "--node", "n1", "--sysfs-root", str(FIX / "sys"), "--once", "--out", str(out)],
+        capture_output=True, text=True, timeout=60, env=env, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    got = orjson.loads(res.stdout.splitlines()[-1])
+    assert got["rc"] == 0
+    snaps = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    assert [(s["node"], s["nic"]) for s in snaps] == [("n1", "mlx5_0"), ("n1", "mlx5_1")]
+    assert snaps[0]["hw_counters"]["np_cnp_sent"] == 44012
+    assert got["msgs"] == 1
+    for phase in ("once", "sending"):
+        loaded = [m for m in got[phase] if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+        assert not loaded, (phase, loaded)
+    assert "kafka" not in got["once"]  # --once sends nothing
+
+
+def test_cli_agent_once_to_stdout_and_errors(tmp_path: Path) -> None:
+    """Without --out, --once prints the snapshots; a config the agent cannot use exits 2 with one
+    line naming the key."""
+    from collector.nic.cli import main
+
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("agent: {interval: 1}\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "collector.nic.cli", "--once", "--node", "n2",
+         "--sysfs-root", str(FIX / "sys")],
+        capture_output=True, timeout=60, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert [orjson.loads(x)["nic"] for x in res.stdout.splitlines()] == ["mlx5_0", "mlx5_1"]
+    assert main(["--config", str(cfg), "--once", "--sysfs-root", str(FIX / "sys")]) == 2
+    cfg.write_text("agent: {ethtool: 'off'}\ndetector: {}\n")  # misspelt top-level key
+    assert main(["--config", str(cfg), "--once", "--sysfs-root", str(FIX / "sys")]) == 2
+
+
+def test_agent_config_reads_its_sections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rocewatch.config import ConfigError, KafkaConfig, agent_config_from_dict
+
+    monkeypatch.setenv("RW_AGENT_PW", "s3cret")
+    doc = {
+        "kafka": {"bootstrap_servers": "k1:9093", "security_protocol": "SASL_SSL",
+                  "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "agent",
+                  "sasl_plain_password": "${RW_AGENT_PW}"},
+        "agent": {"interval_s": 0.5, "nics": ["mlx5_0"], "spool_dir": str(tmp_path)},
+        "metrics_port": 9464,
+    }  # fmt: skip
+    # (tests/test_deploy_agent.py compares with what the services' loader reads)
+    lean = agent_config_from_dict(doc)
+    assert lean.kafka == KafkaConfig(
+        bootstrap_servers="k1:9093", security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+        sasl_plain_username="agent", sasl_plain_password="s3cret",
+    )  # fmt: skip
+    assert lean.agent == AgentConfig(interval_s=0.5, nics=("mlx5_0",), spool_dir=str(tmp_path))
+    assert lean.metrics_port == 9464
+    for bad, where in (
+        ({"agent": {"interval_s": 0.01}}, "agent.interval_s"),
+        ({"agent": {"intervall_s": 1}}, "config.agent.intervall_s"),
+        ({"kafka": {"security_protocol": "TLS"}}, "kafka.security_protocol"),
+        ({"agnet": {}}, "config.agnet"),
+        ({"kafka": {"sasl_plain_password": "${RW_UNSET_ON_PURPOSE}"}}, "RW_UNSET_ON_PURPOSE"),
+    ):
+        with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
+            agent_config_from_dict(bad)
+
+
+def test_agent_batches_are_what_the_services_encode() -> None:
+    """The agent's own TelemetryBatch writer gives the bytes rocewatch.wire.encode gives for the
+    decoder's frame of the same snapshots (messages split where the sink splits them)."""
+    from collector.mapping import NicMapper
+    from collector.nic import batch
+    from collector.nic.samples import SnapshotReader
+    from rocewatch import wire
+    from rocewatch.wire.telemetry_pb2 import TelemetryBatch
+
+    agent = NicAgent(AgentConfig(node="gpu-007", sysfs_root=str(FIX / "sys"), ethtool="off"))
+    try:
+        lines = agent.sample_lines() + agent.sample_lines()
+    finally:
+        agent.close()
+    odd = {
+        "timestamp": 1795946400000000000, "node": "gpu-ü", "nic": "mlx5_9", "speed_mbps": "200000",
+        "ethtool": {"rx_prio3_pause": "17", "rx_crc_errors_phy": 2**64 - 1, "odd": "n/a"},
+        "mlxlink": {"raw_physical_ber": 3e-12, "effective_physical_errors": 5},
+        "pcie": {"current_link_speed": "16 GT/s", "max_link_width": 16},
+    }  # fmt: skip
+    lines += [orjson.dumps(odd) + b"\n", b"not json\n"]
+    stats = Stats()
+    cols = SnapshotReader(stats, NicMapper(check_metrics=False)).read_lines(lines)
+    df = NicSnapshotDecoder(None, Stats()).decode_lines(lines)
+    assert len(cols) == df.height > 100
+    assert stats.get("malformed_lines") == 1 and stats.get("non_numeric_values") == 1
+    for start, stop in ((0, df.height), (0, 37), (37, df.height)):
+        want = wire.encode(df.slice(start, stop - start), "agent:gpu-007", 5)
+        msg = TelemetryBatch()
+        msg.ParseFromString(want)
+        got = batch.encode(cols, start, stop, "agent:gpu-007", 5, produced_ns=msg.produced_ns)
+        assert got == want
+        assert wire.frames([wire.parse(got)]).equals(df.slice(start, stop - start))
