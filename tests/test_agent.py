@@ -405,9 +405,7 @@ def test_cli_agent_once_to_stdout_and_errors(tmp_path: Path) -> None:
     assert main(["--config", str(cfg), "--once", "--sysfs-root", str(FIX / "sys")]) == 2
 
 
-def test_agent_config_reads_its_sections(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_agent_config_reads_its_sections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rocewatch.config import ConfigError, KafkaConfig, agent_config_from_dict
 
     monkeypatch.setenv("RW_AGENT_PW", "s3cret")
