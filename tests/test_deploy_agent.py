@@ -198,6 +198,9 @@ def test_lean_wheel_runs_the_agent_alone(tmp_path: Path) -> None:
         info = next(n for n in names if n.endswith(".dist-info/METADATA"))
         metadata = Parser().parsestr(z.read(info).decode())
         z.extractall(tmp_path / "site")
+    import rocewatch
+
+    assert metadata["Name"] == "rocewatch-agent" and metadata["Version"] == rocewatch.__version__
     requires = {_name(r) for r in metadata.get_all("Requires-Dist") or []}
     assert requires and not requires & set(FORBIDDEN), requires
     modules = {n for n in names if n.endswith(".py")}
