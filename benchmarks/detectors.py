@@ -17,10 +17,8 @@ with storage sees.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
-import pickle
 import resource
 import sys
 import time
@@ -34,11 +32,9 @@ sys.path[:] = [str(ROOT)] + [
 
 
 def state_bytes(obj: object) -> int:
-    from rocewatch.kafka_io import _StatePickler
+    from rocewatch import checkpoint
 
-    buf = io.BytesIO()
-    _StatePickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return len(buf.getvalue())
+    return len(checkpoint.dumps(obj, "pipeline"))
 
 
 def main() -> int:

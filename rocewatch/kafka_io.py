@@ -18,7 +18,6 @@ import io
 import itertools
 import logging
 import os
-import pickle
 import signal
 import threading
 import time
@@ -41,7 +40,8 @@ from actions.membership import build_live_jobs
 from actions.operator import MemoryCommands, apply_pending
 from actions.routing import RoutingExecutor
 from detectors.clock_guard import ClockGuard
-from rocewatch import wire
+from rocewatch import checkpoint, wire
+from rocewatch.checkpoint import CheckpointError
 from rocewatch.config import Config, KafkaConfig
 from rocewatch.errors import BadInput, ConfigError, ProducerFailed, RetryableError
 from rocewatch.kafka_check import preflight
@@ -64,6 +64,7 @@ MAX_ROWS_PER_INGEST = 500_000
 # How far one telemetry partition may run ahead of the slowest (see DetectService._balance).
 MAX_SKEW_S = 2.0
 STATE_VERSION = 1
+STATE_FILE = "detect-state.ckpt"  # in state_dir (docs/formats/checkpoint.md)
 RETENTION_EVERY_S = 3600.0  # how often the service prunes storage by age
 
 
@@ -619,15 +620,7 @@ def _frame_from_ipc(data: bytes) -> pl.DataFrame:
     return pl.read_ipc(io.BytesIO(data))
 
 
-class _StatePickler(pickle.Pickler):
-    """Pickles Polars frames as Arrow IPC: several times faster than their default pickling."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, pl.DataFrame):
-            buf = io.BytesIO()
-            obj.write_ipc(buf, compression="uncompressed")
-            return (_frame_from_ipc, (buf.getvalue(),))
-        return NotImplemented
+CHECKPOINT_KIND = "detect-service"  # the state file's kind (rocewatch.checkpoint)
 
 
 @dataclass
@@ -637,6 +630,33 @@ class Checkpoint:
     offsets: dict[tuple[str, int], int]  # next offset to read, per telemetry partition
     part_hi: dict[tuple[str, int], int]  # newest sample time seen per partition
     out_ends: dict[tuple[str, int], int]  # end offsets of the output topics at checkpoint time
+
+    def encode(self) -> bytes:
+        """The checkpoint as a state file (docs/formats/checkpoint.md)."""
+        return checkpoint.dumps(
+            {
+                "version": self.version,
+                "pipeline": self.pipeline,
+                "offsets": self.offsets,
+                "part_hi": self.part_hi,
+                "out_ends": self.out_ends,
+            },
+            CHECKPOINT_KIND,
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> Checkpoint:
+        """``CheckpointError`` for anything but a state file of this build's format and
+        ``STATE_VERSION``; nothing in ``data`` is executed."""
+        d = checkpoint.loads(data, CHECKPOINT_KIND)
+        if not isinstance(d, dict) or d.get("version") != STATE_VERSION:
+            v = d.get("version") if isinstance(d, dict) else None
+            raise CheckpointError(f"detect state version {v!r}, this build reads {STATE_VERSION}")
+        pipe = d.get("pipeline")
+        maps = [d.get(k) for k in ("offsets", "part_hi", "out_ends")]
+        if not isinstance(pipe, Pipeline) or not all(isinstance(m, dict) for m in maps):
+            raise CheckpointError("detect state lacks its pipeline or offsets")
+        return cls(STATE_VERSION, pipe, *maps)  # type: ignore[arg-type]
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -665,7 +685,7 @@ class DetectService:
                 raise ConfigError("detect needs 'topology' (a topology file) in its config")
             topology = Topology.load(cfg.topology)
         self.topology = topology
-        self.state_path = Path(cfg.state_dir) / "detect-state.pkl"
+        self.state_path = Path(cfg.state_dir) / STATE_FILE
         self.stats = Stats()
         self.offsets: dict[tuple[str, int], int] = {}
         self.part_hi: dict[tuple[str, int], int] = {}
@@ -748,14 +768,12 @@ class DetectService:
         if not self.state_path.exists():
             return None
         try:
-            cp = pickle.loads(self.state_path.read_bytes())
-        except Exception as e:  # a torn or foreign file: start clean, say so
+            cp = Checkpoint.decode(self.state_path.read_bytes())
+        except (CheckpointError, OSError) as e:  # torn, foreign or forged: start clean, say so
+            self.stats.inc("checkpoint_rejected")
             log.error(
-                "checkpoint %s unreadable (%s); starting from committed offsets", self.state_path, e
+                "checkpoint %s rejected (%s); starting from committed offsets", self.state_path, e
             )
-            return None
-        if not isinstance(cp, Checkpoint) or cp.version != STATE_VERSION:
-            log.error("checkpoint %s has another version; ignoring it", self.state_path)
             return None
         self.pipeline = cp.pipeline
         self.stats = cp.pipeline.stats
@@ -805,7 +823,7 @@ class DetectService:
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".tmp")
         with tmp.open("wb") as fh:
-            _StatePickler(fh, protocol=pickle.HIGHEST_PROTOCOL).dump(cp)
+            fh.write(cp.encode())
             fh.flush()
             os.fsync(fh.fileno())
         tmp.replace(self.state_path)

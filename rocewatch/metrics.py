@@ -4,6 +4,7 @@ The detector service (`rocewatch detect`) and the notification sender (`rocewatc
 serve them on ``metrics_port``. What they export:
 
 * ingest: ``rocewatch_samples_ingested_total`` (rate() is the ingest rate),
+  ``rocewatch_checkpoint_rejected_total`` (state files and state-topic records refused),
   ``rocewatch_consumer_lag_records{partition}``, ``rocewatch_input_skipped{reason}``
   (malformed or skipped input, counted by reason);
 * detection: ``rocewatch_detector_batch_seconds`` (histogram of detector CPU time per consumed
@@ -65,6 +66,14 @@ class ServiceMetrics:
             registry=r,
         )
         self.firing = Gauge("rocewatch_alerts_firing", "alerts firing now", registry=r)
+        # state files and state-topic records refused (rocewatch.checkpoint): each one is a
+        # restart from committed offsets, and a forged one is someone writing to the topic
+        self.ckpt_rejected = Counter(
+            "rocewatch_checkpoint_rejected_total",
+            "checkpoints (state file, state-topic records) refused as damaged or foreign",
+            registry=r,
+        )
+        self._ckpt_seen = 0
         self.sent = Counter(
             "rocewatch_notify_sent_total", "alert events delivered", ["sink"], registry=r
         )
@@ -132,8 +141,13 @@ class ServiceMetrics:
         if samples > self._samples_seen:
             self.samples.inc(samples - self._samples_seen)
             self._samples_seen = samples
-        for k, v in Stats.merged(*stats).counts.items():
+        merged = Stats.merged(*stats)
+        for k, v in merged.counts.items():
             self.skipped.labels(reason=k).set(v)
+        rejected = merged.counts.get("checkpoint_rejected", 0)
+        if rejected > self._ckpt_seen:
+            self.ckpt_rejected.inc(rejected - self._ckpt_seen)
+            self._ckpt_seen = rejected
 
     def update(self, svc: Any) -> None:
         """Refresh from a DetectService after one poll."""

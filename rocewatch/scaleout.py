@@ -41,14 +41,13 @@ import io
 import json
 import logging
 import os
-import pickle
 import signal
 import struct
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +78,8 @@ from detectors.isolation_forest import (
 from detectors.rates import series_ids
 from detectors.registry import metrics_read
 from detectors.windows import AGG_SCHEMA, SeriesTable, Step, WindowEngine
-from rocewatch import wire
+from rocewatch import checkpoint, wire
+from rocewatch.checkpoint import CheckpointError
 from rocewatch.config import Config, KafkaConfig
 from rocewatch.errors import (
     BadInput,
@@ -94,7 +94,6 @@ from rocewatch.kafka_io import (
     SendTimes,
     WatchedProducer,
     _frame_from_ipc,
-    _StatePickler,
     admit_record,
     ensure_topics,
     kube_api,
@@ -711,77 +710,37 @@ def coded_step(
 # --- the state topic -----------------------------------------------------------------------------
 
 
-_ASSEMBLING = threading.local()  # the frames of the state record being read, in this thread
 # serialises the frames of a checkpoint off the stage's thread (one at a time, in order)
 _SERIALISER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rocewatch-state")
+AGG_STATE_KIND = "aggregate-state"  # a stage-1 partition's state record (rocewatch.checkpoint)
+DETECT_STATE_KIND = "detect-state"  # a detect stage's
 
 
-def _frame_at(i: int) -> pl.DataFrame:
-    return _ASSEMBLING.frames[i]  # type: ignore[no-any-return]
-
-
-def _assemble(head: bytes, ipcs: list[bytes]) -> Any:
-    """A state record's object: its frames read back, then the rest, which refers to them."""
-    outer = getattr(_ASSEMBLING, "frames", None)
-    _ASSEMBLING.frames = [_frame_from_ipc(b) for b in ipcs]
-    try:
-        return pickle.loads(head)
-    finally:
-        _ASSEMBLING.frames = outer
-
-
-class _Assembled:
-    def __init__(self, head: bytes, ipcs: list[bytes]) -> None:
-        self.head, self.ipcs = head, ipcs
-
-    def __reduce__(self) -> tuple[Any, tuple[bytes, list[bytes]]]:
-        return (_assemble, (self.head, self.ipcs))
-
-
-class _FramesApartPickler(_StatePickler):
-    """Everything but Polars frames, each of which it copies into ``frames``. A copy, not the
-    frame: a frame made from NumPy arrays shares their memory (``pl.DataFrame({"x": arr})``
-    is zero-copy), and a stage goes on changing such arrays in place (the rate engine's last
-    readings). Gathering every row copies the columns' buffers (strings keep theirs, which
-    nothing changes in place)."""
-
-    def __init__(self, file: io.BytesIO, frames: list[pl.DataFrame], copy: bool) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.frames = frames
-        self.copy = copy
-        self.seen: dict[int, int] = {}
-        self.held: list[pl.DataFrame] = []  # alive while pickling: their ids stay theirs
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, pl.DataFrame):
-            i = self.seen.get(id(obj))
-            if i is None:
-                i = self.seen[id(obj)] = len(self.frames)
-                self.frames.append(obj[np.arange(obj.height)] if self.copy else obj)
-                self.held.append(obj)
-            return (_frame_at, (i,))
-        return NotImplemented
+def _as_checkpoint(obj: Any) -> tuple[Any, str]:
+    """A stage's state as the data its record holds, and the record's kind."""
+    if isinstance(obj, AggState):
+        return {f.name: getattr(obj, f.name) for f in fields(obj)}, AGG_STATE_KIND
+    if isinstance(obj, DetectState):
+        return obj.state(), DETECT_STATE_KIND
+    return obj, "state"
 
 
 class StateSnapshot:
-    """A stage's state as a state record, taken in two parts.
+    """A stage's state as a state record (docs/formats/checkpoint.md), taken in two parts.
 
-    At once, in the stage's thread: a consistent copy of the state, its Polars frames copied
-    and the rest pickled (counters, NumPy arrays, dicts). Then, on a worker thread
-    (``start``), the part that costs: the frames as zstd Arrow IPC (Polars releases the GIL).
-    At 1,024 GPUs the copy takes 15 to 30 ms and the serialisation 0.1 to 0.2 s, which no
-    longer holds up the stream. The record is a plain pickle: ``pickle.loads`` gives the
-    state back."""
+    At once, in the stage's thread: a consistent copy of the state (``checkpoint.Snapshot``:
+    its Polars frames copied, its arrays copied out, the rest encoded as JSON values). Then,
+    on a worker thread (``start``), the part that costs: the frames as zstd Arrow IPC (Polars
+    releases the GIL) and the record's checksum. At 1,024 GPUs the copy takes tens of ms and
+    the serialisation 0.1 to 0.2 s, which no longer holds up the stream."""
 
     def __init__(self, obj: Any, copy: bool = True) -> None:
-        self.frames: list[pl.DataFrame] = []
-        buf = io.BytesIO()
-        _FramesApartPickler(buf, self.frames, copy).dump(obj)
-        self.head = buf.getvalue()
+        data, kind = _as_checkpoint(obj)
+        self.snap = checkpoint.Snapshot(data, kind, copy_frames=copy)
         self.future: Future[bytes] | None = None
 
     def start(self) -> StateSnapshot:
-        self.future = _SERIALISER.submit(self._record)
+        self.future = _SERIALISER.submit(self.snap.record)
         return self
 
     def done(self) -> bool:
@@ -789,17 +748,39 @@ class StateSnapshot:
 
     def record(self) -> bytes:
         """The state record (waits for the worker when started)."""
-        return self.future.result() if self.future is not None else self._record()
-
-    def _record(self) -> bytes:
-        ipcs = [_ipc(f) for f in self.frames]
-        self.frames = []
-        return pickle.dumps(_Assembled(self.head, ipcs), protocol=pickle.HIGHEST_PROTOCOL)
+        return self.future.result() if self.future is not None else self.snap.record()
 
 
 def _dumps(obj: Any) -> bytes:
     """A state record at once: nothing changes the frames meanwhile, so they are not copied."""
     return StateSnapshot(obj, copy=False).record()
+
+
+def load_agg_state(raw: bytes) -> AggState:
+    """A stage-1 state record read back; ``CheckpointError`` unless it is one of this build's
+    format and ``STATE_VERSION`` (nothing in it is executed)."""
+    d = checkpoint.loads(raw, AGG_STATE_KIND)
+    try:
+        st = AggState(**d)
+    except TypeError as e:
+        raise CheckpointError(f"not a partition's state: {e}") from e
+    if st.version != STATE_VERSION:
+        raise CheckpointError(f"partition state version {st.version!r}, reads {STATE_VERSION}")
+    if not (
+        isinstance(st.engine, WindowEngine)
+        and isinstance(st.partition, int)
+        and isinstance(st.offset, int)
+        and isinstance(st.hi, int)
+        and (st.rollups is None or all(isinstance(r, Rollups) for r in st.rollups))
+        and (st.forest is None or isinstance(st.forest, FeatureFeed))
+    ):
+        raise CheckpointError("a partition's state of the wrong shape")
+    return st
+
+
+def load_detect_state(raw: bytes) -> DetectState:
+    """A detect stage's state record read back, as ``load_agg_state``."""
+    return DetectState.restore(checkpoint.loads(raw, DETECT_STATE_KIND))
 
 
 class StateStore:
@@ -843,10 +824,17 @@ class StateStore:
 
     def load(self, partition: int, key: str | None = None, timeout_s: float = 60.0) -> bytes | None:
         """The value of the partition's last committed record (with ``key``, if given)."""
+        rec = self.load_record(partition, key, timeout_s)
+        return None if rec is None else rec[0]
+
+    def load_record(
+        self, partition: int, key: str | None = None, timeout_s: float = 60.0
+    ) -> tuple[bytes, int] | None:
+        """``load``, with the record's offset (for a log line about it)."""
         with self.lock:
             return self._load(partition, key, timeout_s)
 
-    def _load(self, partition: int, key: str | None, timeout_s: float) -> bytes | None:
+    def _load(self, partition: int, key: str | None, timeout_s: float) -> tuple[bytes, int] | None:
         tp = TopicPartition(self.topic, partition)
         end = self.end(partition)
         want = None if key is None else key.encode()
@@ -864,7 +852,7 @@ class StateStore:
                     if m.offset < end and (want is None or m.key == want):
                         found = m
             if found is not None:
-                return bytes(found.value) if found.value else None
+                return (bytes(found.value), int(found.offset)) if found.value else None
             if start == 0:
                 break
             back *= 8
@@ -1033,10 +1021,6 @@ class FencedExecutor:
         self.inner = inner
         self.fence_fn = fence
 
-    def __getstate__(self) -> dict[str, Any]:
-        # checkpoints pickle the pipeline; the stage that restores it sets its own executor
-        return {"inner": self.inner, "fence_fn": None}
-
     def _fence(self) -> None:
         if self.fence_fn is not None:
             self.fence_fn()
@@ -1180,29 +1164,53 @@ class Aggregator:
         log.info("aggregating telemetry partitions %s", sorted(self.parts))
 
     def _restore(self, p: int) -> _Part:
-        raw = self.store.load(p)
-        if raw is not None:
+        rec = self.store.load_record(p)
+        offset: int | None = None
+        if rec is not None:
+            raw, at = rec
             try:
-                st = pickle.loads(raw)
-                if isinstance(st, AggState) and st.version == STATE_VERSION and st.partition == p:
-                    st.engine.stats = self.stats
-                    st.engine.rates.stats = self.stats
-                    log.info("partition %d resumes at offset %d", p, st.offset)
-                    rollups = getattr(st, "rollups", None)
-                    if rollups is None or bool(rollups) != bool(self.cfg.storage_url):
-                        rollups = self._new_rollups()
-                    forest = getattr(st, "forest", None)
-                    if (forest is None) != (self.forest_s is None):
-                        forest = self._new_forest()
-                    return _Part(
-                        st.engine, st.offset, st.hi, dirty=False, rollups=rollups, forest=forest
-                    )
-                log.error("state of partition %d has another version; starting it afresh", p)
-            except Exception as e:  # a foreign record: start the partition clean, say so
-                log.error("state of partition %d unreadable (%s); starting it afresh", p, e)
+                st = load_agg_state(raw)
+                if st.partition != p:
+                    raise CheckpointError(f"the state of partition {st.partition}")
+            except CheckpointError as e:  # damaged, foreign or forged: nothing of it is run
+                self.stats.inc("checkpoint_rejected")
+                offset = self._committed(p)
+                log.error(
+                    "state record %s/%d@%d rejected (%s); partition %d starts afresh from "
+                    "its committed offset %s",
+                    self.store.topic,
+                    p,
+                    at,
+                    e,
+                    p,
+                    offset,
+                )
+            else:
+                st.engine.stats = self.stats
+                st.engine.rates.stats = self.stats
+                log.info("partition %d resumes at offset %d", p, st.offset)
+                rollups = st.rollups
+                if rollups is None or bool(rollups) != bool(self.cfg.storage_url):
+                    rollups = self._new_rollups()
+                forest = st.forest
+                if (forest is None) != (self.forest_s is None):
+                    forest = self._new_forest()
+                return _Part(
+                    st.engine, st.offset, st.hi, dirty=False, rollups=rollups, forest=forest
+                )
         return _Part(
-            self._new_engine(), None, rollups=self._new_rollups(), forest=self._new_forest()
+            self._new_engine(), offset, rollups=self._new_rollups(), forest=self._new_forest()
         )
+
+    def _committed(self, p: int) -> int | None:
+        """The group's committed offset of telemetry partition ``p`` (None: none, or the
+        broker cannot say: from the beginning then)."""
+        try:
+            off = self.consumer.committed(TopicPartition(self.k.topics.telemetry, p))
+        except KafkaError as e:
+            log.warning("committed offset of partition %d unknown (%s)", p, e)
+            return None
+        return None if off is None else int(off)
 
     def _new_forest(self) -> FeatureFeed | None:
         return None if self.forest_s is None else FeatureFeed(self.forest_s)
@@ -1573,9 +1581,10 @@ class DetectState:
     offset: int  # next steps-topic offset
     out_ends: dict[tuple[str, int], int]  # end offsets of the output topics at checkpoint time
 
-    def __getstate__(self) -> dict[str, Any]:
+    def state(self) -> dict[str, Any]:
+        """What its state record holds (``restore`` takes it back)."""
         # the partial steps travel as one frame: many small frames cost more in headers
-        d = dict(self.__dict__)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
         # (coded keys, which mean something only in this process, as their strings)
         parts = [
             KEYS.decode(f).with_columns(pl.lit(p, dtype=pl.Int32).alias("part"))
@@ -1585,16 +1594,30 @@ class DetectState:
         d["buffer"] = pl.concat(parts, how="vertical") if parts else None
         return d
 
-    def __setstate__(self, d: dict[str, Any]) -> None:
-        flat = d.pop("buffer")
+    @classmethod
+    def restore(cls, d: Any) -> DetectState:
+        """The state ``state()`` gave; ``CheckpointError`` if it is not one of this version."""
+        if not isinstance(d, dict) or d.get("version") != STATE_VERSION:
+            v = d.get("version") if isinstance(d, dict) else None
+            raise CheckpointError(f"detect state version {v!r}, reads {STATE_VERSION}")
+        flat = d.get("buffer")
         buffer: dict[int, dict[int, pl.DataFrame]] = {}
-        if flat is not None and flat.height:
-            for (idx, p), f in flat.partition_by(
-                ["step", "part"], as_dict=True, maintain_order=True
-            ).items():
-                buffer.setdefault(int(idx), {})[int(p)] = f.drop("part")  # type: ignore[call-overload]
-        self.__dict__.update(d)
-        self.buffer = buffer
+        try:
+            if flat is not None and flat.height:
+                for (idx, p), f in flat.partition_by(
+                    ["step", "part"], as_dict=True, maintain_order=True
+                ).items():
+                    buffer.setdefault(int(idx), {})[int(p)] = f.drop("part")  # type: ignore[call-overload]
+            st = cls(**{**d, "buffer": buffer})
+        except (AttributeError, TypeError, ValueError, pl.exceptions.PolarsError) as e:
+            raise CheckpointError(f"not a detect stage's state: {e}") from e
+        if not (
+            isinstance(st.pipeline, Pipeline)
+            and isinstance(st.offset, int)
+            and all(isinstance(x, dict) for x in (st.part_closed, st.part_idle, st.out_ends))
+        ):
+            raise CheckpointError("a detect stage's state of the wrong shape")
+        return st
 
 
 class Detector:
@@ -1639,6 +1662,7 @@ class Detector:
         self.closing = False
         self.group_changed = time.monotonic()  # the last (re)assignment, for --max-idle
         self.state: DetectState | None = None
+        self.rejected = False  # the last state record read was refused (rocewatch.checkpoint)
         self.seen: dict[int, float] = {}
         self.idle_offset: dict[int, int] = {}  # the owner's read offset in its idle report
         self.all_quiet = False  # every telemetry partition idle and read to its end
@@ -1693,8 +1717,14 @@ class Detector:
                 retain=False,
                 domain=self.domain,
             )
-            st = DetectState(STATE_VERSION, pipe, {}, {}, {}, None, 0, {})
-            self.consumer.seek_to_beginning(tps[0])
+            # after a rejected state, from the offset committed with it (as the telemetry
+            # partitions do); with none, from the first step
+            start = self._committed(tps[0]) if self.rejected else None
+            st = DetectState(STATE_VERSION, pipe, {}, {}, {}, None, start or 0, {})
+            if start is None:
+                self.consumer.seek_to_beginning(tps[0])
+            else:
+                self.consumer.seek(tps[0], start)
         else:
             st.pipeline.policy.executor = executor
             self.stats = st.pipeline.stats
@@ -1714,6 +1744,14 @@ class Detector:
         self.seen = {p: self.started for p in st.part_closed}
         log.info("%s active (steps offset %d)", self.name, st.offset)
 
+    def _committed(self, tp: TopicPartition) -> int | None:
+        try:
+            off = self.consumer.committed(tp)
+        except KafkaError as e:
+            log.warning("%s: committed steps offset unknown (%s)", self.name, e)
+            return None
+        return None if off is None else int(off)
+
     def _feed_forest(self, pipe: Pipeline) -> None:
         """The isolation forest takes its window values from stage 1 (``FeatureFeed``): the
         steps do not carry its own metrics. A forest restored from a state written before it
@@ -1732,18 +1770,26 @@ class Detector:
             det.feed_from_stage1()
 
     def _restore(self) -> DetectState | None:
-        raw = self.store.load(self.n_parts, key=self.state_key)
-        if raw is None:
+        self.rejected = False
+        rec = self.store.load_record(self.n_parts, key=self.state_key)
+        if rec is None:
             return None
+        raw, at = rec
         try:
-            st = pickle.loads(raw)
-        except Exception as e:  # a foreign record: start clean, say so
-            log.error("%s state unreadable (%s); starting from the first step", self.name, e)
+            return load_detect_state(raw)
+        except CheckpointError as e:  # damaged, foreign or forged: nothing of it is run
+            self.holds.inc("checkpoint_rejected")
+            self.rejected = True
+            log.error(
+                "state record %s/%d@%d rejected (%s); the %s starts afresh from its "
+                "committed steps offset",
+                self.store.topic,
+                self.n_parts,
+                at,
+                e,
+                self.name,
+            )
             return None
-        if not isinstance(st, DetectState) or st.version != STATE_VERSION:
-            log.error("%s state has another version; starting from the first step", self.name)
-            return None
-        return st
 
     def revoked(self, tps: list[TopicPartition]) -> None:
         if self.active and tps and not self.closing:

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
-import joblib
 import numpy as np
 import orjson
 import pytest
+from sklearn.ensemble import IsolationForest
 
 from detectors.base import Finding, StepContext
 from detectors.isolation_forest import (
+    MODEL_KIND,
     CompiledForest,
     ForestModel,
     IsolationForestConfig,
@@ -27,6 +29,7 @@ from detectors.isolation_forest import (
     feature_names,
 )
 from detectors.windows import Step, WindowEngine
+from rocewatch import checkpoint
 from rocewatch.cli import main
 from rocewatch.config import config_from_dict
 from rocewatch.errors import ConfigError
@@ -109,7 +112,7 @@ def entity(labels: dict[str, str]) -> dict[str, str]:
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[IsolationForestDetector, Path]:
     det, found = run(HEALTHY, BASELINE)
     assert not found, [entity(f.labels) for _, f in found.values()]
-    path = tmp_path_factory.mktemp("iforest") / "model.joblib"
+    path = tmp_path_factory.mktemp("iforest") / "model.rwforest"
     det.save(path)
     return det, path
 
@@ -234,11 +237,12 @@ def test_save_and_load_give_identical_scores(
         b = loaded.score(kind, x, det.config.envelope_scales)
         assert np.array_equal(a, b)
         assert loaded.kinds[kind].threshold == det.model.kinds[kind].threshold
-        # the fast scorer is scikit-learn's own score, without its per-call overhead
+        # the array scorer is scikit-learn's own score, without scikit-learn
         m = loaded.kinds[kind]
         filled = np.where(np.isnan(x), m.median, x)
+        forest = IsolationForest(n_estimators=20, max_samples=64, random_state=1).fit(filled)
         assert np.allclose(
-            CompiledForest(m.forest).score(filled), -m.forest.score_samples(filled), atol=1e-12
+            CompiledForest.of(forest).score(filled), -forest.score_samples(filled), atol=1e-12
         )
     # a detector that loads the file scores the next telemetry like the one that learned it
     fresh, _ = run(HEALTHY, dataclasses.replace(BASELINE, model_path=str(path)))
@@ -253,10 +257,10 @@ def test_a_model_for_another_feature_list_is_a_config_error(
     trained: tuple[IsolationForestDetector, Path], tmp_path: Path
 ) -> None:
     _, path = trained
-    doc: dict[str, Any] = joblib.load(path)
+    doc: dict[str, Any] = checkpoint.loads(path.read_bytes(), MODEL_KIND)
     doc["features"]["nic"] = [*feature_names("nic")[:-1], "nvlink_errors_per_s"]
-    bad = tmp_path / "other.joblib"
-    joblib.dump(doc, bad)
+    bad = tmp_path / "other.model"
+    bad.write_bytes(checkpoint.dumps(doc, MODEL_KIND))
     with pytest.raises(ConfigError, match="another feature list"):
         ForestModel.load(bad)
     sim, _ = recorded(HEALTHY)
@@ -264,7 +268,7 @@ def test_a_model_for_another_feature_list_is_a_config_error(
         IsolationForestDetector(sim.topology, IsolationForestConfig(model_path=str(bad)))
     doc["features"]["nic"] = feature_names("nic")
     doc["version"] = 99
-    joblib.dump(doc, bad)
+    bad.write_bytes(checkpoint.dumps(doc, MODEL_KIND))
     with pytest.raises(ConfigError, match="version"):
         ForestModel.load(bad)
     (tmp_path / "junk.joblib").write_bytes(b"not a model")
@@ -272,6 +276,10 @@ def test_a_model_for_another_feature_list_is_a_config_error(
         ForestModel.load(tmp_path / "junk.joblib")
     with pytest.raises(ConfigError, match="no such model file"):
         ForestModel.load(tmp_path / "missing.joblib")
+    # a model file of before (a joblib pickle) is refused, never unpickled
+    (tmp_path / "old.joblib").write_bytes(pickle.dumps({"format": "rocewatch-isolation-forest"}))
+    with pytest.raises(ConfigError, match=r"never loaded.*retrain it"):
+        ForestModel.load(tmp_path / "old.joblib")
 
 
 @pytest.mark.slow
@@ -282,9 +290,9 @@ def test_cli_replay_refuses_a_bad_model_in_one_line(
 ) -> None:
     scenario = tmp_path / "tiny"
     write_scenario(SimConfig(nodes=2, nics_per_node=2, spines=1, duration_s=0.5), scenario)
-    doc: dict[str, Any] = joblib.load(trained[1])
+    doc: dict[str, Any] = checkpoint.loads(trained[1].read_bytes(), MODEL_KIND)
     doc["features"]["port"] = ["role"]
-    joblib.dump(doc, tmp_path / "bad.joblib")
+    (tmp_path / "bad.joblib").write_bytes(checkpoint.dumps(doc, MODEL_KIND))
     code = main(
         [
             "replay",

@@ -181,7 +181,7 @@ def test_detector_killed_mid_stream_loses_and_doubles_nothing(
         # kill -9 once it has published some alerts and checkpointed since (it writes its
         # checkpoint every commit interval: 0.5 s)
         wait_for_records(kafka_bootstrap, k.topics.alerts, 2)
-        checkpoint = Path(cfg.state_dir) / "detect-state.pkl"
+        checkpoint = Path(cfg.state_dir) / "detect-state.ckpt"
         published = time.time()
         deadline = time.monotonic() + 60
         while not (checkpoint.exists() and checkpoint.stat().st_mtime > published):

@@ -1124,13 +1124,15 @@ def test_detect_checkpoint_keeps_buffered_coded_rows_as_strings() -> None:
     """Rows waiting in the detect stage's buffer have their key as codes of this process; its
     checkpoint holds them as strings, and after a restore the rows of the same step that
     arrive coded join them as strings (one step, whoever sent which part)."""
-    import pickle
-
     import polars as pl
 
     from detectors.windows import AGG_SCHEMA
+    from rocewatch import scaleout
     from rocewatch.keys import KEYS
+    from rocewatch.pipeline import Pipeline
     from rocewatch.scaleout import DetectState
+    from rocewatch.topology import Topology
+    from tests.test_topology import GOOD
 
     def rows(device: str, step: int) -> pl.DataFrame:
         return pl.DataFrame(
@@ -1151,8 +1153,9 @@ def test_detect_checkpoint_keeps_buffered_coded_rows_as_strings() -> None:
         assert isinstance(out, pl.DataFrame) and out["device"].dtype == pl.UInt32
         return out
 
-    st = DetectState(1, None, {}, {}, {7: {0: coded("sw-a", 7, 0)}}, None, 0, {})  # type: ignore[arg-type]
-    back = pickle.loads(pickle.dumps(st))
+    pipe = Pipeline(Topology.from_dict(GOOD))
+    st = DetectState(1, pipe, {}, {}, {7: {0: coded("sw-a", 7, 0)}}, None, 0, {})
+    back = scaleout.load_detect_state(scaleout._dumps(st))
     kept = back.buffer[7][0]
     assert kept["device"].dtype == pl.String and "sid" not in kept.columns
     assert kept.select(list(rows("x", 7).columns)).equals(rows("sw-a", 7))
@@ -1167,13 +1170,11 @@ def test_a_state_snapshot_is_the_state_when_taken_though_its_frames_serialise_la
     an array changed in place, a counter moved and a frame replaced afterwards are not in it,
     nor is a change to the NumPy array a frame was made from (Polars shares its memory, and
     the rate engine's state frame is made so). A frame held twice comes back as one, and
-    ``pickle.loads`` reads the record."""
-    import pickle
-
+    ``checkpoint.loads`` reads the record."""
     import numpy as np
     import polars as pl
 
-    from rocewatch import scaleout
+    from rocewatch import checkpoint, scaleout
 
     frame = pl.DataFrame({"device": ["leaf-0", "leaf-1"], "value": [1.0, 2.0]})
     last_raw = np.array([10, 20], dtype=np.uint64)
@@ -1198,14 +1199,15 @@ def test_a_state_snapshot_is_the_state_when_taken_though_its_frames_serialise_la
         assert readings["last_raw"].to_list() == [11, 20]
     finally:
         gate.set()
-    back = pickle.loads(snap.record())
+    back = checkpoint.loads(snap.record(), "state")
     assert snap.done()
     assert back["n"] == 1 and back["arr"].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert back["frames"][0].equals(frame)
     assert back["frames"][0] is back["frames"][1] is back["nested"]["f"]
     assert back["nested"].keys() == {"f"}
     assert back["readings"]["last_raw"].to_list() == [10, 20]
-    assert pickle.loads(scaleout._dumps(state))["frames"][0]["device"].to_list() == ["spine-0"]
+    again = checkpoint.loads(scaleout._dumps(state), "state")
+    assert again["frames"][0]["device"].to_list() == ["spine-0"]
 
 
 def test_detect_stage_follows_live_slurm_jobs(kafka_bootstrap, kafka_topics, tmp_path, slurmd_node):

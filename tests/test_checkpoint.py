@@ -1,0 +1,372 @@
+"""The checkpoint format (rocewatch/checkpoint.py, docs/formats/checkpoint.md): state as data.
+
+What a user relies on: a restored detector carries on as if it had never stopped; a state
+record or file that is damaged, foreign, of another version or forged is refused with one line,
+counted, and never executed; nothing in the product unpickles anything.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import hashlib
+import logging
+import math
+import pickle
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import polars as pl
+import pytest
+
+from rocewatch import checkpoint
+from rocewatch.checkpoint import CheckpointError
+from rocewatch.config import Config
+from rocewatch.pipeline import Pipeline
+from rocewatch.stats import Stats
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures"
+PRODUCT = ("rocewatch", "detectors", "collector", "storage", "actions")
+
+
+class _Boom:
+    """What a forged pickle holds: unpickling it creates ``path`` (any code could run)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (builtins.open, (str(self.path), "w"))
+
+
+def forged_pickle(path: Path) -> bytes:
+    return pickle.dumps({"pipeline": _Boom(path)}, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def test_a_forged_pickle_would_run_code(tmp_path: Path) -> None:
+    """The control for the tests below: unpickling the forged record does create the file."""
+    marker = tmp_path / "ran"
+    pickle.loads(forged_pickle(marker))
+    assert marker.exists()
+
+
+def record(root: Any, kind: str = "test", blobs: list[bytes] | None = None) -> bytes:
+    """A checkpoint written by hand: a forger's, who knows the format."""
+    blobs = blobs or []
+    head = orjson.dumps({"kind": kind, "blobs": [["raw", len(b)] for b in blobs], "root": root})
+    body = struct.pack("<I", len(head)) + head + b"".join(blobs)
+    return b"RWCKPT" + bytes([1, 0]) + hashlib.sha256(body).digest() + body
+
+
+# --- the codec ------------------------------------------------------------------------------------
+
+
+def test_values_round_trip_exactly() -> None:
+    frame = pl.DataFrame({"device": ["leaf-0", None], "v": [1.5, float("nan")]})
+    value = {
+        "tuple": (1, "a", (2.5, None)),
+        "set": {1, 2, 3},
+        "frozen": frozenset({"x"}),
+        (7, "int-key"): {0: "zero", -1: "minus one"},
+        "bytes": b"\x00\xff",
+        "floats": [float("inf"), -float("inf"), -0.0, 5e-324, 0.1],
+        "big": [2**64 - 1, -(2**63), 2**80, -(2**70)],
+        "dollar": ["$t", "not a tag"],
+        "deque": collections.deque([1, 2], maxlen=5),
+        "counter": collections.Counter({"a": 3}),
+        "arrays": [
+            np.arange(6, dtype=np.uint64).reshape(2, 3),
+            np.array([np.nan, 1.0], dtype=np.float32),
+            np.array([True, False]),
+            np.empty((0, 4), dtype=np.int32),
+        ],
+        "scalars": [np.float64(0.25), np.int64(-3), np.bool_(True)],
+        "dtype": np.dtype("<u4"),
+        "pattern": re.compile("(?:a|b)+", re.IGNORECASE),
+        "frame": frame,
+        "series": pl.Series("s", [1, 2, 3]),
+    }
+    back = checkpoint.loads(checkpoint.dumps(value, "test"), "test")
+    for k in ("tuple", "set", "frozen", (7, "int-key"), "bytes", "big", "dollar", "dtype"):
+        assert back[k] == value[k] and type(back[k]) is type(value[k]), k
+    assert math.isnan(back["arrays"][1][0]) and back["arrays"][1].dtype == np.float32
+    assert [str(f) for f in back["floats"]] == ["inf", "-inf", "-0.0", "5e-324", "0.1"]
+    assert back["deque"] == value["deque"] and back["deque"].maxlen == 5
+    assert back["counter"] == value["counter"] and type(back["counter"]) is collections.Counter
+    for a, b in zip(back["arrays"], value["arrays"], strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True)
+        assert a.flags.writeable  # a restored state changes its arrays in place
+    assert [type(s) for s in back["scalars"]] == [np.float64, np.int64, np.bool_]
+    assert back["scalars"] == value["scalars"]
+    assert back["pattern"].pattern == "(?:a|b)+" and back["pattern"].flags & re.IGNORECASE
+    assert back["frame"].equals(frame) and back["series"].equals(value["series"])
+
+
+def test_shared_objects_stay_shared() -> None:
+    """A frame, an array or an object held twice comes back as one (as the state had it)."""
+    from rocewatch.topology import PortEnd
+
+    frame = pl.DataFrame({"x": [1]})
+    arr = np.zeros(3)
+    end = PortEnd("leaf-0", "Ethernet1")
+    back = checkpoint.loads(
+        checkpoint.dumps({"a": [frame, arr, end], "b": {end: (frame, arr)}}, "test"), "test"
+    )
+    f, a, e = back["a"]
+    assert back["b"][e] == (f, a) and back["b"][e][0] is f and back["b"][e][1] is a
+    assert next(iter(back["b"])) is e and e == end
+
+
+def test_a_snapshot_is_the_state_when_taken() -> None:
+    """Encoded at once, written later (the scale-out stages write on a worker thread): what
+    changes meanwhile, in place or not, is not in the record."""
+    arr = np.arange(3.0)
+    state = {"arr": arr, "n": 1}
+    snap = checkpoint.Snapshot(state, "test")
+    arr[0] = 99.0
+    state["n"] = 2
+    back = checkpoint.loads(snap.record(), "test")
+    assert back == {"arr": back["arr"], "n": 1} and back["arr"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_what_is_not_data_is_not_written() -> None:
+    """A class off the allowlist, an object array, a function: refused when writing (a bug to
+    fix here, not a record nobody can read back)."""
+    for bad in (object(), np.array([object()]), len, logging.getLogger("x")):
+        with pytest.raises(CheckpointError):
+            checkpoint.dumps({"x": bad}, "test")
+
+
+def test_the_allowlist_holds_data_classes_only() -> None:
+    """Product classes only, and none that acts on the world: no executor, scheduler or
+    network client (a forged state could otherwise point one at something)."""
+    table = checkpoint.allowed()
+    assert "rocewatch.pipeline:Pipeline" in table
+    for name, cls in table.items():
+        assert name.split(".")[0] in PRODUCT, name
+        assert not any(hasattr(cls, m) for m in ("drain", "resume", "send", "connect")), name
+        assert not name.endswith("Executor") and "Client" not in name, name
+
+
+# --- what is refused ------------------------------------------------------------------------------
+
+
+def test_a_pickle_is_refused_not_run(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    with pytest.raises(CheckpointError, match=r"not a rocewatch checkpoint \(a pickle"):
+        checkpoint.loads(forged_pickle(marker))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["builtins:open", "os:system", "subprocess:Popen", "actions.executors:SlurmExecutor"],
+)
+def test_a_record_naming_a_class_off_the_allowlist_is_refused(tmp_path: Path, name: str) -> None:
+    marker = tmp_path / "ran"
+    forged = record(["$o", 0, name, {"args": [str(marker), "w"]}])
+    with pytest.raises(CheckpointError, match="not allowed here"):
+        checkpoint.loads(forged)
+    with pytest.raises(CheckpointError, match="not allowed here"):
+        checkpoint.loads(record(["$N", name, str(marker), "w"]))
+    assert not marker.exists()
+
+
+def test_damaged_records_are_refused() -> None:
+    good = checkpoint.dumps({"a": np.arange(100), "b": "x" * 100}, "test")
+    assert checkpoint.loads(good, "test")["b"] == "x" * 100
+    for cut in (0, 5, 20, 40, len(good) // 2, len(good) - 1):
+        with pytest.raises(CheckpointError, match=r"truncated|checksum|not a rocewatch"):
+            checkpoint.loads(good[:cut])
+    for at in (41, 60, len(good) // 2, len(good) - 1):  # a flipped bit in the body
+        bad = bytearray(good)
+        bad[at] ^= 0x01
+        with pytest.raises(CheckpointError, match="checksum mismatch"):
+            checkpoint.loads(bytes(bad))
+    with pytest.raises(CheckpointError, match="expected 'detect-state'"):
+        checkpoint.loads(good, "detect-state")
+    with pytest.raises(CheckpointError, match="unknown tag"):
+        checkpoint.loads(record(["$exec", "print(1)"]))
+    with pytest.raises(CheckpointError, match="not allowed"):
+        checkpoint.loads(record(["$A", 0, 0, "|O", [1]], blobs=[b"\x00" * 8]))
+    with pytest.raises(CheckpointError, match="size does not match"):
+        checkpoint.loads(record(["$A", 0, 0, "<f8", [2]], blobs=[b"\x00" * 8]))
+
+
+def test_another_major_version_gives_the_promised_error() -> None:
+    good = bytearray(checkpoint.dumps({"a": 1}, "test"))
+    good[6] = 2
+    with pytest.raises(
+        CheckpointError, match=r"^checkpoint format v2 not supported by this build \(reads v1\)$"
+    ):
+        checkpoint.loads(bytes(good))
+    good[6], good[7] = 1, 7  # a newer minor version of v1 is read
+    assert checkpoint.loads(bytes(good), "test") == {"a": 1}
+
+
+# --- the services refuse, count and start from their committed offsets ----------------------------
+
+
+def test_the_detect_service_refuses_a_forged_state_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rocewatch.kafka_io import DetectService
+
+    marker = tmp_path / "ran"
+    path = tmp_path / "detect-state.ckpt"
+    path.write_bytes(forged_pickle(marker))
+    svc = DetectService.__new__(DetectService)  # its restore alone: no broker needed
+    svc.state_path, svc.stats = path, Stats()
+    with caplog.at_level(logging.ERROR):
+        assert svc._restore() is None  # the caller then reads from the committed offsets
+    assert not marker.exists()
+    assert svc.stats.get("checkpoint_rejected") == 1
+    lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert len(lines) == 1 and str(path) in lines[0] and "committed offsets" in lines[0]
+
+
+class _Store:
+    """The state topic (a Kafka boundary): its last record, and where it is."""
+
+    topic = "rocewatch.state"
+
+    def __init__(self, value: bytes, offset: int) -> None:
+        self.value, self.offset = value, offset
+
+    def load_record(self, partition: int, key: str | None = None) -> tuple[bytes, int]:
+        return self.value, self.offset
+
+
+class _Consumer:
+    def __init__(self, committed: int) -> None:
+        self.at = committed
+
+    def committed(self, tp: Any) -> int:
+        return self.at
+
+
+def test_the_scale_out_stages_refuse_a_forged_state_record(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rocewatch.scaleout import Aggregator, Detector
+
+    marker = tmp_path / "ran"
+    cfg = Config()
+    agg = Aggregator.__new__(Aggregator)
+    agg.cfg, agg.k, agg.stats, agg.forest_s = cfg, cfg.kafka, Stats(), None
+    agg.store = _Store(forged_pickle(marker), 41)  # type: ignore[assignment]
+    agg.consumer = _Consumer(1234)
+    with caplog.at_level(logging.ERROR):
+        part = agg._restore(3)
+    assert part.offset == 1234  # from the committed offset, with fresh state
+    assert agg.stats.get("checkpoint_rejected") == 1
+    det = Detector.__new__(Detector)
+    det.store = _Store(forged_pickle(marker)[:-9], 77)  # type: ignore[assignment]
+    det.n_parts, det.state_key, det.name, det.holds = 4, "detect", "detect stage", Stats()
+    with caplog.at_level(logging.ERROR):
+        assert det._restore() is None and det.rejected
+    assert det.holds.get("checkpoint_rejected") == 1
+    assert not marker.exists()
+    lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert len(lines) == 2
+    assert "rocewatch.state/3@41" in lines[0] and "rocewatch.state/4@77" in lines[1]
+
+
+# --- a pipeline carries on ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recording() -> tuple[Any, list[pl.DataFrame]]:
+    from rocewatch.sim import Simulator
+    from rocewatch.sim.scenarios import default_scenario
+
+    sim = Simulator(default_scenario(nodes=4, duration_s=12, seed=3))
+    return sim.topology, list(sim.ticks())
+
+
+def replay(topology: Any, frames: list[pl.DataFrame], cuts: set[int]) -> Pipeline:
+    """Ticks into a pipeline, half a second per advance as a Kafka poll would; before each
+    tick in ``cuts``, the pipeline is checkpointed and a restored one carries on."""
+    p = Pipeline(topology, Config(), rollup_s=10)
+    lateness, newest = p.engine.lateness_ns(), 0
+    for i, f in enumerate(frames):
+        if i in cuts:
+            p = checkpoint.loads(checkpoint.dumps(p, "pipeline"), "pipeline")
+        p.ingest(f)
+        if f.height:
+            newest = max(newest, int(f["ts"].max()))  # type: ignore[arg-type]
+        if i % 5 == 4:
+            p.advance(newest - lateness)
+    p.finish()
+    return p
+
+
+def alerts(p: Pipeline) -> list[dict[str, Any]]:
+    return [a.to_json() for a in p.all_alerts()] + [a.to_json() for a in p.inhibited_alerts()]
+
+
+@pytest.mark.slow  # two replays of 12 s of a small fabric: 3 to 5 s
+def test_a_restored_pipeline_gives_the_alerts_of_an_uninterrupted_one(
+    recording: tuple[Any, list[pl.DataFrame]],
+) -> None:
+    topology, frames = recording
+    whole = replay(topology, frames, set())
+    names = {a["labels"]["alertname"] for a in alerts(whole)}
+    assert {"PFCStorm", "FlakyLink", "TransportErrors"} <= names  # the scenario's faults
+    cut = replay(topology, frames, set(range(7, len(frames), 23)))  # mid-fault too
+    assert alerts(cut) == alerts(whole)
+    assert [a.to_json() for a in cut.actions] == [a.to_json() for a in whole.actions]
+    assert cut.policy.state() == whole.policy.state()
+
+
+# --- format version 1, as released ---------------------------------------------------------------
+
+
+def test_a_version_1_checkpoint_restores_and_carries_on() -> None:
+    """tests/fixtures/checkpoint_v1.ckpt (made by tests/fixtures/checkpoint_v1_make.py): a
+    pipeline written by the first build of format v1, halfway through a storm."""
+    import dataclasses
+
+    from rocewatch.sim import Simulator
+    from rocewatch.sim.scenarios import default_scenario
+
+    data = (FIXTURES / "checkpoint_v1.ckpt").read_bytes()
+    assert data[:8] == b"RWCKPT\x01\x00" and len(data) < 200_000
+    p = checkpoint.loads(data, "pipeline")
+    assert isinstance(p, Pipeline)
+    assert {a.name for a in p.lifecycle.firing.values()} >= {"PFCStorm"}
+    before = p.engine.closed_ns
+    cfg = default_scenario(nodes=2, duration_s=12, seed=3)  # the script's scenario
+    frames = list(Simulator(dataclasses.replace(cfg, nics_per_node=2, spines=1)).ticks())
+    lateness, newest = p.engine.lateness_ns(), 0
+    for f in frames[30:60]:  # the rest of the storm and after: it carries on
+        p.ingest(f)
+        newest = max(newest, int(f["ts"].max()))  # type: ignore[arg-type]
+        p.advance(newest - lateness)
+    assert p.engine.closed_ns is not None and before is not None and p.engine.closed_ns > before
+    # and what it restored is written again as it was read
+    again = checkpoint.loads(checkpoint.dumps(p, "pipeline"), "pipeline")
+    assert alerts(again) == alerts(p)
+
+
+# --- no pickle in the product ---------------------------------------------------------------------
+
+
+def test_no_product_module_can_unpickle() -> None:
+    banned = re.compile(
+        r"^\s*(import|from)\s+(pickle|joblib|dill|shelve|marshal|cloudpickle|_pickle)\b"
+        r"|allow_pickle\s*=\s*True",
+        re.MULTILINE,
+    )
+    found = [
+        f"{path.relative_to(ROOT)}: {m.group(0).strip()}"
+        for pkg in PRODUCT
+        for path in sorted((ROOT / pkg).rglob("*.py"))
+        for m in banned.finditer(path.read_text())
+    ]
+    assert not found, found
