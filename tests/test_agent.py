@@ -384,6 +384,24 @@ def test_cli_agent_once_imports_only_the_agent(tmp_path: Path) -> None:
         loaded = [m for m in got[phase] if any(m == h or m.startswith(h + ".") for h in HEAVY)]
         assert not loaded, (phase, loaded)
     assert "kafka" not in got["once"]  # --once sends nothing
+    # and the lean distribution packages every module of ours it used (agent/setup.py; its
+    # command is collector.nic.cli's, not the product's rocewatch.cli)
+    ours = {m for m in got["sending"] if m.split(".")[0] in ("rocewatch", "collector")}
+    ours.discard("rocewatch.cli")
+    assert ours and ours <= _lean_modules(), ours - _lean_modules()
+
+
+def _lean_modules() -> set[str]:
+    """The modules agent/setup.py packages (read, not run), by import name."""
+    import ast
+
+    tree = ast.parse((Path(__file__).parents[1] / "agent" / "setup.py").read_text())
+    listed = next(
+        ast.literal_eval(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "MODULES"
+    )
+    return {m.removesuffix(".__init__") for m in listed}
 
 
 def test_cli_agent_once_to_stdout_and_errors(tmp_path: Path) -> None:
