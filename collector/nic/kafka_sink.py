@@ -53,6 +53,10 @@ class KafkaSnapshotSink:
                     else self.k.compression_type,
                     retries=3,
                     max_block_ms=5000,
+                    # kafka-python waits 30 s for a first broker by default: the agent would
+                    # neither retry sooner nor stop (SIGTERM) within a pod's grace period while
+                    # the broker is away; the spool keeps what is unsent either way
+                    bootstrap_timeout_ms=5000,
                     request_timeout_ms=5000,
                     delivery_timeout_ms=15000,
                     max_in_flight_requests_per_connection=1,
