@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Go programs the gNMI interoperability tests run against.
+# Go programs the interoperability tests run against: the gNMI peers and kube-apiserver.
 #
 #   fake_server  openconfig's fake gNMI target (github.com/openconfig/gnmi, testing/fake) and
 #   gnmi_cli     openconfig's reference gNMI client (same module): built with `go install` from
@@ -11,6 +11,10 @@
 #                one ../shared/bin/README.md records, else from PATH. Without it the gnmic tests
 #                cannot run: they skip, and under CI (CI set) this script fails instead.
 #                tests/support/gnmic.py looks in the same places.
+#   kube-apiserver  the real Kubernetes API server (k8s.io/kubernetes at KUBE_VERSION) that
+#                tests/support/kube.py starts on Debian's etcd (scripts/services.sh install):
+#                one `go build` from the module proxy into $GOBIN/kube-apiserver-$KUBE_VERSION
+#                (about 7 minutes on 2 busy cores the first time; a repeat run does nothing).
 #
 # Environment: ROCEWATCH_GO_DIR (default ~/.cache/rocewatch/go) holds GOBIN, GOPATH, GOMODCACHE
 # and GOCACHE, so a second run and CI on the same machine reuse the module and build caches.
@@ -19,6 +23,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 GO_DIR="${ROCEWATCH_GO_DIR:-$HOME/.cache/rocewatch/go}"
 GNMI_VERSION=v0.14.1
+KUBE_VERSION=v1.34.2
+KUBE_STAGING_VERSION=v0.34.2
 SHARED_BIN="$(cd "$ROOT/.." && pwd)/shared/bin"
 export GOBIN="$GO_DIR/bin" GOPATH="$GO_DIR" GOMODCACHE="$GO_DIR/pkg/mod" GOCACHE="$GO_DIR/cache"
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
@@ -42,6 +48,56 @@ install() { # NAME MODULE_PATH@VERSION
 
 install fake_server "github.com/openconfig/gnmi/testing/fake/gnmi/cmd/fake_server@$GNMI_VERSION"
 install gnmi_cli "github.com/openconfig/gnmi/cmd/gnmi_cli@$GNMI_VERSION"
+
+# kube-apiserver: k8s.io/kubernetes is not meant to be required as a module (its go.mod points
+# every staging module at ./staging/src/...), so a throw-away module requires it and replaces each
+# of those with the same module at the matching v0.x release. One `go build` of the one command;
+# the binary's name carries the version, so a warm run (or a pinned version already built) does
+# nothing, and a version bump builds beside the old one.
+build_kube_apiserver() {
+    local bin="$GOBIN/kube-apiserver-$KUBE_VERSION" mod gomod staging t0
+    if [ -x "$bin" ]; then
+        say "kube-apiserver: present ($bin)"
+        return 0
+    fi
+    t0=$(date +%s)
+    mod="$GO_DIR/kube-build/$KUBE_VERSION"
+    rm -rf "$mod"
+    mkdir -p "$mod"
+    say "kube-apiserver $KUBE_VERSION: go build from the module proxy (about 7 min on 2 cores)"
+    gomod="$(cd "$mod" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
+        sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+    [ -s "$gomod" ] || {
+        printf '[go_tools] ERROR: no go.mod for k8s.io/kubernetes@%s\n' "$KUBE_VERSION" >&2
+        exit 1
+    }
+    staging="$(sed -n 's#^[[:space:]]*\(k8s\.io/[^[:space:]]*\) => \./staging/.*#\1#p' "$gomod")"
+    [ -n "$staging" ] || {
+        printf '[go_tools] ERROR: %s replaces no staging module\n' "$gomod" >&2
+        exit 1
+    }
+    {
+        printf 'module rocewatch.invalid/kubeapiserver\n\ngo 1.24.0\n\n'
+        printf 'require k8s.io/kubernetes %s\n\n' "$KUBE_VERSION"
+        for m in $staging; do
+            printf 'replace %s => %s %s\n' "$m" "$m" "$KUBE_STAGING_VERSION"
+        done
+    } >"$mod/go.mod"
+    (
+        cd "$mod"
+        go get "k8s.io/kubernetes/cmd/kube-apiserver@$KUBE_VERSION"
+        # the version stamp Kubernetes' own build sets (else --version and /version say
+        # v0.0.0-master); it changes only the link, not what is compiled
+        local v="k8s.io/component-base/version" minor="${KUBE_VERSION#v1.}"
+        minor="${minor%%.*}"
+        CGO_ENABLED=0 go build -trimpath -o "$bin.tmp" -ldflags "-s -w \
+            -X $v.gitVersion=$KUBE_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor \
+            -X $v.gitTreeState=clean" k8s.io/kubernetes/cmd/kube-apiserver
+    )
+    mv "$bin.tmp" "$bin"
+    say "kube-apiserver: built $bin in $(($(date +%s) - t0)) s ($("$bin" --version))"
+}
+build_kube_apiserver
 
 say "binaries in $GOBIN: $(ls "$GOBIN" | tr '\n' ' ')"
 

@@ -2,7 +2,9 @@
 # The real PostgreSQL and Slurm (slurmctld + munge) that the test suite uses, from Debian packages.
 #
 #   bash scripts/services.sh install   apt-get install what is missing (postgresql, slurmctld,
-#                                      slurm-client, slurmd, munge, iproute2, ethtool)
+#                                      slurm-client, slurmd, munge, iproute2, ethtool,
+#                                      prometheus-alertmanager, and etcd-server: the store of the
+#                                      kube-apiserver that tests/support/kube.py starts)
 #   bash scripts/services.sh start     start a private PostgreSQL cluster, munged, slurmctld and
 #                                      one slurmd (for rwnode1) under $ROCEWATCH_SERVICES_DIR;
 #                                      write its env.sh
@@ -64,7 +66,8 @@ need_root() {
 
 # --- install ------------------------------------------------------------------------------------
 
-PACKAGES=(postgresql slurmctld slurmd slurm-client munge iproute2 ethtool prometheus-alertmanager)
+PACKAGES=(postgresql slurmctld slurmd slurm-client munge iproute2 ethtool prometheus-alertmanager
+    etcd-server)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q '^install ok installed$'; }
 

@@ -9,13 +9,13 @@ step() { printf '\n== %s\n' "$*"; }
 step "python dependencies"
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
 
-step "PostgreSQL, slurmctld, slurmd and munge (Debian packages; installed only when missing)"
+step "PostgreSQL, slurmctld, slurmd, munge, etcd (Debian packages; installed only when missing)"
 bash scripts/services.sh install
 
 step "Apache Kafka broker jars (Maven Central, cached under ~/.cache/rocewatch)"
 python3 scripts/kafka_broker.py fetch
 
-step "Go gNMI tools: openconfig fake_server and gnmi_cli (go install, cached under ~/.cache/rocewatch/go)"
+step "Go tools: openconfig fake_server and gnmi_cli, kube-apiserver (built once, cached under ~/.cache/rocewatch/go)"
 bash scripts/go_tools.sh
 
 step "lint and types"

@@ -296,8 +296,9 @@ def secure_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[An
 #   slurm_nodes         session: two node names of the test slurmctld (ROCEWATCH_TEST_SLURM_NODES)
 #   slurmd_node         session: the node with a live slurmd, where jobs run
 #   gnmi_go_tools       session: the directory holding openconfig's fake_server and gnmi_cli
+#   kube_api            session: kube-apiserver + etcd on 127.0.0.1 (tests/support/kube.py)
 #
-# A test using one is marked postgres / slurm / gnmi_peers and slow (tests/support/tiers.py),
+# A test using one is marked postgres / slurm / gnmi_peers / kube and slow (tests/support/tiers.py),
 # and is skipped, or under CI fails, where the service is missing (scripts/services.sh start).
 # ==============================================================================================
 
@@ -326,6 +327,14 @@ def gnmi_go_tools() -> Path:
     from tests.support.tiers import GO_BIN
 
     return GO_BIN
+
+
+@pytest.fixture(scope="session")
+def kube_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real kube-apiserver on etcd, 127.0.0.1, for the whole run (tests/support/kube.py)."""
+    from tests.support.kube import running_cluster
+
+    yield from running_cluster(tmp_path_factory)
 
 
 # ==================== Shared scenarios: simulated and replayed once per run ====================

@@ -1,16 +1,20 @@
-"""KubernetesExecutor with the real ``kubernetes`` client against the API server stand-in
-(tests/support/kube_apiserver.py), which enforces patch semantics, resourceVersion conflicts and
-the RBAC rules of deploy/kubernetes/rbac.yaml."""
+"""KubernetesExecutor and live pod membership with the real ``kubernetes`` client against a real
+kube-apiserver on etcd (tests/support/kube.py): its merge and strategic-merge patches, status
+subresource, resourceVersion conflicts and RBAC, with deploy/kubernetes/rbac.yaml applied as
+written and the executor using the token of the ServiceAccount it binds.
+
+One server serves the whole run, so every test makes Nodes of its own (``names``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
-from support.kube_apiserver import KubeApiStandIn, load_rules, merge_patch, strategic_merge
+from kubernetes.client.exceptions import ApiException
 
 from actions import DrainPolicy, PolicyConfig
 from actions.executors import DRAINED_BY_OTHER
@@ -21,232 +25,398 @@ from actions.kubernetes import (
     KubernetesConfig,
     KubernetesExecutor,
 )
+from actions.membership import KubernetesPods, LiveJobs, MembershipConfig
 from rocewatch.model import Alert
-from rocewatch.topology import Topology
+from rocewatch.topology import Job, Topology
+from tests.support.kube import KubeCluster
 
 RBAC = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes" / "rbac.yaml"
-TOKEN = "sa-token-for-tests"
 S = 1_000_000_000
 T0 = 1_795_946_400 * S
+GPU = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+MAINT = {"key": "example.com/maintenance", "value": "bios", "effect": "PreferNoSchedule"}
+JOB_LABEL = "batch.kubernetes.io/job-name"
+
+_rbac_token: dict[str, str] = {}  # server url -> token: rbac.yaml is applied once per server
 
 
 @pytest.fixture
-def api() -> Iterator[KubeApiStandIn]:
-    with KubeApiStandIn(load_rules(RBAC), TOKEN) as srv:
-        srv.add_node("gpu-01")
-        srv.add_node(
-            "gpu-02", taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
-        )
-        yield srv
+def kube(kube_api: KubeCluster) -> KubeCluster:
+    return kube_api
 
 
-def make_client(url: str, token: str = TOKEN) -> Any:
-    conf = client.Configuration(
-        host=url, api_key={"BearerToken": token}, api_key_prefix={"BearerToken": "Bearer"}
+@pytest.fixture
+def sa_token(kube: KubeCluster) -> str:
+    """deploy/kubernetes/rbac.yaml applied as written; its ServiceAccount's TokenRequest token."""
+    if kube.url not in _rbac_token:
+        kube.namespace("rocewatch")  # the manifest's namespace (it ships no Namespace object)
+        kube.apply(RBAC)
+        _rbac_token[kube.url] = kube.token("rocewatch", "rocewatch")
+    return _rbac_token[kube.url]
+
+
+@pytest.fixture
+def names() -> Callable[[str], str]:
+    """Node names of this test's own: names("gpu-01") -> "gpu-01-<6 hex>"."""
+    tag = uuid.uuid4().hex[:6]
+    return lambda base: f"{base}-{tag}"
+
+
+def executor(kube: KubeCluster, token: str, **kw: Any) -> KubernetesExecutor:
+    return KubernetesExecutor(KubernetesConfig(**kw), kube.client(token))
+
+
+def taints(kube: KubeCluster, node: str) -> list[dict[str, Any]]:
+    return list(kube.read_node(node)["spec"].get("taints") or [])
+
+
+def conditions(node: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in node["status"].get("conditions") or []}
+
+
+def events(kube: KubeCluster, node: str, ns: str = "default") -> list[dict[str, Any]]:
+    items = kube.core().list_namespaced_event(ns, field_selector=f"involvedObject.name={node}")
+    evs = [client.ApiClient().sanitize_for_serialization(e) for e in items.items]
+    return sorted(evs, key=lambda e: int(e["metadata"]["resourceVersion"]))  # in order written
+
+
+def other_writer(kube: KubeCluster, node: str, key: str) -> None:
+    """Another controller adds its taint with its own optimistic-concurrency patch."""
+    cur = kube.read_node(node)
+    new = [*(cur["spec"].get("taints") or []), {"key": key, "effect": "NoSchedule"}]
+    rv = cur["metadata"]["resourceVersion"]
+    kube.core().patch_node(
+        node,
+        {"metadata": {"resourceVersion": rv}, "spec": {"taints": new}},
+        _content_type="application/merge-patch+json",
     )
-    return client.ApiClient(conf)
 
 
-def executor(api: KubeApiStandIn, **kw: Any) -> KubernetesExecutor:
-    return KubernetesExecutor(KubernetesConfig(**kw), make_client(api.url))
-
-
-def taints(api: KubeApiStandIn, node: str) -> list[dict[str, Any]]:
-    return list(api.nodes[node]["spec"].get("taints") or [])
-
-
-def conditions(api: KubeApiStandIn, node: str) -> dict[str, str]:
-    return {c["type"]: c["status"] for c in api.nodes[node]["status"]["conditions"]}
-
-
-def test_drain_cordons_taints_sets_condition_and_event(api: KubeApiStandIn) -> None:
-    ex = executor(api)
-    assert ex.drain("gpu-02", "kubernetes", "rocewatch: PFCStorm origin mlx5_3") == "done"
-    node = api.nodes["gpu-02"]
-    assert node["spec"]["unschedulable"] is True
-    assert taints(api, "gpu-02") == [
-        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},  # kept
+def test_drain_cordons_taints_sets_condition_and_event(
+    kube: KubeCluster, sa_token: str, names: Callable[[str], str]
+) -> None:
+    node = names("gpu-02")
+    kube.node(node, taints=[GPU, MAINT])
+    ex = executor(kube, sa_token)
+    assert ex.drain(node, "kubernetes", "rocewatch: PFCStorm origin mlx5_3") == "done"
+    n = kube.read_node(node)
+    assert n["spec"]["unschedulable"] is True
+    assert n["spec"]["taints"] == [  # other writers' taints kept, in their order
+        GPU,
+        MAINT,
         {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"},
     ]
-    assert ANNOTATION in node["metadata"]["annotations"]
-    assert conditions(api, "gpu-02") == {"Ready": "True", CONDITION: "True"}  # kubelet's kept
-    cond = next(c for c in node["status"]["conditions"] if c["type"] == CONDITION)
-    assert cond["message"] == "rocewatch: PFCStorm origin mlx5_3"
-    [ev] = api.events
-    assert ev["involvedObject"]["kind"] == "Node" and ev["involvedObject"]["name"] == "gpu-02"
-    assert ev["type"] == "Warning" and ev["source"]["component"] == "rocewatch"
-    # Node patches are merge patches; status patches strategic (merge by condition type).
-    kinds = {(m, p, c) for m, p, c in api.requests if m == "PATCH"}
-    assert kinds == {
-        ("PATCH", "/api/v1/nodes/gpu-02", "application/merge-patch+json"),
-        ("PATCH", "/api/v1/nodes/gpu-02/status", "application/strategic-merge-patch+json"),
-    }
+    assert n["metadata"]["annotations"][ANNOTATION].endswith("rocewatch: PFCStorm origin mlx5_3")
+    conds = conditions(n)
+    # a strategic merge by type through the status subresource: the kubelet's Ready is kept
+    assert {t: c["status"] for t, c in conds.items()} == {"Ready": "True", CONDITION: "True"}
+    assert conds[CONDITION]["reason"] == "RocewatchDrained"
+    assert conds[CONDITION]["message"] == "rocewatch: PFCStorm origin mlx5_3"
+    [ev] = events(kube, node)
+    assert ev["involvedObject"]["kind"] == "Node" and ev["involvedObject"]["name"] == node
+    assert ev["type"] == "Warning" and ev["reason"] == "FabricFaultDrain"
+    assert ev["source"]["component"] == "rocewatch"
+    assert ev["message"] == "rocewatch: PFCStorm origin mlx5_3"
 
-    # Idempotent: a retry finds it done and writes nothing to the node.
-    rv = node["metadata"]["resourceVersion"]
-    assert ex.drain("gpu-02", "kubernetes", "rocewatch: PFCStorm origin mlx5_3") == "done"
-    assert taints(api, "gpu-02")[-1]["key"] == TAINT_KEY and len(taints(api, "gpu-02")) == 2
-    assert api.nodes["gpu-02"]["spec"]["unschedulable"] is True
-    assert rv <= api.nodes["gpu-02"]["metadata"]["resourceVersion"]
+    # Idempotent: a retry (after a lost answer) finds the drain done and changes no spec.
+    assert ex.drain(node, "kubernetes", "rocewatch: PFCStorm origin mlx5_3") == "done"
+    again = kube.read_node(node)
+    assert again["spec"] == n["spec"]
+    assert again["metadata"]["annotations"] == n["metadata"]["annotations"]
 
-    assert ex.resume("gpu-02", "kubernetes") == "done"
-    node = api.nodes["gpu-02"]
-    assert "unschedulable" not in node["spec"]
-    assert taints(api, "gpu-02") == [
-        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    assert ex.resume(node, "kubernetes") == "done"
+    n = kube.read_node(node)
+    assert "unschedulable" not in n["spec"]
+    assert n["spec"]["taints"] == [GPU, MAINT]
+    assert ANNOTATION not in (n["metadata"].get("annotations") or {})
+    assert set(conditions(n)) == {"Ready"}
+    assert events(kube, node)[-1]["reason"] == "FabricFaultResume"
+    rv = n["metadata"]["resourceVersion"]
+    assert ex.resume(node, "kubernetes") == "done"  # idempotent too: nothing left to write
+    assert kube.read_node(node)["metadata"]["resourceVersion"] == rv
+
+
+def test_no_execute_only_when_configured(
+    kube: KubeCluster, sa_token: str, names: Callable[[str], str]
+) -> None:
+    node = names("gpu-01")
+    kube.node(node)
+    assert executor(kube, sa_token).drain(node, "kubernetes", "rocewatch: x") == "done"
+    assert taints(kube, node) == [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
+    ev = executor(kube, sa_token, taint_effect="NoExecute")
+    assert ev.resume(node, "kubernetes") == "done"
+    assert taints(kube, node) == []
+    assert ev.drain(node, "kubernetes", "rocewatch: x") == "done"
+    assert taints(kube, node) == [{"key": TAINT_KEY, "value": "true", "effect": "NoExecute"}]
+
+
+class Interleaved:
+    """Wraps the executor's patch_node: ``before`` runs between its read and its patch (another
+    writer's turn), and every answer's status is recorded (the server's, not ours)."""
+
+    def __init__(self, ex: KubernetesExecutor, before: Callable[[int], None]) -> None:
+        self.real = ex.api.patch_node
+        self.before = before
+        self.statuses: list[int] = []
+        ex.api.patch_node = self
+
+    def __call__(self, *a: Any, **kw: Any) -> Any:
+        self.before(len(self.statuses))
+        try:
+            out = self.real(*a, **kw)
+        except ApiException as e:
+            self.statuses.append(e.status)
+            raise
+        self.statuses.append(200)
+        return out
+
+
+def test_a_stale_resource_version_is_a_409_and_is_retried(
+    kube: KubeCluster, sa_token: str, names: Callable[[str], str]
+) -> None:
+    node = names("gpu-01")
+    kube.node(node)
+    ex = executor(kube, sa_token)
+
+    def kubelet(calls: int) -> None:
+        if calls < 2:  # twice, another writer changes the node between our read and our patch
+            other_writer(kube, node, f"other.example.com/t{calls + 1}")
+
+    spy = Interleaved(ex, kubelet)
+    assert ex.drain(node, "kubernetes", "rocewatch: FlakyLink mlx5_0") == "done"
+    assert spy.statuses == [409, 409, 200]
+    assert [t["key"] for t in taints(kube, node)] == [
+        "other.example.com/t1",
+        "other.example.com/t2",
+        TAINT_KEY,
     ]
-    assert ANNOTATION not in node["metadata"]["annotations"]
-    assert conditions(api, "gpu-02") == {"Ready": "True"}
-    assert ex.resume("gpu-02", "kubernetes") == "done"  # idempotent too
 
 
-def test_no_execute_only_when_configured(api: KubeApiStandIn) -> None:
-    assert executor(api).drain("gpu-01", "kubernetes", "rocewatch: x") == "done"
-    assert taints(api, "gpu-01")[0]["effect"] == "NoSchedule"
-    ev = executor(api, taint_effect="NoExecute")
-    assert ev.resume("gpu-01", "kubernetes") == "done"
-    assert ev.drain("gpu-01", "kubernetes", "rocewatch: x") == "done"
-    assert taints(api, "gpu-01") == [{"key": TAINT_KEY, "value": "true", "effect": "NoExecute"}]
-
-
-def test_conflict_is_retried_and_other_writers_taints_survive(api: KubeApiStandIn) -> None:
-    writes = []
-
-    def kubelet(node: str, srv: KubeApiStandIn) -> None:
-        # Twice, another writer changes the node between rocewatch's read and its patch.
-        if len(writes) < 2:
-            writes.append(node)
-            srv.write(
-                node,
-                lambda n: (
-                    n["spec"]
-                    .setdefault("taints", [])
-                    .append({"key": f"other/{len(writes)}", "effect": "NoSchedule"})
-                ),
-            )
-
-    api.before_write = kubelet
-    assert executor(api).drain("gpu-01", "kubernetes", "rocewatch: FlakyLink mlx5_0") == "done"
-    assert [t["key"] for t in taints(api, "gpu-01")] == ["other/1", "other/2", TAINT_KEY]
-    node_patches = [r for r in api.requests if r[:2] == ("PATCH", "/api/v1/nodes/gpu-01")]
-    assert len(node_patches) == 3  # two 409 Conflicts, then success
-
-
-def test_conflicts_forever_fail_softly(api: KubeApiStandIn) -> None:
-    api.before_write = lambda node, srv: srv.write(node, lambda n: None)
-    out = executor(api, conflict_retries=2).drain("gpu-01", "kubernetes", "rocewatch: x")
-    assert out == "failed: gpu-01 kept changing (3 conflicts)"
-    assert "unschedulable" not in api.nodes["gpu-01"]["spec"]
-
-
-def test_someone_elses_cordon_is_left_alone(api: KubeApiStandIn) -> None:
-    api.write("gpu-01", lambda n: n["spec"].update(unschedulable=True))
-    before = api.nodes["gpu-01"]
-    ex = executor(api)
-    assert ex.drain("gpu-01", "kubernetes", "rocewatch: x") == DRAINED_BY_OTHER
-    assert ex.resume("gpu-01", "kubernetes") == DRAINED_BY_OTHER
-    assert api.nodes["gpu-01"] == before
-    assert api.events == []
-
-
-def test_errors_are_outcomes(api: KubeApiStandIn) -> None:
-    ex = executor(api)
-    assert ex.drain("gpu-99", "kubernetes", "rocewatch: x") == (
-        'failed: kubernetes 404: nodes "gpu-99" not found'
+def test_conflicts_forever_fail_softly(
+    kube: KubeCluster, sa_token: str, names: Callable[[str], str]
+) -> None:
+    node = names("gpu-01")
+    kube.node(node)
+    ex = executor(kube, sa_token, conflict_retries=2)
+    spy = Interleaved(ex, lambda calls: other_writer(kube, node, f"other.example.com/t{calls}"))
+    assert ex.drain(node, "kubernetes", "rocewatch: x") == "failed: " + (
+        f"{node} kept changing (3 conflicts)"
     )
-    assert ex.drain("gpu-01", "slurm", "rocewatch: x").startswith("refused:")
-    bad = KubernetesExecutor(KubernetesConfig(), make_client(api.url, token="wrong"))
-    assert (
-        bad.drain("gpu-01", "kubernetes", "rocewatch: x") == "failed: kubernetes 401: Unauthorized"
+    assert spy.statuses == [409, 409, 409]
+    n = kube.read_node(node)
+    assert "unschedulable" not in n["spec"]
+    assert TAINT_KEY not in [t["key"] for t in n["spec"]["taints"]]
+    assert events(kube, node) == []
+
+
+def test_someone_elses_cordon_is_left_alone(
+    kube: KubeCluster, sa_token: str, names: Callable[[str], str]
+) -> None:
+    node = names("gpu-01")
+    kube.node(node)
+    kube.core().patch_node(node, {"spec": {"unschedulable": True}})  # kubectl cordon
+    before = kube.read_node(node)
+    ex = executor(kube, sa_token)
+    assert ex.drain(node, "kubernetes", "rocewatch: x") == DRAINED_BY_OTHER
+    assert ex.resume(node, "kubernetes") == DRAINED_BY_OTHER
+    assert kube.read_node(node) == before
+    assert events(kube, node) == []
+
+
+def test_resume_removes_only_our_marks(
+    kube: KubeCluster, sa_token: str, names: Callable[[str], str]
+) -> None:
+    """Taints and conditions that others added while the node was drained stay."""
+    node = names("gpu-01")
+    kube.node(node, taints=[GPU])
+    ex = executor(kube, sa_token)
+    assert ex.drain(node, "kubernetes", "rocewatch: x") == "done"
+    other_writer(kube, node, "other.example.com/after")
+    kube.core().patch_node_status(
+        node,
+        {"status": {"conditions": [{"type": "NetworkUnavailable", "status": "False"}]}},
+        _content_type="application/strategic-merge-patch+json",
     )
+    kube.core().patch_node(node, {"metadata": {"annotations": {"example.com/owner": "ops"}}})
+    assert ex.resume(node, "kubernetes") == "done"
+    n = kube.read_node(node)
+    assert [t["key"] for t in n["spec"]["taints"]] == [GPU["key"], "other.example.com/after"]
+    assert set(conditions(n)) == {"Ready", "NetworkUnavailable"}
+    assert n["metadata"]["annotations"] == {"example.com/owner": "ops"}
+    assert "unschedulable" not in n["spec"]
 
 
-def test_rbac_manifest_is_least_privilege(api: KubeApiStandIn) -> None:
-    """The role grants what the executor uses and nothing destructive beyond it."""
-    core = client.CoreV1Api(make_client(api.url))
-    with pytest.raises(client.exceptions.ApiException) as e:
-        core.delete_node("gpu-01")
-    assert e.value.status == 403
-    with pytest.raises(client.exceptions.ApiException) as e:
-        core.list_node()
-    assert e.value.status == 403
-    granted = {
-        (res, verb) for r in load_rules(RBAC) for res in r["resources"] for verb in r["verbs"]
+def test_errors_are_outcomes(kube: KubeCluster, sa_token: str, names: Callable[[str], str]) -> None:
+    ex = executor(kube, sa_token)
+    missing = names("gpu-99")
+    assert ex.drain(missing, "kubernetes", "rocewatch: x") == (
+        f'failed: kubernetes 404: nodes "{missing}" not found'
+    )
+    node = names("gpu-01")
+    kube.node(node)
+    assert ex.drain(node, "slurm", "rocewatch: x").startswith("refused:")
+    bad = executor(kube, "not-a-token")
+    assert bad.drain(node, "kubernetes", "rocewatch: x") == "failed: kubernetes 401: Unauthorized"
+    assert "unschedulable" not in kube.read_node(node)["spec"]
+
+
+# (API group, resource, subresource) x verbs x namespace ("" = cluster-wide): the grid RBAC is
+# asked about; what the executor and membership need is exactly ALLOWED.
+RESOURCES = [
+    ("", "nodes", ""),
+    ("", "nodes", "status"),
+    ("", "nodes", "proxy"),
+    ("", "pods", ""),
+    ("", "pods", "status"),
+    ("", "pods", "eviction"),
+    ("", "pods", "exec"),
+    ("", "events", ""),
+    ("events.k8s.io", "events", ""),
+    ("", "secrets", ""),
+    ("", "configmaps", ""),
+    ("", "serviceaccounts", "token"),
+    ("apps", "daemonsets", ""),
+]
+VERBS = ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]
+NAMESPACES = ["", "default", "rocewatch"]
+ALLOWED = {
+    ("", "nodes", "", "get", ""),
+    ("", "nodes", "", "patch", ""),
+    ("", "nodes", "status", "patch", ""),
+    ("", "pods", "", "list", ""),  # cluster-wide (ClusterRoleBinding), so in any namespace too
+    ("", "pods", "", "list", "default"),
+    ("", "pods", "", "list", "rocewatch"),
+    ("", "events", "", "create", "default"),  # a Role in default only
+}
+CLUSTER_SCOPED = {"nodes"}
+
+
+def test_rbac_manifest_grants_exactly_what_the_executor_needs(
+    kube: KubeCluster, sa_token: str
+) -> None:
+    """The API server's own authorizer, asked as the ServiceAccount (SelfSubjectAccessReview)."""
+    authz = client.AuthorizationV1Api(kube.client(sa_token))
+    allowed = set()
+    for group, resource, sub in RESOURCES:
+        for ns in [""] if resource in CLUSTER_SCOPED else NAMESPACES:
+            for verb in VERBS:
+                attrs = {"group": group, "resource": resource, "verb": verb}
+                if sub:
+                    attrs["subresource"] = sub
+                if ns:
+                    attrs["namespace"] = ns
+                review = authz.create_self_subject_access_review(
+                    {"spec": {"resourceAttributes": attrs}}
+                )
+                if review.status.allowed:
+                    allowed.add((group, resource, sub, verb, ns))
+    assert allowed == ALLOWED
+
+
+def test_rbac_forbids_the_rest_with_403(
+    kube: KubeCluster, sa_token: str, names: Callable[[str], str]
+) -> None:
+    node = names("gpu-01")
+    kube.node(node)
+    pod = names("p")
+    kube.pod("default", pod, node, {"app": "x"})
+    core = kube.core(sa_token)
+    attempts: dict[str, Callable[[], Any]] = {
+        "delete node": lambda: core.delete_node(node),
+        "list nodes": lambda: core.list_node(),
+        "update node": lambda: core.replace_node(node, kube.core().read_node(node)),
+        "create node": lambda: core.create_node({"metadata": {"name": names("x")}}),
+        "evict pod": lambda: core.create_namespaced_pod_eviction(
+            pod, "default", {"metadata": {"name": pod, "namespace": "default"}}
+        ),
+        "delete pod": lambda: core.delete_namespaced_pod(pod, "default"),
+        "get pod": lambda: core.read_namespaced_pod(pod, "default"),
+        "list secrets": lambda: core.list_namespaced_secret("rocewatch"),
+        "event elsewhere": lambda: core.create_namespaced_event(
+            "rocewatch",
+            {
+                "metadata": {"generateName": "x."},
+                "involvedObject": {"kind": "Node", "name": node},
+                "reason": "R",
+                "message": "m",
+            },
+        ),
     }
-    assert granted == {
-        ("nodes", "get"),
-        ("nodes", "patch"),
-        ("nodes/status", "patch"),
-        ("pods", "list"),
-        ("events", "create"),
-    }
+    codes = {}
+    for what, call in attempts.items():
+        with pytest.raises(ApiException) as e:
+            call()
+        codes[what] = e.value.status
+    assert codes == dict.fromkeys(attempts, 403)
+    assert "unschedulable" not in kube.read_node(node)["spec"]
 
 
-def test_policy_drives_the_executor(api: KubeApiStandIn) -> None:
-    topo = Topology.from_dict(
+def topology(nodes: list[str], jobs: list[Any] | None = None) -> Topology:
+    return Topology.from_dict(
         {
             "switches": [{"name": "leaf-0"}],
             "nodes": [
-                {"name": f"gpu-{i:02d}", "scheduler": "kubernetes", "nics": [{"nic": "mlx5_0"}]}
-                for i in range(1, 11)
+                {"name": n, "scheduler": "kubernetes", "nics": [{"nic": "mlx5_0"}]} for n in nodes
             ],
+            "jobs": jobs or [],
         }
     )
-    p = DrainPolicy(PolicyConfig(mode="auto", resume_after_healthy_s=10), topo, executor(api))
-    a = Alert(
-        {
-            "alertname": "PFCStorm",
-            "severity": "critical",
-            "node": "gpu-01",
-            "nic": "mlx5_0",
-            "role": "origin",
-        },
-        {},
-        T0,
+
+
+def test_policy_drives_the_executor(
+    kube: KubeCluster, sa_token: str, names: Callable[[str], str]
+) -> None:
+    nodes = [names(f"gpu-{i:02d}") for i in range(1, 11)]
+    for n in nodes:
+        kube.node(n)
+    p = DrainPolicy(
+        PolicyConfig(mode="auto", resume_after_healthy_s=10),
+        topology(nodes),
+        executor(kube, sa_token),
     )
-    p.on_alert(a, T0)
+    labels = {
+        "alertname": "PFCStorm",
+        "severity": "critical",
+        "node": nodes[0],
+        "nic": "mlx5_0",
+        "role": "origin",
+    }
+    p.on_alert(Alert(labels, {}, T0), T0)
     acts, _ = p.tick(T0 + 3 * S)
     assert [(x.action, x.node, x.scheduler, x.outcome) for x in acts] == [
-        ("drain", "gpu-01", "kubernetes", "done")
+        ("drain", nodes[0], "kubernetes", "done")
     ]
-    assert api.nodes["gpu-01"]["spec"]["unschedulable"] is True
-    p.on_alert(Alert(a.labels, {}, T0, ends_at=T0 + 5 * S), T0 + 5 * S)
+    assert kube.read_node(nodes[0])["spec"]["unschedulable"] is True
+    p.on_alert(Alert(labels, {}, T0, ends_at=T0 + 5 * S), T0 + 5 * S)
     acts, _ = p.tick(T0 + 16 * S)
     assert [(x.action, x.outcome) for x in acts] == [("resume", "done")]
-    assert taints(api, "gpu-01") == []
+    assert taints(kube, nodes[0]) == []
+    assert "unschedulable" not in kube.read_node(nodes[0])["spec"]
 
 
-def test_patch_semantics_of_the_stand_in() -> None:
-    """The stand-in itself: RFC 7386 and strategic merge as the real server applies them."""
-    node = {"spec": {"taints": [{"key": "a"}], "unschedulable": True}, "metadata": {"x": 1}}
-    assert merge_patch(node, {"spec": {"unschedulable": None}}) == {
-        "spec": {"taints": [{"key": "a"}]},
-        "metadata": {"x": 1},
-    }
-    assert strategic_merge(node, {"spec": {"taints": [{"key": "b"}]}})["spec"]["taints"] == [
-        {"key": "b"}
-    ]
-    st = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-    both = strategic_merge(st, {"status": {"conditions": [{"type": "X", "status": "True"}]}})
-    assert [c["type"] for c in both["status"]["conditions"]] == ["Ready", "X"]
-    gone = strategic_merge(both, {"status": {"conditions": [{"type": "X", "$patch": "delete"}]}})
-    assert gone == st
-
-
-def test_executor_from_config_with_a_kubeconfig(api: KubeApiStandIn, tmp_path: Path) -> None:
+def test_executor_from_config_with_a_kubeconfig(
+    kube: KubeCluster, sa_token: str, names: Callable[[str], str], tmp_path: Path
+) -> None:
     import yaml
 
     from actions.routing import RoutingExecutor
     from rocewatch.config import config_from_dict
 
+    node = names("gpu-01")
+    kube.node(node)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         yaml.safe_dump(
             {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": api.url}}],
-                "users": [{"name": "rocewatch", "user": {"token": TOKEN}}],
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {"server": kube.url, "certificate-authority": str(kube.ca_file)},
+                    }
+                ],
+                "users": [{"name": "rocewatch", "user": {"token": sa_token}}],
                 "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "rocewatch"}}],
                 "current-context": "ctx",
             }
@@ -256,11 +426,47 @@ def test_executor_from_config_with_a_kubeconfig(api: KubeApiStandIn, tmp_path: P
         {"executors": {"kubernetes": {"kubeconfig": str(kubeconfig), "taint_effect": "NoExecute"}}}
     )
     ex = RoutingExecutor(cfg.executors)
-    assert ex.drain("gpu-01", "kubernetes", "rocewatch: PCIeDowngrade mlx5_1") == "done"
-    assert taints(api, "gpu-01") == [{"key": TAINT_KEY, "value": "true", "effect": "NoExecute"}]
+    assert ex.drain(node, "kubernetes", "rocewatch: PCIeDowngrade mlx5_1") == "done"
+    assert taints(kube, node) == [{"key": TAINT_KEY, "value": "true", "effect": "NoExecute"}]
     missing = config_from_dict({"executors": {"kubernetes": {"kubeconfig": "/nonexistent"}}})
     assert (
         RoutingExecutor(missing.executors)
-        .drain("gpu-01", "kubernetes", "x")
+        .drain(node, "kubernetes", "x")
         .startswith("failed: kubernetes:")
     )
+
+
+def test_pod_membership_feeds_the_policy_job_cap(
+    kube: KubeCluster, sa_token: str, names: Callable[[str], str]
+) -> None:
+    """Live job membership from real Pods (bound with spec.nodeName, phase as a kubelet reports
+    it), listed with the ServiceAccount's token, caps the policy per job."""
+    nodes = [names(f"k-{i:02d}") for i in range(1, 11)]
+    for n in nodes:
+        kube.node(n)
+    team_a, team_b = names("team-a"), names("team-b")
+    for i, n in enumerate(nodes[:4]):
+        kube.pod(team_a, f"train-{i}", n, {JOB_LABEL: "train"})
+    kube.pod(team_a, "train-old", nodes[4], {JOB_LABEL: "train"}, phase="Succeeded")  # ended
+    kube.pod(team_a, "train-next", nodes[6], {JOB_LABEL: "train"}, phase="Pending")
+    kube.pod(team_b, "web", nodes[5], {"app": "web"})  # no job label: no job
+    t = topology(nodes)
+    src = KubernetesPods(kube.core(sa_token), MembershipConfig(kubernetes=True))
+    LiveJobs(t, [src]).refresh()
+    key = f"{team_a}/train"
+    assert t.jobs == {key: Job(key, team_a, None, tuple(sorted(nodes[:4])))}
+
+    cfg = PolicyConfig(max_fabric_share=1, max_rail_share=1)  # job cap 25 % of 4 nodes: 1
+    p = DrainPolicy(cfg, t)
+    for k, n in enumerate(nodes[:2]):
+        at = T0 + k * 10 * S
+        labels = {"alertname": "PFCStorm", "severity": "critical", "node": n, "role": "origin"}
+        p.on_alert(Alert(labels, {}, at), at)
+    acts = []
+    for s in range(0, 30):
+        acts += p.tick(T0 + s * S)[0]
+    assert [(a.node, a.outcome) for a in acts] == [
+        (nodes[0], "dry-run"),
+        (nodes[1], "refused: max_job_share"),
+    ]
+    assert f"job {key} already has 1 of 4 nodes out ({nodes[0]})" in acts[1].reason

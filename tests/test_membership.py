@@ -1,21 +1,17 @@
-"""Live job membership (actions.membership): from a real slurmctld + slurmd, from pods in the
-Kubernetes API stand-in, and how it reaches the policy's job caps and the detectors' peers."""
+"""Live job membership (actions.membership): from a real slurmctld + slurmd, and how it reaches
+the policy's job caps and the detectors' peers. Membership from real Pods on a real API server:
+tests/test_kubernetes.py."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
-from support.kube_apiserver import KubeApiStandIn, load_rules
 
-from actions import DrainPolicy, PolicyConfig
 from actions.membership import (
-    KubernetesPods,
     LiveJobs,
     MembershipConfig,
     SlurmJobs,
@@ -24,12 +20,7 @@ from actions.membership import (
 )
 from detectors.base import node_labels
 from rocewatch.config import config_from_dict
-from rocewatch.model import Alert
 from rocewatch.topology import Job, Topology
-
-RBAC = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes" / "rbac.yaml"
-S = 1_000_000_000
-T0 = 1_795_946_400 * S
 
 
 def topo(names: list[str], scheduler: str = "slurm", jobs: list[Any] | None = None) -> Topology:
@@ -143,36 +134,6 @@ def test_membership_from_a_real_slurm_job(slurmd_node: str) -> None:
             break
         time.sleep(0.5)
     assert name not in t.jobs
-
-
-def test_pod_membership_feeds_the_policy_job_cap() -> None:
-    nodes = [f"k-{i:02d}" for i in range(1, 11)]
-    t = topo(nodes, scheduler="kubernetes")
-    with KubeApiStandIn(load_rules(RBAC), "tok") as api:
-        for i, n in enumerate(nodes[:4]):
-            api.add_pod("team-a", f"train-{i}", n, {"batch.kubernetes.io/job-name": "train"})
-        api.add_pod("team-b", "web", nodes[5], {"app": "web"})  # no job label: no job
-        conf = client.Configuration(
-            host=api.url, api_key={"BearerToken": "tok"}, api_key_prefix={"BearerToken": "Bearer"}
-        )
-        core = client.CoreV1Api(client.ApiClient(conf))
-        LiveJobs(t, [KubernetesPods(core, MembershipConfig(kubernetes=True))]).refresh()
-    assert t.jobs == {"team-a/train": Job("team-a/train", "team-a", None, tuple(nodes[:4]))}
-
-    cfg = PolicyConfig(max_fabric_share=1, max_rail_share=1)  # job cap 25 % of 4 nodes: 1
-    p = DrainPolicy(cfg, t)
-    for k, n in enumerate(nodes[:2]):
-        at = T0 + k * 10 * S
-        labels = {"alertname": "PFCStorm", "severity": "critical", "node": n, "role": "origin"}
-        p.on_alert(Alert(labels, {}, at), at)
-    acts = []
-    for s in range(0, 30):
-        acts += p.tick(T0 + s * S)[0]
-    assert [(a.node, a.outcome) for a in acts] == [
-        ("k-01", "dry-run"),
-        ("k-02", "refused: max_job_share"),
-    ]
-    assert "job team-a/train already has 1 of 4 nodes out (k-01)" in acts[1].reason
 
 
 def test_membership_config() -> None:

@@ -4,10 +4,11 @@
 The full suite (scripts/test-all.sh, what CI runs) needs the real services and skips nothing.
 
 * Markers say what a test needs: ``kafka``, ``postgres``, ``slurm``, ``alertmanager``,
-  ``gnmi_peers`` (the Go gNMI tools), and ``slow``. A test that uses one of a service's
-  fixtures gets the service's marker at collection (``SERVICES``), and every service marker
-  brings ``slow``: a new test cannot forget them. Tests that are slow without a service carry
-  ``pytest.mark.slow`` themselves (a module-level ``pytestmark`` where the whole module is).
+  ``gnmi_peers`` (the Go gNMI tools), ``kube`` (kube-apiserver and etcd), and ``slow``. A test
+  that uses one of a service's fixtures gets the service's marker at collection (``SERVICES``),
+  and every service marker brings ``slow``: a new test cannot forget them. Tests that are slow
+  without a service carry ``pytest.mark.slow`` themselves (a module-level ``pytestmark`` where
+  the whole module is).
 * A test that needs a service the machine does not offer is skipped, with the command that
   starts it; under CI (the ``CI`` environment variable set, as CI services and
   scripts/test-all.sh set it) a skip is a failure, so a green CI run ran everything.
@@ -72,6 +73,12 @@ def _gnmi_peers() -> str:
     return f"{', '.join(missing)} missing in {GO_BIN}" if missing else ""
 
 
+def _kube() -> str:
+    from tests.support.kube import missing  # it imports GO_BIN from here
+
+    return missing()
+
+
 def _kafka() -> str:
     return ""  # never skipped: the broker fixtures start one or fail with its log
 
@@ -122,6 +129,12 @@ SERVICES: dict[str, Service] = {
         _gnmi_peers,
         "bash scripts/go_tools.sh",
         "the gNMI peers scripts/go_tools.sh provides (openconfig's fake_server, gnmi_cli; gnmic)",
+    ),
+    "kube": Service(
+        frozenset({"kube_api"}),
+        _kube,
+        "bash scripts/services.sh install; bash scripts/go_tools.sh",
+        "a real kube-apiserver (scripts/go_tools.sh builds it) and etcd (Debian's etcd-server)",
     ),
 }
 
