@@ -6,18 +6,25 @@ job's nodes (topology ``jobs``), or of the rail for NICs in no job. Every ``wind
 NIC's window is compared with its peers' by a robust z-score (median and MAD, which a few
 outliers cannot drag along):
 
-- **pressure**: the NIC's own backpressure, the share of time it asked its leaf to pause
-  (``tx_prio<N>_pause_duration``), or congestion toward it (ECN-marked packets it received),
-  far above its peers';
-- **throughput**: its RDMA transmit rate well below its peers' (their upper quartile, since with
+- **its own backpressure**: the share of time it asked its leaf to pause
+  (``tx_prio<N>_pause_duration``), far above its peers'. On a lossless (PFC) fabric a NIC that
+  cannot keep up with what arrives fills its receive buffer and pauses its leaf: the slowness
+  is its own;
+- **throughput**: its RDMA transmit rate below its peers' (their upper quartile, since with
   few rails the slow NIC's rail, which waits for it, can be half the job; the robust z-score of
-  throughput is quoted as evidence).
+  throughput is quoted as evidence);
+- **not held by the fabric**: the pause it *receives* (``rx_prio<N>_pause_duration``) is less
+  than the pause it asks for. A NIC its leaf holds (a storm's victim, an incast's sender) is
+  slow because of someone else.
 
 A slow NIC slows its whole rail's ring, so low throughput alone does not single it out (every
-NIC of that rail in the job is just as slow), and pressure alone is not slowness (an incast
-receiver is congested but sends at full rate). A straggler shows both, in ``min_windows``
-windows in a row; it resolves after ``clear_windows`` normal ones. A PCIe link below its
-maximum is quoted as evidence.
+NIC of that rail in the job is just as slow: its peers wait, and ask for nothing), and pressure
+alone is not slowness. ECN marks on what a NIC receives are *not* pressure: they say the leaf's
+queue toward it is congested (incast, or a DCQCN burst), which happens to NICs that drain at
+line rate; a ring peer of a straggler caught in such a burst is slow and marked, and not the
+straggler (ECN is quoted as evidence). A straggler shows all three, in ``min_windows`` windows
+in a row; it resolves after ``clear_windows`` normal ones. A PCIe link below its maximum is
+quoted as evidence.
 
 Cadence: a window counts for a NIC only when it holds a new sample of it, and a streak must
 cover ``min_windows`` windows' worth of time (less half a window) in two samples at least: a
@@ -47,7 +54,9 @@ from rocewatch.topology import Topology
 
 S = 1_000_000_000
 PAUSE, ECN, TPUT = "nic_tx_pause_us", "nic_ecn_marked_pkts", "nic_tx_rdma_bytes"
-SIGNALS = (PAUSE, ECN, TPUT)
+HELD = "nic_rx_pause_us"  # pause the NIC received: its transmit held by its leaf
+SIGNALS = (PAUSE, ECN, TPUT, HELD)
+K = len(SIGNALS)
 
 
 @dataclass(frozen=True)
@@ -57,15 +66,15 @@ class StragglerConfig:
     min_windows: int = 3  # "persistently": three windows in a row
     clear_windows: int = 2
     z_threshold: float = 3.5  # modified z-score cut-off (Iglewicz & Hoaglin)
-    min_pause_share: float = 0.05  # the NIC asks for pause at least 5% of the time...
-    # ...or receives this many ECN-marked packets per second (~0.4% of a 400G port's 4 KB
-    # packets: healthy all-reduce marks a few thousand a second)
-    min_ecn_rate: float = 50_000.0
-    ecn_ratio: float = 5.0  # ...and that many times its peers' median
-    max_throughput_ratio: float = 0.9  # RDMA transmit at most 90% of its peers' upper quartile
+    # the NIC asks for pause at least 5% of the time (a healthy NIC: well under 1%, brief
+    # all-to-all spikes aside, which min_windows outlasts)
+    min_pause_share: float = 0.05
+    # RDMA transmit at most 95% of its peers' upper quartile: a synchronised collective keeps
+    # its NICs within 1-2% of each other, and a 10% slow NIC must count
+    max_throughput_ratio: float = 0.95
     min_peers: int = 4  # NICs with data in the group, itself included
     pause_mad_floor: float = 0.005  # z-score scale floors, so a flat group is not all outliers
-    ecn_mad_floor: float = 1_000.0
+    ecn_mad_floor: float = 1_000.0  # (ECN: evidence only)
     throughput_mad_floor: float = 0.01  # relative to the median
 
     def __post_init__(self) -> None:
@@ -116,9 +125,14 @@ class StragglerDetector:
             self.streak_s = self.streak * float(self.config.window_s)
         if "last_ts" not in d:  # a checkpoint from before the newest samples were kept
             n = len(self.acc_ts)
-            self.last_delta, self.last_dt = np.zeros((n, 3)), np.zeros((n, 3))
-            self.last_ts = np.zeros((n, 3), dtype=np.int64)
+            self.last_delta, self.last_dt = np.zeros((n, K)), np.zeros((n, K))
+            self.last_ts = np.zeros((n, K), dtype=np.int64)
             self.interval = np.zeros(n)
+        for name in ("acc_delta", "acc_dt", "last_delta", "last_dt", "last_ts"):
+            a = getattr(self, name)
+            if a.shape[1] < K:  # a checkpoint from before the received pause was read
+                pad = np.zeros((a.shape[0], K - a.shape[1]), dtype=a.dtype)
+                setattr(self, name, np.concatenate([a, pad], axis=1))
 
     def __post_init__(self) -> None:
         self.slots = EntitySlots()
@@ -130,19 +144,18 @@ class StragglerDetector:
         self.calm = np.empty(0, dtype=np.int64)  # ... that looked normal
         self.active: dict[int, _Active] = {}
         self.next_eval_ns = 0
-        self.peak_pause = 0.0  # the highest step pause share / ECN rate since the last window
-        self.peak_ecn = 0.0
+        self.peak_pause = 0.0  # the highest step pause share since the last window
         # the window being summed: its index (end // window), and per NIC and signal the summed
         # counter increase and interval, and the newest sample time
         self.period = -1
-        self.acc_delta = np.zeros((0, 3))
-        self.acc_dt = np.zeros((0, 3))
+        self.acc_delta = np.zeros((0, K))
+        self.acc_dt = np.zeros((0, K))
         self.acc_ts = np.zeros(0, dtype=np.int64)
         # per NIC and signal, its newest sample (counter increase, interval, time), and per
         # NIC its sampling interval (s, smoothed)
-        self.last_delta = np.zeros((0, 3))
-        self.last_dt = np.zeros((0, 3))
-        self.last_ts = np.zeros((0, 3), dtype=np.int64)
+        self.last_delta = np.zeros((0, K))
+        self.last_dt = np.zeros((0, K))
+        self.last_ts = np.zeros((0, K), dtype=np.int64)
         self.interval = np.zeros(0)
 
     def _peer_group(self, node: str, rail: int) -> int:
@@ -183,12 +196,12 @@ class StragglerDetector:
         self.streak = np.concatenate([self.streak, z])
         self.streak_s = np.concatenate([self.streak_s, np.zeros(len(groups))])
         self.calm = np.concatenate([self.calm, z])
-        self.acc_delta = np.concatenate([self.acc_delta, np.zeros((len(groups), 3))])
-        self.acc_dt = np.concatenate([self.acc_dt, np.zeros((len(groups), 3))])
+        self.acc_delta = np.concatenate([self.acc_delta, np.zeros((len(groups), K))])
+        self.acc_dt = np.concatenate([self.acc_dt, np.zeros((len(groups), K))])
         self.acc_ts = np.concatenate([self.acc_ts, z])
-        self.last_delta = np.concatenate([self.last_delta, np.zeros((len(groups), 3))])
-        self.last_dt = np.concatenate([self.last_dt, np.zeros((len(groups), 3))])
-        self.last_ts = np.concatenate([self.last_ts, np.zeros((len(groups), 3), dtype=np.int64)])
+        self.last_delta = np.concatenate([self.last_delta, np.zeros((len(groups), K))])
+        self.last_dt = np.concatenate([self.last_dt, np.zeros((len(groups), K))])
+        self.last_ts = np.concatenate([self.last_ts, np.zeros((len(groups), K), dtype=np.int64)])
         self.interval = np.concatenate([self.interval, np.zeros(len(groups))])
 
     def evaluate(self, ctx: StepContext) -> list[Finding]:
@@ -196,21 +209,19 @@ class StragglerDetector:
         cur = ctx.engine.current()
         if cur is None:
             return []
-        for metric, attr, scale in ((PAUSE, "peak_pause", 1e6), (ECN, "peak_ecn", 1.0)):
-            f = cur.get(metric)
-            if f.height:
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    r = f.get_column("delta").to_numpy() / (f.get_column("dt").to_numpy() * scale)
-                top = float(np.nanmax(r)) if np.isfinite(r).any() else 0.0
-                if top > getattr(self, attr):
-                    setattr(self, attr, top)
+        f = cur.get(PAUSE)
+        if f.height:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r = f.get_column("delta").to_numpy() / (f.get_column("dt").to_numpy() * 1e6)
+            top = float(np.nanmax(r)) if np.isfinite(r).any() else 0.0
+            self.peak_pause = max(self.peak_pause, top)
         w = round(cfg.window_s * S)
         self._accumulate(cur, ctx.end, w)
         if ctx.end < self.next_eval_ns:
             return self._findings()
         self.next_eval_ns = (ctx.end // w + 1) * w
-        quiet = self.peak_pause < cfg.min_pause_share and self.peak_ecn < cfg.min_ecn_rate
-        self.peak_pause = self.peak_ecn = 0.0
+        quiet = self.peak_pause < cfg.min_pause_share
+        self.peak_pause = 0.0
         if quiet and not self.active and not self.streak.any():
             return []  # no NIC could look pressed in this window: nothing to compare
         self._window(ctx, w)
@@ -251,12 +262,12 @@ class StragglerDetector:
         self._grow()
         n = len(self.slots)
         sig = np.concatenate(which)
-        k = slot * 3 + sig
+        k = slot * K + sig
         delta = np.nan_to_num(rows.get_column("delta").to_numpy().astype(np.float64))
         dt = np.nan_to_num(rows.get_column("dt").to_numpy().astype(np.float64))
         ts = rows.get_column("ts").to_numpy()
         for acc, x in ((self.acc_delta, delta), (self.acc_dt, dt)):
-            acc += np.bincount(k, x, minlength=3 * n).reshape(n, 3)
+            acc += np.bincount(k, x, minlength=K * n).reshape(n, K)
         np.maximum.at(self.acc_ts, slot, ts)
         has = dt > 0
         self.last_delta[slot[has], sig[has]] = delta[has]
@@ -298,7 +309,7 @@ class StragglerDetector:
             return
         val, ts = self._values(ctx.end, w)
         covered = np.isfinite(val)
-        pause, ecn, tput = val[:, 0] / 1e6, val[:, 1], val[:, 2]
+        pause, ecn, tput, rx_pause = val[:, 0] / 1e6, val[:, 1], val[:, 2], val[:, 3] / 1e6
         judged = np.zeros(n, dtype=bool)
         cond = np.zeros(n, dtype=bool)
         stats: dict[int, tuple[float, float, float, float, float]] = {}
@@ -310,14 +321,11 @@ class StragglerDetector:
             zp, med_p = _robust_z(pause[m], cfg.pause_mad_floor)
             ze, med_e = _robust_z(ecn[m], cfg.ecn_mad_floor)
             zt, med_t = _robust_z(tput[m], cfg.throughput_mad_floor, relative=True)
-            pressed = (np.nan_to_num(pause[m]) >= cfg.min_pause_share) & (
-                np.nan_to_num(zp) >= cfg.z_threshold
-            )
-            pressed |= (
-                (np.nan_to_num(ecn[m]) >= cfg.min_ecn_rate)
-                & (np.nan_to_num(ecn[m]) >= cfg.ecn_ratio * np.nan_to_num(med_e))
-                & (np.nan_to_num(ze) >= cfg.z_threshold)
-            )
+            own = np.nan_to_num(pause[m])
+            pressed = (own >= cfg.min_pause_share) & (np.nan_to_num(zp) >= cfg.z_threshold)
+            # held by its leaf at least as long as it holds it: slow because of the fabric
+            # (a storm's victim, an incast's sender), not at its own work
+            pressed &= np.nan_to_num(rx_pause[m]) < own
             # the reference is the peers' upper quartile, not their median: with few rails,
             # the slow NIC's whole rail (which waits for it) can be half of the job
             ref_t = float(np.nanpercentile(tput[m], 75))
@@ -355,8 +363,10 @@ class StragglerDetector:
                 f"pause requested {pct(pause[i])} of the time (peer median {pct(med_p)}, "
                 f"robust z {zs[i, 0]:.0f}; thresholds {pct(cfg.min_pause_share)}, "
                 f"z {cfg.z_threshold:g})",
+                f"pause received {pct(np.nan_to_num(rx_pause[i]))} of the time (less than it "
+                "requested: not held by its leaf)",
                 f"ECN-marked packets {ecn[i]:,.0f}/s (peer median {med_e:,.0f}/s, z "
-                f"{zs[i, 1]:.0f})",
+                f"{zs[i, 1]:.0f}; evidence only)",
                 f"RDMA transmit {tput[i] * 8 / 1e9:.1f} Gb/s = {pct(tput[i] / ref_t)} of the "
                 f"peers' upper quartile {ref_t * 8 / 1e9:.1f} Gb/s (threshold "
                 f"{pct(cfg.max_throughput_ratio)}; median {med_t * 8 / 1e9:.1f} Gb/s, z "
@@ -412,9 +422,10 @@ class StragglerDetector:
                     act.ts,
                     summary=f"{node}/{nic} is persistently slower than its peers"
                     + (f" in {where}" if where else ""),
-                    description=f"{node}/{nic} backs up (it asks for pause or gets ECN-marked "
-                    "traffic) while sending well below its peers; every ring it is in waits "
-                    "for it." + (f" {act.pcie}: a likely cause." if act.pcie else ""),
+                    description=f"{node}/{nic} cannot keep up with what it receives (it asks its "
+                    "leaf for pause, and is not itself held) while sending below its peers; "
+                    "every ring it is in waits for it."
+                    + (f" {act.pcie}: a likely cause." if act.pcie else ""),
                     evidence=act.evidence + (f"; {act.pcie}" if act.pcie else ""),
                     extra=extra,
                 )
