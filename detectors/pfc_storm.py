@@ -18,9 +18,16 @@ switch port is named origin only once its switch's own pause counters have repor
 victim's stall (a relay read less often than its victim would otherwise be blamed before its
 own pause shows), or one of its intervals later if they do not.
 
+The sample a storm began in counts whole toward the detection time when it was paused for at
+least ``onset_fraction`` of it and every sample after it wholly (SONiC's watchdog, too, counts
+the poll that first sees a queue stuck): read every 100 ms, 200 ms of pause counted only in
+samples wholly inside the storm would be confirmed 200-300 ms after the onset, past 2.5
+intervals whenever the storm began early in a sample. A switch queue's transmit counter is then
+judged over the wholly paused samples alone (it sent before the storm began).
+
 Time to detect: the first sample fully inside the storm, so at most two intervals of the
-fastest series that sees it (plus, for a switch port as origin whose own transmit counters
-are not read, until its switch's next sample).
+fastest series that sees it; at 100 ms, 1.25-2.5 intervals (plus, for a switch port as origin
+whose own transmit counters are not read, until its switch's next sample).
 """
 
 from __future__ import annotations
@@ -52,6 +59,11 @@ class PfcStormConfig:
     # it covers detection jitter at onset and the hop-by-hop drain-down when a storm ends
     relay_window_s: float = 1.0
     min_coverage: float = 0.9  # samples must span this share of the detection time
+    # the sample a storm began in counts whole toward the detection time when it was paused
+    # this share of it and every later one wholly, as SONiC's watchdog counts the poll that
+    # first sees a queue stuck: at 100 ms a storm is confirmed within 2.5 samples, and a pause
+    # shorter than 1.25 samples (a burst its receiver drained) never is
+    onset_fraction: float = 0.25
     require_stall: bool = True
 
 
@@ -202,8 +214,15 @@ class PfcStormDetector:
             if (kind, *k) not in table
         ]
         parts = [
-            detection[pl.Series(new, dtype=pl.UInt32)].with_columns(pl.Series("frac", frac[new]))
+            detection[pl.Series(new, dtype=pl.UInt32)].with_columns(
+                pl.Series("frac", frac[new]), *_WHOLE
+            )
         ]
+        taken = {(kind, *k) for k in _keys(detection, np.asarray(new, dtype=np.int64))}
+        onset = self._onset(ctx, metric, kind, detection, table, taken)
+        if onset is not None:
+            parts.append(onset)
+            taken |= {(kind, *k) for k in onset.select("device", "port", "qual").iter_rows()}
         # samples jittered across step boundaries may leave the window of the detection time
         # short of it (one sample in two steps): one step more, for a window still all paused
         # (looked at only where an entity not yet stalled is paused but short of coverage)
@@ -218,7 +237,6 @@ class PfcStormDetector:
                 lok & _ge(lf, cfg.pause_fraction) & (ldt >= cfg.detection_time_s * cfg.min_coverage)
             )
         if len(more):
-            taken = {(kind, *k) for k in _keys(detection, np.asarray(new, dtype=np.int64))}
             extra = [
                 i
                 for i, k in zip(more.tolist(), _keys(longer, more), strict=True)
@@ -227,7 +245,7 @@ class PfcStormDetector:
             if extra:
                 parts.append(
                     longer[pl.Series(extra, dtype=pl.UInt32)].with_columns(
-                        pl.Series("frac", lf[extra])
+                        pl.Series("frac", lf[extra]), *_WHOLE
                     )
                 )
         enter = pl.concat(parts, how="vertical")
@@ -235,7 +253,7 @@ class PfcStormDetector:
             return
         if stall and cfg.require_stall:
             enter = self._stalled(ctx, enter)
-        for d, p, q, f, dt_s, n, ts, extra in enter.select(
+        for d, p, q, f, dt_s, n, ts, began, extra in enter.select(
             "device",
             "port",
             "qual",
@@ -243,18 +261,94 @@ class PfcStormDetector:
             "dt",
             "n",
             "ts",
+            "onset",
             pl.col("extra") if "extra" in enter.columns else pl.lit(""),
         ).iter_rows():
             key = (kind, d, p, q)
             if key not in table:
                 what = "received" if "rx" in metric else "sent"
+                how = "" if began is None else f" after {pct(began)} of the sample it began in"
                 table[key] = _Active(
                     ts,
-                    f"{d}/{p} prio {q} {what} pause {pct(f)} of {dt_s:.2f} s"
+                    f"{d}/{p} prio {q} {what} pause {pct(f)} of {dt_s:.2f} s{how}"
                     f" (threshold {pct(cfg.pause_fraction)}){extra}",
                     seen=ctx.end,
                     interval=round(dt_s / max(n, 1) * NS),
                 )
+
+    def _onset(
+        self,
+        ctx: StepContext,
+        metric: str,
+        kind: str,
+        detection: pl.DataFrame,
+        table: dict[Key, _Active],
+        taken: set[Key],
+    ) -> pl.DataFrame | None:
+        """Entities whose newest samples were wholly paused after one paused at least
+        ``onset_fraction``: the storm began in that one, which counts whole toward the
+        detection time, as SONiC's watchdog counts the poll that first sees a queue stuck.
+
+        Counting only samples wholly inside the storm, 200 ms of pause read every 100 ms is
+        confirmed 200-300 ms after its onset (the onset falls anywhere in a sample); counted from
+        the sample it began in, within 2.5 intervals. Rows are the newest step's (the wholly
+        paused samples: their share, interval and time), with the onset sample's share.
+        """
+        cfg = self.config
+        cur = ctx.engine.current()
+        c = cur.get(metric) if cur is not None else None
+        if c is None or c.height == 0 or detection.height == 0 or cfg.onset_fraction > 1:
+            return None
+        cf, cok, _ = self._fractions(c)
+        hot = np.flatnonzero(cok & (cf >= cfg.pause_fraction))
+        if len(hot) == 0:
+            return None
+        hot = np.array(
+            [
+                i
+                for i, k in zip(hot.tolist(), _keys(c, hot), strict=True)
+                if (kind, *k) not in table and (kind, *k) not in taken
+            ],
+            dtype=np.int64,
+        )
+        if len(hot) == 0:
+            return None
+        newest = c[pl.Series(hot, dtype=pl.UInt32)].with_columns(pl.Series("frac", cf[hot]))
+        on = ["device", "port", "qual"]
+
+        def before(w: pl.DataFrame) -> pl.DataFrame:
+            span = w.select(*on, pl.col("delta").alias("w_delta"), pl.col("dt").alias("w_dt"))
+            return newest.join(span, on=on, how="inner").with_columns(
+                (pl.col("w_dt") - pl.col("dt")).alias("before_dt"),
+                (pl.col("w_delta") - pl.col("delta")).alias("before_us"),
+            )
+
+        j = before(detection)
+        if (j.get_column("before_dt") <= 0).any():
+            # jitter left the step before the newest empty: the sample before is one step older
+            longer = ctx.engine.window(metric, cfg.detection_time_s + ctx.engine.config.step_s)
+            gap = j.filter(pl.col("before_dt") <= 0).select(on)
+            j = pl.concat(
+                [j.filter(pl.col("before_dt") > 0), before(longer).join(gap, on=on, how="semi")]
+            )
+        need = cfg.detection_time_s * cfg.min_coverage
+        # the samples before the newest, within the detection time: the one the storm began in
+        began = (pl.col("before_dt") > 0) & (
+            pl.col("before_us") >= cfg.onset_fraction * pl.col("before_dt") * 1e6
+        )
+        # or the newest step alone spans the detection time (jitter put two samples in it)
+        j = j.filter((began & (pl.col("w_dt") >= need)) | (pl.col("dt") >= need))
+        if j.height == 0:
+            return None
+        return j.select(
+            *detection.columns,
+            "frac",
+            pl.when(pl.col("dt") < need)
+            .then(pl.col("before_us") / (pl.col("before_dt") * 1e6))
+            .otherwise(None)
+            .alias("onset"),
+            pl.lit(True).alias("newest"),
+        )
 
     def _relay_share(self, dt: np.ndarray) -> np.ndarray:
         """Per row, the pause share that makes its device a relay: ``relay_fraction`` of the
@@ -299,17 +393,23 @@ class PfcStormDetector:
         return int(self.port_newest[ports].min()), round(float(self.port_interval[ports].max()))
 
     def _stalled(self, ctx: StepContext, enter: pl.DataFrame) -> pl.DataFrame:
-        """Keep paused switch queues that held data and sent nothing (where the switch says so)."""
+        """Keep paused switch queues that held data and sent nothing (where the switch says so):
+        over the detection time, or for a storm's onset (it sent before the storm began in its
+        first sample) over the newest step, whose wholly paused samples entered it."""
         t = self.config.detection_time_s
-        tx = ctx.engine.window("queue_tx_pkts", t).select(
-            "device", "port", "qual", pl.col("delta").alias("tx"), pl.col("dt").alias("tx_dt")
-        )
-        depth = ctx.engine.window("queue_depth_bytes", t).select(
-            "device", "port", "qual", pl.col("max").alias("depth")
-        )
-        j = enter.join(tx, on=["device", "port", "qual"], how="left").join(
-            depth, on=["device", "port", "qual"], how="left"
-        )
+        on = ["device", "port", "qual"]
+        whole = enter.filter(~pl.col("newest"))
+        began = enter.filter(pl.col("newest"))
+        parts = []
+        for rows, span in ((whole, t), (began, ctx.engine.config.step_s)):
+            if rows.height == 0:
+                continue
+            tx = ctx.engine.window("queue_tx_pkts", span).select(
+                *on, pl.col("delta").alias("tx"), pl.col("dt").alias("tx_dt")
+            )
+            parts.append(rows.join(tx, on=on, how="left"))
+        depth = ctx.engine.window("queue_depth_bytes", t).select(*on, pl.col("max").alias("depth"))
+        j = pl.concat(parts, how="vertical").join(depth, on=on, how="left")
         # a queue counter read much less often than the pause counter reaches back to before
         # the storm: it says nothing either way
         j = j.filter(
@@ -459,6 +559,10 @@ class PfcStormDetector:
                 )
             )
         return findings
+
+
+# entries judged over the whole detection time (not only its newest samples; no onset sample)
+_WHOLE = (pl.lit(None, dtype=pl.Float64).alias("onset"), pl.lit(False).alias("newest"))
 
 
 def _ge(a: np.ndarray, b: np.ndarray | float) -> np.ndarray:
