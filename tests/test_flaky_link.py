@@ -390,3 +390,65 @@ def test_healthy_links_at_any_cadence(interval: float) -> None:
     }
     r = cadence.run(TOPO, link_series(interval, stray), cadence.timeline(interval)[2], only=ONLY)
     assert r.named("FlakyLink") == []
+
+
+# --- flaps alone (no error counters): the second flap, read at any cadence ----------------------
+
+
+def _events(times: list[float]) -> cadence.Rate:
+    """A counter that counts one event at each of ``times`` (s)."""
+    return cadence.Rate(0.0, [(t, t + 0.01, 100.0) for t in times])
+
+
+def flap_faults(flaps: list[tuple[float, float]], uplink: bool = False) -> dict:
+    """Carrier transitions at both ends of a cable going down and up at each (down, up), and
+    for gpu-004's cable its NIC's PHY link-down events; no error counter moves."""
+    ends = (
+        [("leaf-0", "Ethernet2/1"), ("spine-0", "Ethernet1/1")]
+        if uplink
+        else [("leaf-0", "Ethernet1/4")]
+    )
+    carrier = _events([t for f in flaps for t in f])
+    out = {(dev, port, "port_carrier_transitions"): carrier for dev, port in ends}
+    if not uplink:
+        out[("gpu-004", "mlx5_0", "nic_link_down_events")] = _events([d for d, _ in flaps])
+    return out
+
+
+@pytest.mark.parametrize("uplink", [False, True], ids=["nic-cable", "uplink"])
+@pytest.mark.parametrize("interval", cadence.CADENCES)
+def test_flaps_alone_found_within_the_bound_at_any_cadence(interval: float, uplink: bool) -> None:
+    # a cable that only flaps: down ~1 s just after its onset, again 5 s later; the second
+    # flap tells it from an admin bounce, and is read within one interval of it
+    onset = 5.0 + 3 * interval
+    flaps = [(onset + 0.4, onset + 1.3), (onset + 5.4, onset + 6.2)]
+    r = cadence.run(
+        TOPO,
+        link_series(interval, flap_faults(flaps, uplink)),
+        onset + 6.2 + 4 * interval + 2.0,
+        only=ONLY,
+    )
+    (a,) = r.named("FlakyLink")
+    assert a.labels["severity"] == "critical"
+    if uplink:
+        assert a.annotations["strands"] == "none" and "peer" in a.annotations
+    else:
+        assert (a.labels["node"], a.labels["port"]) == ("gpu-004", "Ethernet1/4")
+    assert "2 flap(s)" in a.annotations["evidence"], a.annotations["evidence"]
+    ttd = cadence.ttd(a, onset)
+    assert 5.4 <= ttd <= cadence.bound(interval), ttd
+    assert ttd <= 5.4 + 1.1 * interval + 0.1, ttd  # the first reading after the second flap
+
+
+@pytest.mark.parametrize("interval", cadence.CADENCES)
+def test_one_admin_bounce_is_silent_at_any_cadence(interval: float) -> None:
+    # an operator shuts the leaf port and brings it back 2 s later (or a node reboots): one
+    # down/up at both ends, two carrier transitions in one reading at 5 s
+    onset = 5.0 + 3 * interval
+    r = cadence.run(
+        TOPO,
+        link_series(interval, flap_faults([(onset, onset + 2.0)])),
+        onset + 2.0 + 6 * interval + 4.0,
+        only=ONLY,
+    )
+    assert r.named("FlakyLink") == []
