@@ -129,8 +129,8 @@ class Episode:
     ts: int = 0  # newest sample time that made it fire; 0 while pending
     severity: str = ""
     info: tuple[Any, ...] = ()  # what the detector needs to describe it, as of firing
-    # the sampling intervals (ns) of its last few rows; a tuple (and a class default) so an
-    # episode pickled before it existed restores
+    # the sampling intervals (ns) of its last few rows (a default: a checkpoint of an episode
+    # written before it existed restores with none, rocewatch/checkpoint.py)
     intervals: tuple[int, ...] = ()
     # end of the last step a row said the enter condition (``last_cool``: level <= 0) or the
     # stay condition (``last_cold``: level COLD) did not hold: news, not a missed sample

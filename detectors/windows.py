@@ -583,7 +583,7 @@ class WindowEngine:
     def _over_limit(self, n: int) -> None:
         self.stats.inc("series_over_limit", n)
         now = time.monotonic()
-        if now - getattr(self, "_limit_logged", -float("inf")) >= 60.0:  # (older checkpoints)
+        if now - self._limit_logged >= 60.0:
             self._limit_logged = now
             log.warning(
                 "series limit reached (window.max_series %d): samples of new series are "

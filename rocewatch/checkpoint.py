@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import base64
 import collections
+import dataclasses
+import functools
 import hashlib
 import io
 import math
@@ -200,6 +202,13 @@ def _policy_restore(d: dict[str, Any]) -> Any:
     except (ConfigError, KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"drain policy state unusable: {e}") from e
     return p
+
+
+def _detector_classes() -> dict[type, type]:
+    """The registry's detectors, each with its config class."""
+    from detectors.registry import DETECTORS
+
+    return {det: cfg for det, cfg in DETECTORS.values()}
 
 
 def _adapters() -> dict[type, tuple[str, Callable[[Any], Any], Callable[[Any], Any]]]:
@@ -505,6 +514,7 @@ class _Decoder:
         self.memo: dict[int, Any] = {}
         self.table = _table()
         self.adapters = {name: back for name, _, back in _adapters().values()}
+        self.fresh = _detector_classes()
         self.tags: dict[str, Callable[[list[Any]], Any]] = {
             "$l": lambda v: [self.dec(x) for x in v[1:]],
             "$t": lambda v: tuple(self.dec(x) for x in v[1:]),
@@ -576,6 +586,26 @@ class _Decoder:
         self.memo[i] = f
         return f
 
+    def _detector(self, cls: Any, i: int, state: Any) -> Any:
+        """A detector is made as the pipeline makes one, from its topology and config, and its
+        state laid over that: what it gained since the record was written keeps the value a
+        new detector starts with."""
+        st = self.dec(state)
+        if not isinstance(st, dict) or not all(type(k) is str for k in st):
+            raise CheckpointError(f"checkpoint: the state of a {cls.__name__} is not a mapping")
+        from rocewatch.topology import Topology
+
+        topology, config = st.get("topology"), st.get("config")
+        if not isinstance(topology, Topology) or type(config) is not self.fresh[cls]:
+            raise CheckpointError(f"checkpoint: a {cls.__name__} without topology or config")
+        obj = cls(topology, config)
+        if _custom_getstate(cls) and hasattr(cls, "__setstate__"):
+            obj.__setstate__(st)
+        else:
+            obj.__dict__.update(st)
+        self.memo[i] = obj
+        return obj
+
     def _named_tuple(self, v: list[Any]) -> Any:
         cls = self.table.get(v[1])
         if cls is None or not issubclass(cls, tuple):
@@ -592,6 +622,8 @@ class _Decoder:
         cls: Any = self.table.get(name)
         if cls is None:
             raise CheckpointError(f"checkpoint names a class not allowed here: {name!r}")
+        if cls in self.fresh:
+            return self._detector(cls, i, state)
         obj = cls.__new__(cls)
         self.memo[i] = obj  # before its state: the state may refer back to it
         st = self.dec(state)
@@ -605,7 +637,28 @@ class _Decoder:
             obj.__dict__.update({k: x for k, x in st.items() if k not in slots})
         for k in slots & st.keys():
             object.__setattr__(obj, k, st[k])
+        # a dataclass field added since the record was written takes its default
+        for k, default in _defaults(cls):
+            if k not in st:
+                object.__setattr__(obj, k, default())
         return obj
+
+
+_DEFAULTS: dict[type, list[tuple[str, Callable[[], Any]]]] = {}
+
+
+def _defaults(cls: type) -> list[tuple[str, Callable[[], Any]]]:
+    """A dataclass's fields that have a default, each with a maker of it."""
+    d = _DEFAULTS.get(cls)
+    if d is None:
+        d = []
+        for f in dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ():
+            if f.default is not dataclasses.MISSING:
+                d.append((f.name, functools.partial(_same, f.default)))
+            elif f.default_factory is not dataclasses.MISSING:
+                d.append((f.name, f.default_factory))
+        _DEFAULTS[cls] = d
+    return d
 
 
 def _str(v: Any) -> str:

@@ -25,7 +25,7 @@ from detectors.rates import series_ids
 from detectors.registry import build_detectors
 from detectors.windows import Step, WindowEngine
 from rocewatch.alerting.group import StormGrouper, views
-from rocewatch.alerting.inhibit import INHIBITED_BY, InhibitConfig, Inhibitor
+from rocewatch.alerting.inhibit import INHIBITED_BY, Inhibitor
 from rocewatch.config import Config
 from rocewatch.model import SERIES_KEY, Action, Alert
 from rocewatch.stats import Stats
@@ -267,7 +267,7 @@ class Pipeline:
                 self.engine, self.topology, step.start, step.end, firing=self._firing_labels
             )
             events: list[Alert] = []
-            domain = getattr(self, "domain", None)  # (None in a pipeline pickled before it)
+            domain = self.domain
             grouper, inhibitor = self._alerting()
             for det in self.detectors:
                 # one alert per fault: grouped before the domain filter, so a storm's victims
@@ -328,16 +328,11 @@ class Pipeline:
         return out
 
     def _rollup_levels(self) -> list[Rollups]:
-        # getattr: a checkpoint written before the coarse level existed lacks it
-        levels = [self.rollups, getattr(self, "rollups_coarse", None)]
+        levels = [self.rollups, self.rollups_coarse]
         return [r for r in levels if r is not None]
 
     def _alerting(self) -> tuple[StormGrouper, Inhibitor]:
-        """The grouping and inhibition stages (made here for a pipeline restored from a
-        checkpoint written before they existed)."""
-        if getattr(self, "inhibitor", None) is None:
-            self.grouper = StormGrouper(self.topology, self.config.lifecycle.resolve_after_s)
-            self.inhibitor = Inhibitor(getattr(self.config, "inhibit", None) or InhibitConfig())
+        """The grouping and inhibition stages."""
         return self.grouper, self.inhibitor
 
     def _firing_labels(self) -> list[Mapping[str, str]]:

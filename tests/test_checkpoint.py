@@ -134,6 +134,16 @@ def test_a_snapshot_is_the_state_when_taken() -> None:
     assert back == {"arr": back["arr"], "n": 1} and back["arr"].tolist() == [0.0, 1.0, 2.0]
 
 
+def test_a_field_added_since_takes_its_default() -> None:
+    """Compatibility within v1: a record written before a dataclass gained a field restores
+    with the field's default (docs/formats/checkpoint.md says how other state evolves)."""
+    from rocewatch.topology import Switch
+
+    old = record(["$o", 0, "rocewatch.topology:Switch", {"name": "leaf-0", "role": "leaf"}])
+    sw = checkpoint.loads(old)
+    assert sw == Switch("leaf-0", "leaf") and sw.int_ports == {} and sw.domain is None
+
+
 def test_what_is_not_data_is_not_written() -> None:
     """A class off the allowlist, an object array, a function: refused when writing (a bug to
     fix here, not a record nobody can read back)."""
