@@ -14,7 +14,11 @@ A drain, in the manner of node-problem-detector plus ``kubectl cordon``:
 
 Resume removes only rocewatch's taint, condition and annotation, and uncordons only a cordon
 rocewatch made. A node cordoned by someone else is left alone (``refused: drained-by-other``).
-Both are idempotent: a retry after a lost answer finds the work done and says ``done``.
+Both are idempotent: a retry after a lost answer finds the work done and says ``done``, writing
+only what the lost attempt left undone (no second Event, the condition's transition time kept).
+
+Events about a Node (cluster-scoped) live in the ``default`` namespace: the API server answers
+422 for any other, so ``event_namespace`` is checked at start-up.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ ANNOTATION = "rocewatch.io/drained"
 CONDITION = "FabricFault"
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
+_ALREADY = "already"  # a patch builder's answer: the node is already as wanted
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,13 @@ class KubernetesConfig:
             raise ConfigError("kubernetes: conflict_retries must not be negative")
         if self.timeout_s <= 0:
             raise ConfigError("kubernetes: timeout_s must be positive")
+        if self.event_namespace != "default":
+            # the API server refuses (422) an Event in another namespace about a cluster-scoped
+            # object: every drain's Event would be lost
+            raise ConfigError(
+                'kubernetes: event_namespace must be "default" (the API server keeps Events '
+                "about Nodes there only)"
+            )
 
 
 def api_client(cfg: KubernetesConfig) -> Any:
@@ -89,8 +101,14 @@ class KubernetesExecutor:
     def drain(self, node: str, scheduler: str, reason: str) -> str:
         if scheduler != "kubernetes":
             return f"refused: {scheduler} node is not managed by Kubernetes"
+        seen: dict[str, Any] = {}
         try:
-            outcome = self._with_retries(node, lambda n: self._drain_patch(n, reason))
+            outcome = self._with_retries(node, lambda n: self._drain_patch(n, reason, seen))
+            if outcome == _ALREADY:
+                # a retry after a lost answer: finish only what that attempt may have left
+                if _condition(seen.get("node") or {}) != "True":
+                    self._set_condition(node, "True", "RocewatchDrained", reason)
+                return "done"
             if outcome != "done":
                 return outcome
             self._set_condition(node, "True", "RocewatchDrained", reason)
@@ -103,8 +121,13 @@ class KubernetesExecutor:
     def resume(self, node: str, scheduler: str) -> str:
         if scheduler != "kubernetes":
             return f"refused: {scheduler} node is not managed by Kubernetes"
+        seen: dict[str, Any] = {}
         try:
-            outcome = self._with_retries(node, self._resume_patch)
+            outcome = self._with_retries(node, lambda n: self._resume_patch(n, seen))
+            if outcome == _ALREADY:
+                if _condition(seen.get("node") or {}) is not None:
+                    self._delete_condition(node)
+                return "done"
             if outcome != "done":
                 return outcome
             self._delete_condition(node)
@@ -143,7 +166,10 @@ class KubernetesExecutor:
         data: dict[str, Any] = json.loads(resp.data)
         return data
 
-    def _drain_patch(self, cur: dict[str, Any], reason: str) -> dict[str, Any] | str:
+    def _drain_patch(
+        self, cur: dict[str, Any], reason: str, seen: dict[str, Any]
+    ) -> dict[str, Any] | str:
+        seen["node"] = cur
         meta, spec = cur.get("metadata") or {}, cur.get("spec") or {}
         ours = ANNOTATION in (meta.get("annotations") or {})
         taints = list(spec.get("taints") or [])
@@ -152,7 +178,7 @@ class KubernetesExecutor:
             log.info("kubernetes: %s is cordoned by someone else: left alone", meta.get("name"))
             return DRAINED_BY_OTHER
         if ours and spec.get("unschedulable") and has_taint:
-            return "done"  # a retry after a lost answer: already ours
+            return _ALREADY  # a retry after a lost answer: already ours
         taints = [t for t in taints if t.get("key") != TAINT_KEY]
         taints.append({"key": TAINT_KEY, "value": "true", "effect": self.config.taint_effect})
         return {
@@ -163,7 +189,8 @@ class KubernetesExecutor:
             "spec": {"unschedulable": True, "taints": taints},
         }
 
-    def _resume_patch(self, cur: dict[str, Any]) -> dict[str, Any] | str:
+    def _resume_patch(self, cur: dict[str, Any], seen: dict[str, Any]) -> dict[str, Any] | str:
+        seen["node"] = cur
         meta, spec = cur.get("metadata") or {}, cur.get("spec") or {}
         ours = ANNOTATION in (meta.get("annotations") or {})
         taints = list(spec.get("taints") or [])
@@ -175,7 +202,7 @@ class KubernetesExecutor:
                 )
                 return DRAINED_BY_OTHER
             if len(kept) == len(taints):
-                return "done"  # nothing of ours left: someone already returned it
+                return _ALREADY  # nothing of ours left: someone already returned it
         patch: dict[str, Any] = {
             "metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {}},
             "spec": {"taints": kept or None},
@@ -238,6 +265,14 @@ class KubernetesExecutor:
             )
         except ApiException as e:
             log.error("kubernetes: event on %s not recorded: %s %s", node, e.status, e.reason)
+
+
+def _condition(node: dict[str, Any]) -> str | None:
+    """The status of rocewatch's condition on a node as read, None without one."""
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == CONDITION:
+            return str(c.get("status"))
+    return None
 
 
 def _failed(e: Exception) -> str:

@@ -26,6 +26,7 @@ from actions.kubernetes import (
     KubernetesExecutor,
 )
 from actions.membership import KubernetesPods, LiveJobs, MembershipConfig
+from rocewatch.errors import ConfigError
 from rocewatch.model import Alert
 from rocewatch.topology import Job, Topology
 from tests.support.kube import KubeCluster
@@ -118,11 +119,21 @@ def test_drain_cordons_taints_sets_condition_and_event(
     assert ev["source"]["component"] == "rocewatch"
     assert ev["message"] == "rocewatch: PFCStorm origin mlx5_3"
 
-    # Idempotent: a retry (after a lost answer) finds the drain done and changes no spec.
+    # Idempotent: a retry (after a lost answer) finds the drain done and writes nothing: no
+    # second Event, the condition's transition time is the drain's.
     assert ex.drain(node, "kubernetes", "rocewatch: PFCStorm origin mlx5_3") == "done"
-    again = kube.read_node(node)
-    assert again["spec"] == n["spec"]
-    assert again["metadata"]["annotations"] == n["metadata"]["annotations"]
+    assert kube.read_node(node)["metadata"]["resourceVersion"] == n["metadata"]["resourceVersion"]
+    assert len(events(kube, node)) == 1
+    # A drain whose condition was lost on the way (its status patch unanswered) is finished.
+    kube.core().patch_node_status(
+        node,
+        {"status": {"conditions": [{"type": CONDITION, "$patch": "delete"}]}},
+        _content_type="application/strategic-merge-patch+json",
+    )
+    assert ex.drain(node, "kubernetes", "rocewatch: PFCStorm origin mlx5_3") == "done"
+    n = kube.read_node(node)
+    assert conditions(n)[CONDITION]["status"] == "True"
+    assert len(events(kube, node)) == 1
 
     assert ex.resume(node, "kubernetes") == "done"
     n = kube.read_node(node)
@@ -130,10 +141,11 @@ def test_drain_cordons_taints_sets_condition_and_event(
     assert n["spec"]["taints"] == [GPU, MAINT]
     assert ANNOTATION not in (n["metadata"].get("annotations") or {})
     assert set(conditions(n)) == {"Ready"}
-    assert events(kube, node)[-1]["reason"] == "FabricFaultResume"
+    assert [e["reason"] for e in events(kube, node)] == ["FabricFaultDrain", "FabricFaultResume"]
     rv = n["metadata"]["resourceVersion"]
     assert ex.resume(node, "kubernetes") == "done"  # idempotent too: nothing left to write
     assert kube.read_node(node)["metadata"]["resourceVersion"] == rv
+    assert len(events(kube, node)) == 2
 
 
 def test_no_execute_only_when_configured(
@@ -258,6 +270,26 @@ def test_errors_are_outcomes(kube: KubeCluster, sa_token: str, names: Callable[[
     bad = executor(kube, "not-a-token")
     assert bad.drain(node, "kubernetes", "rocewatch: x") == "failed: kubernetes 401: Unauthorized"
     assert "unschedulable" not in kube.read_node(node)["spec"]
+
+
+def test_node_events_belong_in_default(kube: KubeCluster, names: Callable[[str], str]) -> None:
+    """The API server refuses an Event about a Node outside ``default``, so the executor refuses
+    such an event_namespace at start-up rather than lose every drain's Event."""
+    node = names("gpu-01")
+    kube.node(node)
+    ev = {
+        "metadata": {"generateName": "x."},
+        "involvedObject": {"kind": "Node", "name": node, "uid": node, "apiVersion": "v1"},
+        "reason": "FabricFaultDrain",
+        "message": "m",
+        "type": "Warning",
+    }
+    with pytest.raises(ApiException) as e:
+        kube.core().create_namespaced_event(kube.namespace("rocewatch"), ev)  # as the admin
+    assert e.value.status == 422
+    with pytest.raises(ConfigError, match="event_namespace"):
+        KubernetesConfig(event_namespace="rocewatch").validate()
+    kube.core().create_namespaced_event("default", ev)
 
 
 # (API group, resource, subresource) x verbs x namespace ("" = cluster-wide): the grid RBAC is
