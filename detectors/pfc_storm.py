@@ -505,13 +505,16 @@ class PfcStormDetector:
             return start <= since + r and (end is None or end >= since - r)
 
         def unheard(s: Key, since: int) -> bool:
-            """A switch whose own pause counters have not reported since its victim stalled
-            (yet: one of its intervals is waited for), so it may still turn out a relay."""
+            """A switch whose own pause counters have not yet reported far enough past its
+            victim's stall to show a relay (one of its intervals is waited for beyond that), so
+            it may still turn out one. A relay was paused before its victim stalled, so a sample
+            reaching ``relay_fraction`` of a relay's share past the stall shows it paused."""
             rep = report(s[1]) if s[0] == "port" else None
             if rep is None:
                 return False
             newest, iv = rep
-            return newest < since and ctx.end <= since + round(1.5 * iv)
+            need = round(cfg.relay_fraction * min(iv, cfg_relay_ns(cfg)))
+            return newest < since + need and ctx.end <= since + need + round(1.5 * iv)
 
         findings: list[Finding] = []
         origins: list[Key] = []

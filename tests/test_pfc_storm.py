@@ -362,3 +362,35 @@ def test_pause_burst_shorter_than_a_storm_is_silent_at_any_phase(phase, burst_s)
     series = storm_series(0.1, 0.1, storm=(onset, onset + burst_s), hops=burst)
     r = cadence.run(TOPO, _phased(series, phase), 4.0)
     assert r.alerts == []
+
+
+@pytest.mark.parametrize("leaf_phase", [0.38, 0.45, 0.6])
+def test_a_relay_read_every_second_is_not_blamed_for_a_victim_read_every_100ms(leaf_phase):
+    # spine-0 pauses both leaves' uplinks (nothing pauses it: a switch origin); 200 ms later
+    # the leaves pause their NICs. The NICs, read every 100 ms, stall long before the leaves'
+    # 1 s counters show them paused: a leaf's first sample after its NIC's stall may hold
+    # only 40 % of pause. The leaves are relays, never origins.
+    onset, end = 3.0, 9.0
+    hops = {
+        ("leaf-0", "Ethernet1/9"): 0.0,
+        ("leaf-1", "Ethernet1/9"): 0.0,
+        ("gpu-001", "mlx5_0"): 0.2,
+        ("gpu-002", "mlx5_0"): 0.2,
+        ("gpu-003", "mlx5_0"): 0.2,
+    }
+    series = []
+    for x in storm_series(1.0, 0.1, storm=(onset, end), hops=hops, jitter=0.0):
+        if x.metric == "nic_tx_pause_us":  # no NIC sends the storm
+            x = dataclasses.replace(x, rate=cadence.Rate(3_000.0))
+        if x.device.startswith("leaf"):
+            x = dataclasses.replace(x, phase=leaf_phase)
+        series.append(x)
+    sending = cadence.Rate(3_000.0, [(onset, end, 1e6 - 3_000.0)])
+    series += [
+        cadence.Series("spine-0", p, "pfc_tx_pause_us", "3", rate=sending, interval=1.0)
+        for p in ("Ethernet1/1", "Ethernet1/2")
+    ]
+    r = cadence.run(TOPO, series, end + 4.0)
+    origins = {a.labels.get("switch") for a in r.named("PFCStorm") if a.labels["role"] == "origin"}
+    assert origins == {"spine-0"}, origins
+    assert not [a for a in r.pipeline.actions if a.action == "drain"]
