@@ -13,6 +13,8 @@ import orjson
 import polars as pl
 
 from collector.mapping import GnmiMapper, NicMapper, default_gnmi_mapper
+from collector.nic.samples import I64_MAX as _I64_MAX
+from collector.nic.samples import I64_MIN as _I64_MIN
 from collector.nic.samples import U64 as _U64
 from collector.nic.samples import Columns, SnapshotReader, number
 from rocewatch.model import SAMPLE_SCHEMA, empty_samples, is_counter
@@ -46,7 +48,8 @@ _number = number  # the gNMI decoder reads values as the NIC snapshot reader doe
 class GnmicEventDecoder:
     """gnmic's JSON event format (docs/formats.md section 2) -> sample batches.
 
-    Unknown switches, unknown paths and non-numeric values are counted in ``stats`` and skipped.
+    Unknown switches, unknown paths, non-numeric values, timestamps outside 64 bits (signed) and
+    counters scaled past 64 bits are counted in ``stats`` and skipped.
     """
 
     def __init__(
@@ -83,8 +86,11 @@ class GnmicEventDecoder:
         tags = ev.get("tags") or {}
         values = ev.get("values")
         ts = ev.get("timestamp")
-        if not isinstance(tags, dict) or not isinstance(values, dict) or not isinstance(ts, int):
+        if not isinstance(tags, dict) or not isinstance(values, dict) or type(ts) is not int:
             st.inc("malformed_events", detail="missing timestamp, tags or values")
+            return
+        if not _I64_MIN <= ts <= _I64_MAX:  # one such row would fail the whole batch's frame
+            st.inc("malformed_events", detail="timestamp out of range")
             return
         source = tags.get("source")
         if not isinstance(source, str):
@@ -129,6 +135,11 @@ class GnmicEventDecoder:
                 num = _number(v, counter, scale)
             if num is None:
                 st.inc("non_numeric_values", detail=path)
+                continue
+            if num[1] is not None and num[1] >= _U64:
+                # a counter scaled past 64 bits (a mapping's scale > 1): the batch's UInt64
+                # column cannot hold it, and one such value would fail every event's batch
+                st.inc("out_of_range_values", detail=path)
                 continue
             port = t_port or tag_port
             if not port:

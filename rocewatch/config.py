@@ -269,11 +269,12 @@ def build(cls: type[T], data: Any, where: str) -> T:
             kw[k] = v
     try:
         obj = cls(**kw)
-    except TypeError as e:
+        validate = getattr(obj, "validate", None)
+        if callable(validate):
+            validate()
+    except (TypeError, ValueError, AttributeError, OverflowError) as e:
+        # a value of the wrong type (a word where a number goes) fails inside a check
         raise ConfigError(f"{where}: {e}") from e
-    validate = getattr(obj, "validate", None)
-    if callable(validate):
-        validate()
     return obj
 
 
@@ -337,6 +338,8 @@ def _read(path: str | Path) -> Any:
         return yaml.safe_load(Path(path).read_text()) or {}
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config: {e.strerror}") from e
+    except UnicodeDecodeError as e:  # a binary file given by mistake
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from e
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
 

@@ -216,6 +216,8 @@ class Topology:
             doc = yaml.safe_load(Path(path).read_text())
         except OSError as e:
             raise ConfigError(f"{path}: cannot read topology: {e.strerror}") from e
+        except UnicodeDecodeError as e:  # a binary file given by mistake
+            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from e
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from e
         try:
@@ -257,7 +259,7 @@ class Topology:
                     buffer_bytes=_opt_int(s.get("buffer_bytes")),
                     domain=_opt_str(s.get("domain")),
                 )
-            except (TypeError, ValueError, AttributeError) as e:
+            except (TypeError, ValueError, AttributeError, OverflowError) as e:
                 problems.append(f"{where} ({name}): bad value: {e}")
                 continue
             switches.append(sw)
@@ -317,22 +319,19 @@ class Topology:
                 if not isinstance(c, dict) or not c.get("nic"):
                     problems.append(f"{w}: needs 'nic'")
                     continue
-                if c["nic"] in seen:
-                    problems.append(f"{w}: duplicate NIC {c['nic']!r}")
-                seen.add(str(c["nic"]))
+                nic = str(c["nic"])
+                if nic in seen:
+                    problems.append(f"{w}: duplicate NIC {nic!r}")
+                seen.add(nic)
                 sp = (
-                    port_ref(c["switch_port"], f"{w} ({name}/{c['nic']})")
+                    port_ref(c["switch_port"], f"{w} ({name}/{nic})")
                     if c.get("switch_port")
                     else None
                 )
                 try:
                     speed = float(c["speed_gbps"]) if c.get("speed_gbps") is not None else None
-                    nics.append(
-                        Nic(
-                            name, str(c["nic"]), c.get("netdev"), speed, _opt_int(c.get("rail")), sp
-                        )
-                    )
-                except (TypeError, ValueError) as e:
+                    nics.append(Nic(name, nic, c.get("netdev"), speed, _opt_int(c.get("rail")), sp))
+                except (TypeError, ValueError, OverflowError) as e:
                     problems.append(f"{w}: bad value: {e}")
             nodes.append(Node(name, sched, tuple(nics), _opt_str(n.get("domain"))))
 
@@ -342,7 +341,11 @@ class Topology:
             if not isinstance(j, dict) or not j.get("name"):
                 problems.append(f"{where}: needs a name")
                 continue
-            members = [str(x) for x in (j.get("nodes") or [])]
+            raw_members = j.get("nodes") or []
+            if not isinstance(raw_members, list):
+                problems.append(f"{where} ({j['name']}): nodes must be a list")
+                continue
+            members = [str(x) for x in raw_members]
             for m in members:
                 if m not in node_names:
                     problems.append(f"{where} ({j['name']}): references undefined node {m!r}")
@@ -352,7 +355,7 @@ class Topology:
                         str(j["name"]), j.get("tenant"), _opt_int(j.get("priority")), tuple(members)
                     )
                 )
-            except (TypeError, ValueError) as e:
+            except (TypeError, ValueError, OverflowError) as e:
                 problems.append(f"{where}: bad value: {e}")
         if problems:
             raise ConfigError("\n".join(problems))

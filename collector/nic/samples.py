@@ -17,6 +17,7 @@ from collector.mapping import NicMapper, default_nic_mapper, pcie_speed_gts
 from rocewatch.stats import Stats
 
 U64 = 1 << 64
+I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1  # what a sample's ``ts`` (ns, Int64) can hold
 
 
 class Columns:
@@ -43,7 +44,13 @@ def number(v: Any, counter: bool, scale: float) -> tuple[float, int | None] | No
         return None
     if isinstance(v, int):
         if counter and 0 <= v < U64:
-            raw = v if scale == 1.0 else int(v * scale)
+            if scale == 1:
+                raw = v
+            elif float(scale).is_integer():
+                # in integers: through a float, a count past 2**53 loses its last digits
+                raw = v * int(scale)
+            else:
+                raw = int(v * scale)
             return float(raw), raw
         return float(v) * scale, None
     if isinstance(v, float):
@@ -103,8 +110,11 @@ class SnapshotReader:
             st.inc("malformed_snapshots", detail="not an object")
             return
         ts, node, nic = doc.get("timestamp"), doc.get("node"), doc.get("nic")
-        if not isinstance(ts, int) or not isinstance(node, str) or not isinstance(nic, str):
+        if type(ts) is not int or not isinstance(node, str) or not isinstance(nic, str):
             st.inc("malformed_snapshots", detail="missing timestamp, node or nic")
+            return
+        if not I64_MIN <= ts <= I64_MAX:  # one such row would fail the whole batch
+            st.inc("malformed_snapshots", detail="timestamp out of range")
             return
         if self.nodes is not None and node not in self.nodes:
             # still monitored: a node outside the topology has no peers but its own numbers count
@@ -158,6 +168,11 @@ class SnapshotReader:
                 if num is None:
                     st.inc("non_numeric_values", detail=f"{section}.{name}")
                     continue
+                if num[1] is not None and num[1] >= U64:
+                    # scaled past 64 bits (IB data words x 4 near their wrap): no UInt64 holds
+                    # it, and one such value would fail the whole batch
+                    st.inc("out_of_range_values", detail=f"{section}.{name}")
+                    continue
                 put(metric, qual, num)
         mlx = doc.get("mlxlink")
         if isinstance(mlx, dict):
@@ -169,6 +184,9 @@ class SnapshotReader:
                 num = number(v, not name.endswith("_ber"), t.scale)
                 if num is None:
                     st.inc("non_numeric_values", detail=f"mlxlink.{name}")
+                    continue
+                if num[1] is not None and num[1] >= U64:
+                    st.inc("out_of_range_values", detail=f"mlxlink.{name}")
                     continue
                 put(t.metric, "", num)
         elif mlx is not None:
