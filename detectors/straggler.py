@@ -74,7 +74,7 @@ class StragglerConfig:
     max_throughput_ratio: float = 0.95
     min_peers: int = 4  # NICs with data in the group, itself included
     pause_mad_floor: float = 0.005  # z-score scale floors, so a flat group is not all outliers
-    ecn_mad_floor: float = 1_000.0  # (ECN: evidence only)
+    ecn_mad_floor: float = 1_000.0  # ECN-rate z-score scale floor (ECN is evidence only)
     throughput_mad_floor: float = 0.01  # relative to the median
 
     def __post_init__(self) -> None:

@@ -11,19 +11,34 @@ the NIC's own samples, at whatever interval the agent reads them:
   A NIC with less than ``baseline_min_s`` (and ``baseline_min_samples`` samples) of history of
   its own is judged on the errors below alone.
 - ``packet_seq_err``, ``local_ack_timeout_err``, ``rnr_nak_retry_err`` and
-  ``implied_nak_seq_err`` should be ~0: each is a retransmission (go-back-N) or a timeout.
-  Their summed rate is hot at ``error_min_rate`` per second, each counter's rate taken over its
-  samples of the last ``window_s`` and at least its newest sample (a NIC read every 5 s has
-  one sample per 5 s, not a window with holes). Only NICs that had an error lately are
-  followed (a few).
+  ``implied_nak_seq_err`` should be ~0: each is a retransmission (go-back-N) or a timeout, and
+  a lossless fabric loses a frame only to a bit error that FEC could not correct. Two rules:
+
+  - **rate**: their summed rate is hot at ``error_min_rate`` per second, each counter's rate
+    taken over its samples of the last ``window_s`` and at least its newest sample (a NIC read
+    every 5 s has one sample per 5 s, not a window with holes);
+  - **baseline**: the errors counted over the last ``evidence_window_s`` (at least two of the
+    NIC's intervals), in two samples at least, are at least ``min_errors``, ``error_factor``
+    times the NIC's baseline rate, and too many for that baseline by chance (Poisson tail at
+    most ``error_p_value``). A mild fault (one or two retransmissions a second against a
+    baseline of one a minute) is found by its count long before its rate would reach
+    ``error_min_rate``, and a stray error or two is never enough. The baseline is the NIC's
+    own errors per second of its history (counts and time decayed with ``error_tau_s``,
+    learned only from samples that left the window while the NIC was not suspect), with
+    ``error_prior_s`` seconds of its rail peers' pooled rate as prior (a NIC with a short
+    history is judged as its peers are), and never below ``error_floor_rate``.
+
+  Only NICs that had an error lately keep their samples (a few).
 
 A NIC fires once hot for ``sustain_s`` and in two samples at least (``Sustain``: dips of
 ``gap_s`` tolerated, plus one missed sample and jitter at the NIC's own sampling interval;
-a sample read back as cold is a dip), stays firing while either signal is at least
-``exit_ratio`` of its threshold and clears ``clear_s`` after that last held (plus two and a
-half sampling intervals while no sample says otherwise). A sample's rate is known to have held
-over its own interval, so a NIC read every 5 s fires on its second hot sample. A counter reset
-yields a small delta, never a spike (detectors/rates.py), so it cannot fire.
+a sample read back as cold is a dip), stays firing while a signal is at least ``exit_ratio``
+of its threshold (the baseline rule: a Poisson tail of at most ``error_p_value **
+exit_ratio``) and clears ``clear_s`` after that last held (plus two and a half sampling
+intervals while no sample says otherwise). A sample's rate is known to have held over its own
+interval, so a NIC read every 5 s fires on its second hot sample. A counter reset yields a
+small delta, never a spike (detectors/rates.py), and an agent gap one sample over the gap, so
+neither can fire.
 
 A healthy step costs one vectorised update of the baselines (NumPy over entity slots) and a
 filter per error counter.
@@ -70,14 +85,29 @@ FOLLOW = 0.5
 
 @dataclass(frozen=True)
 class TransportErrorsConfig:
-    # adaptive routing keeps out_of_sequence within a small multiple of its usual rate; a lossy
-    # path or a NIC retransmitting multiplies it by 100
-    oos_factor: float = 10.0
+    # adaptive routing reorders in bursts of up to ~10x a NIC's usual rate while paths
+    # rebalance; a lossy path reorders everything behind each lost packet until go-back-N
+    # resends it, 100x and more: out_of_sequence alone needs 30x
+    oos_factor: float = 30.0
     oos_min_pps: float = 200.0
     # every retransmission or ACK timeout stalls a queue pair; a few per second, sustained, is
     # a fault (healthy NICs see one every few minutes)
     error_min_rate: float = 5.0
     window_s: float = 1.0  # errors are counted over this (and at least the newest sample)
+    # the baseline rule: errors counted over this window (and at least two of the NIC's
+    # intervals), short enough to decide within the 10 s a fault may take to be found
+    evidence_window_s: float = 8.0
+    min_errors: int = 5  # several events: one stray error (or a burst of one loss) is no rate
+    error_factor: float = 3.0  # times the baseline rate (errors are burstier than Poisson)
+    # chance of that many errors from a healthy NIC at its baseline: about one per million
+    # windows, so a 1,000-NIC fabric judged every 8 s sees one false count in months
+    error_p_value: float = 1e-6
+    # no healthy lossless fabric retransmits more than about once a minute per NIC (a link at
+    # the operators' post-FEC BER limit, 1e-12, loses a frame every few seconds at 400G:
+    # FlakyLink's case): the baseline is never taken below that
+    error_floor_rate: float = 1.0 / 60.0
+    error_tau_s: float = 600.0  # a NIC's error baseline forgets on this time constant
+    error_prior_s: float = 60.0  # its rail peers' pooled rate counts as this much history
     exit_ratio: float = 0.5  # of a threshold: the stay condition once firing
     sustain_s: float = 2.0
     gap_s: float = 0.1
@@ -109,6 +139,14 @@ class TransportErrorsConfig:
             raise ConfigError(
                 f"{where}: baseline_min_s, baseline_min_samples >= 0, max_entities >= 1"
             )
+        if self.evidence_window_s <= 0 or self.min_errors < 1 or self.error_factor < 1:
+            raise ConfigError(
+                f"{where}: evidence_window_s must be > 0, min_errors >= 1, error_factor >= 1"
+            )
+        if not 0 < self.error_p_value < 1 or self.error_floor_rate <= 0:
+            raise ConfigError(f"{where}: error_p_value must be within (0, 1), error_floor_rate > 0")
+        if self.error_tau_s <= 0 or self.error_prior_s < 0:
+            raise ConfigError(f"{where}: error_tau_s must be > 0, error_prior_s >= 0")
 
 
 class _Errors:
@@ -127,34 +165,86 @@ class _Errors:
         self.sum_d[i] += delta
         self.sum_t[i] += dt
 
-    def rates(self, window_s: float) -> list[float]:
-        """Each counter's rate over its kept samples, taken over at least ``window_s`` (a NIC
-        not followed keeps only its samples with errors: one stray error is not a rate)."""
-        return [d / max(window_s, t) for d, t in zip(self.sum_d, self.sum_t, strict=True)]
+    def rates(self, window_s: float, end: int) -> list[float]:
+        """Each counter's rate over its samples of the last ``window_s`` (at least its newest
+        one), taken over at least ``window_s`` (a NIC not followed keeps only its samples with
+        errors: one stray error is not a rate)."""
+        since = end - round(window_s * NS)
+        out = []
+        for d in self.samples:
+            x = t = 0.0
+            for k, (ts, delta, dt) in enumerate(reversed(d)):
+                if k and ts <= since:
+                    break
+                x += delta
+                t += dt
+            out.append(x / max(window_s, t))
+        return out
+
+    def evidence(self, window_s: float, end: int) -> tuple[float, float, int]:
+        """The errors of every counter counted in samples of the last ``window_s``: (count,
+        the seconds those samples reach back over, at least ``window_s``; the samples with
+        errors)."""
+        since = end - round(window_s * NS)
+        count, first, hit = 0.0, end, set()
+        for d in self.samples:
+            for ts, delta, dt in reversed(d):
+                if ts <= since:
+                    break
+                if delta > 0:
+                    count += delta
+                    hit.add(ts)
+                    first = min(first, ts - round(dt * NS))
+        return count, max(window_s, (end - first) / NS), len(hit)
 
     def span(self) -> float:
         """The longest time (s) a counter's kept samples cover."""
         return max(self.sum_t)
 
-    def prune(self, horizon: int, stale: int) -> bool:
+    def prune(self, horizon: int, stale: int) -> tuple[bool, float]:
         """Keep each counter's samples newer than ``horizon`` and its newest one unless older
-        than ``stale``; return whether any error is left to follow."""
+        than ``stale``; return whether any error is left to follow, and the errors dropped."""
+        dropped = 0.0
         for i, d in enumerate(self.samples):
             while d and (d[0][0] <= horizon and len(d) > 1):
                 _, x, t = d.popleft()
                 self.sum_d[i] -= x
                 self.sum_t[i] -= t
+                dropped += x
             if d and d[-1][0] < stale:
+                dropped += sum(x for _, x, _ in d)
                 d.clear()
             if not d:
                 self.sum_d[i] = self.sum_t[i] = 0.0
-        return any(x >= 0.5 for x in self.sum_d)
+        return any(x >= 0.5 for x in self.sum_d), dropped
 
     def __getstate__(self) -> tuple[object, ...]:
         return (self.samples, self.sum_d, self.sum_t)
 
     def __setstate__(self, state: tuple[object, ...]) -> None:
         self.samples, self.sum_d, self.sum_t = state  # type: ignore[assignment]
+
+
+def poisson_tail(count: float, mean: float) -> float:
+    """P(X >= count) for X ~ Poisson(mean): how likely that many errors are by chance.
+
+    >>> round(poisson_tail(5, 0.2), 8), poisson_tail(0, 3.0), poisson_tail(3, 0.0)
+    (2.26e-06, 1.0, 0.0)
+    """
+    c = math.ceil(count)
+    if c <= 0:
+        return 1.0
+    if mean <= 0:
+        return 0.0
+    if mean >= c:
+        return 1.0  # at least as likely as not: never evidence (only compared with small p)
+    term = math.exp(-mean + c * math.log(mean) - math.lgamma(c + 1))
+    total, k = term, c
+    while term > total * 1e-12 and k < c + 10_000:  # terms fall at least by mean / k < 1
+        k += 1
+        term *= mean / k
+        total += term
+    return min(1.0, total)
 
 
 @dataclass
@@ -184,13 +274,25 @@ class TransportErrorsDetector:
         # the NICs with errors lately, and their samples (``following``: the same, by slot)
         self.errors: dict[tuple[str, str], _Errors] = {}
         self.following = np.empty(0, dtype=bool)
+        # per NIC slot: its error baseline, errors and seconds of history (both decayed), and
+        # its rail (-1: none); per rail (the last: NICs in none), the pooled rate
+        self.err_count = np.empty(0)
+        self.err_time = np.empty(0)
+        self.rail = np.empty(0, dtype=np.int64)
+        self.pooled = np.zeros(1)
 
     def __setstate__(self, d: dict[str, object]) -> None:
         self.__dict__.update(d)
         if "slots" not in d:  # a checkpoint from before the per-sample baselines: start over
             self.__post_init__()
-        elif "following" not in d:
+            return
+        if "following" not in d:
             self.following = np.array([k in self.errors for k in self.slots.keys], dtype=bool)
+        if "err_count" not in d:  # from before the error baselines: they learn from now on
+            n = len(self.slots)
+            self.err_count, self.err_time = np.zeros(n), np.zeros(n)
+            self.rail = np.array([self._rail(k) for k in self.slots.keys], dtype=np.int64)
+            self.pooled = np.zeros(1)
 
     @property
     def window_s(self) -> float:
@@ -207,7 +309,15 @@ class TransportErrorsDetector:
                 self._fabric(ctx.end)
         if not rows and not self.sustain.episodes:
             return []
-        return [self._finding(k, ep) for k, ep in self.sustain.update(ctx.start, ctx.end, rows)]
+        before = {k for k, ep in self.sustain.episodes.items() if ep.ts}
+        firing = self.sustain.update(ctx.start, ctx.end, rows)
+        for k in before - {k for k, _ in firing}:
+            # an alert that cleared: its errors were the fault's, neither evidence for a new
+            # alert (the window still holds them) nor anything its baseline should learn
+            key = (k[1], k[2])
+            if self.errors.pop(key, None) is not None:
+                self.following[self.slots.index[key]] = False
+        return [self._finding(k, ep) for k, ep in firing]
 
     # --- the error counters ----------------------------------------------------------------------
     def _errors(self, cur: Step, end: int) -> dict[tuple[str, str], tuple[int, int, int]]:
@@ -217,18 +327,22 @@ class TransportErrorsDetector:
         fresh: dict[tuple[str, str], tuple[int, int, int]] = {}
         known = cur.positions
         suspects = self._suspects() if self.sustain.episodes else None
+        timed: list[tuple[np.ndarray, np.ndarray]] = []  # (slots, seconds) of this step's samples
         for i, (metric, _) in enumerate(ERRORS):
             f = cur.get(metric)
             if f.height == 0:
                 continue
-            delta = np.nan_to_num(f.get_column("delta").to_numpy().astype(np.float64))
-            want = delta >= 0.5  # counts: any error at all
-            if not want.any() and not self.errors and suspects is None:
-                continue  # the healthy fast path
             at = (known[0], known[1][metric]) if known is not None and metric in known[1] else None
             slot = self.slots.rows_at(f, at)
             self._grow()
             dt = f.get_column("dt").to_numpy().astype(np.float64)
+            # every NIC's history in seconds, for its error baseline (its errors are learned
+            # as they leave the evidence window, below)
+            timed.append((slot, np.nan_to_num(dt)))
+            delta = np.nan_to_num(f.get_column("delta").to_numpy().astype(np.float64))
+            want = delta >= 0.5  # counts: any error at all
+            if not want.any() and not self.errors and suspects is None:
+                continue  # the healthy fast path
             want |= self.following[slot]
             if suspects is not None:
                 want |= np.isin(slot, suspects)  # their samples are news, errors or not
@@ -246,16 +360,33 @@ class TransportErrorsDetector:
                 t, _, _ = fresh.get(key, (0, 0, 0))
                 if ts[j] >= t:
                     fresh[key] = (int(ts[j]), int(iv[j]), int(held[j]))
-        horizon = end - round(cfg.window_s * NS)
+        suspect = set() if suspects is None else set(suspects.tolist())
+        if timed:
+            covered = np.zeros(len(self.slots))
+            for sl, secs in timed:
+                np.maximum.at(covered, sl, secs)
+            if suspects is not None:
+                covered[suspects[(suspects >= 0) & (suspects < len(covered))]] = 0.0
+            self.err_time[: len(covered)] += covered
         for key in list(self.errors):
             e = self.errors[key]
             # a NIC that stopped reporting: its last samples mean nothing after a while
             newest = max((d[-1][2] for d in e.samples if d), default=cfg.window_s)
-            stale = end - round((cfg.window_s + STALE_INTERVALS * newest) * NS)
-            if not e.prune(horizon, stale):
+            horizon = end - round(self._evidence_s(newest) * NS)
+            stale = end - round((self._evidence_s(newest) + STALE_INTERVALS * newest) * NS)
+            left, dropped = e.prune(horizon, stale)
+            j = self.slots.index[key]
+            if dropped and j not in suspect:
+                self.err_count[j] += dropped  # a suspect NIC's errors never become its normal
+            if not left:
                 del self.errors[key]
-                self.following[self.slots.index[key]] = False
+                self.following[j] = False
         return fresh
+
+    def _evidence_s(self, interval_s: float) -> float:
+        """The baseline rule's window for a NIC read every ``interval_s``: two samples at
+        least (and a little jitter)."""
+        return max(self.config.evidence_window_s, 2.2 * interval_s)
 
     def _follow(self, key: tuple[str, str], err_rate: float) -> None:
         """Follow a NIC's every error sample (zeros too, so its rate is exact) while its rate
@@ -281,10 +412,11 @@ class TransportErrorsDetector:
         suspects = {k[1:] for k in self.sustain.episodes}
         for key in sorted({*cand, *(k for k in fresh if k in self.errors or k in suspects)}):
             e = self.errors.get(key)
-            sums = e.rates(cfg.window_s) if e is not None else [0.0] * len(ERRORS)
+            sums = e.rates(cfg.window_s, end) if e is not None else [0.0] * len(ERRORS)
             err_rate = sum(sums)
             self._follow(key, err_rate)
             i = self.slots.index.get(key, -1)
+            count, base_err, p_err, window = self._baseline_rule(e, i, end)
             mine = None
             if i >= 0 and self._ready(i):
                 mine = float(self.ewma[i])
@@ -299,15 +431,88 @@ class TransportErrorsDetector:
                 ts, iv, held = fresh[key]
             if key in fresh and fresh[key][0] > ts:
                 ts, iv, held = fresh[key]
-            hot = r >= thr or err_rate >= cfg.error_min_rate
-            warm = r >= cfg.exit_ratio * thr or err_rate >= cfg.exit_ratio * cfg.error_min_rate
+            stays = False
+            ep = self.sustain.episodes.get(("nic", *key))
+            if ep is not None and ep.ts and e is not None and len(ep.info) > 8:
+                # once firing, the errors are counted over the time the fault's own rate (as
+                # it fired) takes for three times min_errors: a strong fault's end shows at
+                # once, a mild one's only after seconds of silence, which it has by chance;
+                # and it stays while that count is likelier at that rate than at the baseline
+                fired = (
+                    ep.info[6]
+                    if ep.info[6] >= cfg.error_min_rate
+                    else ep.info[8][0] / max(ep.info[8][1], 1e-9)
+                )
+                want = 3 * cfg.min_errors / max(fired, 1e-9)
+                count, base_err, p_err, window = self._baseline_rule(e, i, end, want)
+                stays = count >= cfg.exit_ratio * cfg.min_errors and (
+                    fired <= base_err
+                    or count >= window * (fired - base_err) / math.log(fired / base_err)
+                )
+            counted = count >= cfg.min_errors and count >= cfg.error_factor * base_err * window
+            by_count = counted and p_err <= cfg.error_p_value
+            hot = r >= thr or err_rate >= cfg.error_min_rate or by_count
+            warm = (
+                hot
+                or r >= cfg.exit_ratio * thr
+                or err_rate >= cfg.exit_ratio * cfg.error_min_rate
+                or stays
+            )
             if warm:
                 span = self._error_span(e)
-                info = (r, thr, base, mine, fabric, tuple(sums), err_rate, span)
+                if by_count and not (r >= thr or err_rate >= cfg.error_min_rate):
+                    # the errors were counted over the window: the condition held over it
+                    held = max(held, round(window * NS))
+                evidence = (count, window, base_err, p_err, self._rate_parts(i))
+                info = (r, thr, base, mine, fabric, tuple(sums), err_rate, span, evidence)
                 rows.append(Row(("nic", *key), int(hot), ts, info, interval=iv, held=held))
             elif key in suspects:
                 rows.append(Row(("nic", *key), COLD, ts, (), interval=iv, held=held))
         return rows
+
+    def _baseline_rule(
+        self, e: _Errors | None, i: int, end: int, window_s: float | None = None
+    ) -> tuple[float, float, float, float]:
+        """The baseline rule's figures for NIC slot ``i``: (errors counted, its baseline rate,
+        the chance of that count at that rate, the window in seconds), over the evidence
+        window or ``window_s`` within it (at least two of the NIC's intervals)."""
+        if e is None or i < 0:
+            return 0.0, 0.0, 1.0, 0.0
+        newest = max((d[-1][2] for d in e.samples if d), default=self.config.window_s)
+        full = self._evidence_s(newest)
+        if window_s is not None:
+            full = min(full, max(window_s, self.config.window_s, 2.2 * newest))
+        count, window, samples = e.evidence(full, end)
+        base = self._error_baseline(i)
+        if samples < 2:  # one sample's errors are one moment's (a single loss): no rate
+            return count, base, 1.0, window
+        return count, base, poisson_tail(count, base * window), window
+
+    def _error_baseline(self, i: int) -> float:
+        """NIC slot ``i``'s healthy error rate: its own history, with its rail's pooled rate
+        as ``error_prior_s`` of prior history, never below ``error_floor_rate``."""
+        cfg = self.config
+        weight = float(self.err_time[i]) + cfg.error_prior_s
+        own = float(self.err_count[i]) + cfg.error_prior_s * self._rail_rate(i)
+        return max(cfg.error_floor_rate, own / weight if weight > 0 else 0.0)
+
+    def _rail_rate(self, i: int) -> float:
+        """The pooled error rate of NIC slot ``i``'s rail (of the NICs in none, or the
+        fabric's, for a rail not pooled yet)."""
+        r = int(self.rail[i])
+        return float(self.pooled[r] if 0 <= r < len(self.pooled) - 1 else self.pooled[-1])
+
+    def _rate_parts(self, i: int) -> tuple[float, float, float]:
+        """(own rate, seconds of own history, the rail's pooled rate) for the evidence."""
+        if i < 0:
+            return 0.0, 0.0, 0.0
+        t = float(self.err_time[i])
+        own = float(self.err_count[i]) / t if t > 0 else 0.0
+        return own, t, self._rail_rate(i)
+
+    def _rail(self, key: tuple[str, str]) -> int:
+        rail = self.topology.nic_rail(*key)
+        return -1 if rail is None else int(rail)
 
     def _ready(self, i: int) -> bool:
         cfg = self.config
@@ -341,6 +546,10 @@ class TransportErrorsDetector:
         self.last_rate = np.concatenate([self.last_rate, np.zeros(add)])
         self.interval = np.concatenate([self.interval, np.zeros(add)])
         self.following = np.concatenate([self.following, np.zeros(add, dtype=bool)])
+        self.err_count = np.concatenate([self.err_count, np.zeros(add)])
+        self.err_time = np.concatenate([self.err_time, np.zeros(add)])
+        new = [self._rail(k) for k in self.slots.keys[len(self.rail) :]]
+        self.rail = np.concatenate([self.rail, np.array(new, dtype=np.int64)])
 
     def _oos(
         self, cur: Step, oos: pl.DataFrame, end: int
@@ -422,6 +631,7 @@ class TransportErrorsDetector:
         self.fabric_oos = (
             m if self.fabric_oos is None else self.fabric_oos + alpha * (m - self.fabric_oos)
         )
+        self._pool()
         if end >= self.next_forget:  # NICs gone from the fabric: forget them now and then
             self.next_forget = end + 60 * NS
             gone = (self.seen > 0) & (self.seen < end - round(cfg.baseline_forget_s * NS))
@@ -429,11 +639,40 @@ class TransportErrorsDetector:
             self.learned_s[gone] = 0.0
             self.learned_n[gone] = 0
 
+    def _pool(self) -> None:
+        """Decay every NIC's error history and pool it per rail (suspect NICs left out)."""
+        cfg = self.config
+        keep = math.exp(-cfg.baseline_every_s / cfg.error_tau_s)
+        self.err_count *= keep
+        self.err_time *= keep
+        n = len(self.err_time)
+        if n == 0:
+            return
+        use = np.ones(n, dtype=bool)
+        if self.sustain.episodes:
+            s = self._suspects()
+            use[s[s >= 0]] = False
+        rails = np.where(self.rail >= 0, self.rail, -1)
+        top = int(rails.max()) + 1 if n else 0
+        group = np.where(rails >= 0, rails, top)  # the last group: NICs in no rail
+        cnt = np.bincount(group[use], self.err_count[use], minlength=top + 1)
+        tim = np.bincount(group[use], self.err_time[use], minlength=top + 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pooled = np.where(tim > 0, cnt / tim, np.nan)
+        # a rail with no history yet (or NICs in none) takes the fabric's pooled rate
+        total = float(self.err_time[use].sum())
+        fabric = float(self.err_count[use].sum()) / total if total > 0 else 0.0
+        self.pooled = np.where(np.isfinite(pooled), pooled, fabric)
+
     # --- findings -------------------------------------------------------------------------------
     def _finding(self, key: Key, ep: Episode) -> Finding:
         cfg = self.config
         _, dev, port = key
-        rate, thr, base, own, fabric, sums, err_rate, span = ep.info
+        rate, thr, base, own, fabric, sums, err_rate, span = ep.info[:8]
+        # (an episode from a checkpoint before the baseline rule has no count)
+        count, window, base_err, p_err, parts = (
+            ep.info[8] if len(ep.info) > 8 else (0.0, 0.0, 0.0, 1.0, (0.0, 0.0, 0.0))
+        )
         who = f"{dev}/{port}"
         counts = ", ".join(
             f"{x:,.1f}/s {label}" for (_, label), x in zip(ERRORS, sums, strict=True) if x > 0
@@ -446,15 +685,38 @@ class TransportErrorsDetector:
                 f"/s, {cfg.oos_factor:g}x baseline: own {own:,.0f}/s, fabric median "
                 f"{fabric:,.0f}/s))"
             )
+        rules = []
+        if rate >= thr:
+            rules.append("out_of_sequence")
+        if err_rate >= cfg.error_min_rate:
+            rules.append("error_rate")
+        by_count = count >= cfg.min_errors and p_err <= cfg.error_p_value
+        if by_count:
+            rules.append("error_baseline")
+        own_e, own_t, rail_e = parts
+        baseline = (
+            f"{count:,.0f} retransmission errors in {window:.3g} s = "
+            f"{count / max(window, 1e-9):,.2f}/s against a baseline of {base_err:,.3f}/s "
+            f"(own {own_e:,.3f}/s over {own_t:,.0f} s, "
+            f"rail peers {rail_e:,.3f}/s as {cfg.error_prior_s:g} s of prior, floor "
+            f"{cfg.error_floor_rate:.3g}/s): chance {p_err:.2g} (threshold {cfg.error_p_value:g}"
+            f", at least {cfg.min_errors} errors and {cfg.error_factor:g}x the baseline)"
+        )
         evidence = (
-            f"{who}: {oos}; retransmission errors {err_rate:,.1f}/s over {span:.3g} s "
-            f"({counts or 'none'}; threshold {cfg.error_min_rate:g}/s); held {cfg.sustain_s:g} s"
+            f"{who}: rule={'+'.join(rules) or 'sustained'}; {oos}; retransmission errors "
+            f"{err_rate:,.1f}/s over {span:.3g} s ({counts or 'none'}; threshold "
+            f"{cfg.error_min_rate:g}/s); {baseline}; held {cfg.sustain_s:g} s"
         )
         what = []
         if rate >= thr:
             what.append(f"out-of-sequence packets {rate / max(base, 1e-9):,.0f}x baseline")
         if err_rate >= cfg.error_min_rate:
             what.append(f"{err_rate:,.0f} retransmission errors/s")
+        elif by_count:
+            what.append(
+                f"{count / max(window, 1e-9):,.1f} retransmission errors/s, "
+                f"{count / max(window, 1e-9) / max(base_err, 1e-12):,.0f}x its baseline"
+            )
         summary = f"RoCE transport errors on {who}: " + (" and ".join(what) or "sustained")
         return Finding(
             "TransportErrors",
@@ -462,9 +724,9 @@ class TransportErrorsDetector:
             ep.severity,
             ep.ts,
             summary=summary,
-            description=f"{who} kept retransmitting or receiving out of order for "
-            f"{cfg.sustain_s:g} s, beyond its own and the fabric's baseline: a lossy path, "
-            "a misbehaving peer or a NIC fault slows every queue pair on it.",
+            description=f"{who} kept retransmitting or receiving out of order, beyond its own "
+            "and its peers' baseline: a lossy path, a misbehaving peer or a NIC fault slows "
+            "every queue pair on it.",
             evidence=evidence,
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from collections.abc import Callable, Iterator
 
@@ -251,3 +252,57 @@ def test_straggler_at_any_cadence(interval: float) -> None:
 def test_healthy_job_at_any_cadence(interval: float) -> None:
     r = cadence.run(TOPO, nic_series(interval), cadence.timeline(interval)[2], only=("straggler",))
     assert r.named("Straggler") == []
+
+
+def look_alike_series(interval: float, fault: tuple[float, float]) -> list[cadence.Series]:
+    """The straggler of ``nic_series`` and, while it lasts, what made false Stragglers in the
+    evaluation matrix: a ring peer of the straggler (slow, as its whole rail) caught in a DCQCN
+    marking burst; an incast target on the other rail (marked, at full rate); and a NIC its
+    leaf holds (a storm's victim: it receives pause, sends a little, and is slow)."""
+    a, b = fault
+    peer, target, held = ("gpu-005", "mlx5_1"), ("gpu-006", "mlx5_0"), ("gpu-007", "mlx5_0")
+    burst = [(a + 1.0, a + 5.0, 300_000.0), (a + 7.0, a + 10.0, 250_000.0)]
+    out = []
+    for s in nic_series(interval, fault):
+        key = (s.device, s.port)
+        if s.metric == "nic_ecn_marked_pkts" and key in (peer, target):
+            s = dataclasses.replace(s, rate=cadence.Rate(500.0, burst))
+        elif s.metric == "nic_tx_rdma_bytes" and key == held:
+            s = dataclasses.replace(s, rate=cadence.Rate(RATE, [(a, b, -0.4 * RATE)]))
+        elif s.metric == "nic_tx_pause_us" and key == held:
+            s = dataclasses.replace(s, rate=cadence.Rate(1_000.0, [(a, b, 120_000.0)]))
+        out.append(s)
+        if s.metric == "nic_tx_pause_us":  # every NIC also reports the pause it receives
+            rx = cadence.Rate(500.0, [(a, b, 400_000.0)] if key == held else [])
+            out.append(dataclasses.replace(s, metric="nic_rx_pause_us", rate=rx))
+    return out
+
+
+@pytest.mark.parametrize("interval", [1.0, 2.0])
+def test_ring_peers_incast_targets_and_held_nics_are_not_stragglers(interval: float) -> None:
+    # the matrix's false Stragglers at 1-2 s NIC cadence: ring peers of a real straggler in a
+    # DCQCN burst (ECN-marked and slow, but asking for no pause), incast targets, held NICs
+    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
+    r = cadence.run(TOPO, look_alike_series(interval, (onset, until)), seconds, only=("straggler",))
+    (a,) = r.named("Straggler")  # the straggler alone, once
+    assert (a.labels["node"], a.labels["nic"]) == CULPRIT
+    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+    assert "pause received" in a.annotations["evidence"]
+
+
+@pytest.mark.parametrize("interval", [1.0, 2.0])
+def test_a_ten_percent_straggler_is_found(interval: float) -> None:
+    # a mild thermal straggler: 10 % slow (its rail with it), asking for pause 10 % of the time
+    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
+    series = []
+    for s in nic_series(interval):
+        key = (s.device, s.port)
+        if s.metric == "nic_tx_rdma_bytes" and s.port == "mlx5_1" and s.device in JOB:
+            base = s.rate.base if s.rate is not None else RATE
+            s = dataclasses.replace(s, rate=cadence.Rate(base, [(onset, until, -0.1 * base)]))
+        elif s.metric == "nic_tx_pause_us" and key == CULPRIT:
+            s = dataclasses.replace(s, rate=cadence.Rate(1_000.0, [(onset, until, 100_000.0)]))
+        series.append(s)
+    (a,) = cadence.run(TOPO, series, seconds, only=("straggler",)).named("Straggler")
+    assert (a.labels["node"], a.labels["nic"]) == CULPRIT
+    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)

@@ -121,7 +121,7 @@ def test_sick_nic_found_with_labels_and_onset():
     assert a.ends_at and T0 + 15 * S < a.ends_at < T0 + 18 * S
     ev = a.annotations["evidence"]
     assert "NAK sequence errors" in ev and "local ACK timeouts" in ev and "threshold 5/s" in ev
-    assert "10x baseline: own" in ev and "fabric median" in ev
+    assert "30x baseline: own" in ev and "fabric median" in ev
 
 
 def test_errors_alone_fire_while_the_baseline_is_learning():
@@ -263,3 +263,85 @@ def test_a_lost_sample_does_not_split_the_alert(interval):
     (a,) = r.named("TransportErrors")
     assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval) + interval
     assert cadence.still_firing_or_ended_after(a, until)
+
+
+# --- mild faults, reordering bursts, counter clears and agent gaps at the usual NIC cadences ---
+
+# the evaluation matrix's mildest fault, 10 transport events/s: 87 % of them out-of-sequence
+# packets (lost in the NIC's usual reordering), ~1.3 retransmissions or timeouts a second
+MILD = {
+    "nic_out_of_sequence": 8.7,
+    "nic_packet_seq_err": 0.87,
+    "nic_local_ack_timeout": 0.12,
+    "nic_implied_nak_seq_err": 0.29,
+}
+HEALTHY_ERRORS = 0.05  # NAK sequence errors a second on every NIC: one every 20 s
+
+
+def healthy_series(interval, fault=None, jitter=0.2, lost=frozenset()):
+    """``nic_series`` with every NIC retransmitting now and then, as healthy NICs do."""
+    return [
+        dataclasses.replace(
+            s,
+            rate=cadence.Rate(HEALTHY_ERRORS, s.rate.extra if s.rate is not None else ()),
+        )
+        if s.metric == "nic_packet_seq_err"
+        else s
+        for s in nic_series(interval, fault, jitter=jitter, lost=lost)
+    ]
+
+
+@pytest.mark.parametrize("interval", [1.0, 2.0])
+def test_a_mild_fault_is_found_in_time_once(interval):
+    # ~1.3 retransmissions a second are 25x a healthy NIC's: found by their count over the
+    # evidence window against the NIC's baseline, long before their rate reaches 5/s
+    onset = 30.0
+    until = onset + 20.0
+    r = cadence.run(TOPO, healthy_series(interval, (onset, until, MILD)), until + 15.0, only=ONLY)
+    (a,) = r.named("TransportErrors")  # one alert for the whole fault: no flapping
+    assert (a.labels["node"], a.labels["nic"]) == SICK
+    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+    assert cadence.still_firing_or_ended_after(a, until)
+    assert a.ends_at and a.ends_at < cadence.T0 + round((until + 15.0) * S)
+    ev = a.annotations["evidence"]
+    assert "rule=error_baseline" in ev and "against a baseline of" in ev and "rail peers" in ev
+
+
+@pytest.mark.parametrize("interval", [1.0, 2.0])
+def test_reordering_bursts_clears_and_gaps_raise_nothing(interval):
+    # adaptive routing reorders 12x a NIC's usual rate for 4 s (its bursts reach ~10x, a little
+    # more as counted); a node's counters are cleared;
+    # another node's agent is silent for 5 s and then reports everything it missed at once
+    burst = ("gpu-003", "mlx5_1")
+    cleared, gap = "gpu-001", "gpu-004"
+    clear_at, gap_from = 22.0, 30.0
+    lost = frozenset(round(k * interval, 6) for k in range(int(gap_from / interval), 10**5))
+    lost = frozenset(t for t in lost if t < gap_from + 5.0)
+    series = []
+    for s in healthy_series(interval):
+        if (s.device, s.port) == burst and s.metric == "nic_out_of_sequence":
+            s = dataclasses.replace(s, rate=cadence.Rate(OOS_PPS, [(25.0, 29.0, 11 * OOS_PPS)]))
+        if s.device == cleared:
+            s = Cleared(
+                **{f.name: getattr(s, f.name) for f in dataclasses.fields(s)}, clear_at=clear_at
+            )
+        if s.device == gap:
+            s = dataclasses.replace(s, lost=lost)
+        series.append(s)
+    r = cadence.run(TOPO, series, 45.0, only=ONLY)
+    assert r.named("TransportErrors") == []
+    assert r.pipeline.stats.get("counter_resets") > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Cleared(cadence.Series):
+    """A counter cleared to 0 at ``clear_at`` (a driver reload): it counts again from there."""
+
+    clear_at: float = 0.0
+
+    def value(self, t):
+        v, raw = super().value(t)
+        if t < self.clear_at or self.rate is None:
+            return v, raw
+        n = round(self.rate.integral(t)) - round(self.rate.integral(self.clear_at))
+        return float(n), n
