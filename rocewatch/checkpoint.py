@@ -39,6 +39,7 @@ import math
 import re
 import struct
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,8 @@ _LEN = struct.Struct("<I")
 # the dtypes an array may have: plain numbers and booleans (an object array would be pickled)
 _DTYPE_KINDS = frozenset("biufc")
 _I64_MIN, _U64_MAX = -(1 << 63), (1 << 64) - 1
+# the item types of tuples written as they are: strings (series and entity keys)
+_STR_TUPLE = {(str,) * n: True for n in range(1, 5)}
 
 
 class CheckpointError(BadInput):
@@ -289,7 +292,8 @@ class _Encoder:
         return v if _I64_MIN <= v <= _U64_MAX else ["$i", str(v)]
 
     def _items(self, v: Any) -> list[Any]:
-        """``v``'s items encoded, the plain ones (most of them) without a call each."""
+        """``v``'s items encoded, the plain ones (most of them) without a call each, nor the
+        key tuples of strings detectors keep by the thousand."""
         enc = self.enc
         return [
             x
@@ -298,6 +302,8 @@ class _Encoder:
             or t is bool
             or (t is int and _I64_MIN <= x <= _U64_MAX)
             or (t is float and x - x == 0.0)
+            else ["$t", *x]
+            if t is tuple and _STR_TUPLE.get(tuple(map(type, x)), False)  # type: ignore[arg-type]
             else enc(x)
             for x in v
         ]
@@ -392,6 +398,12 @@ class _Encoder:
             raise CheckpointError(
                 f"{cls.__module__}.{cls.__qualname__} is not on the checkpoint allowlist"
             )
+        if name == _TOPOLOGY:
+            return ["$T", self.memo[id(v)], self._topology(v)]
+        return ["$o", self.memo[id(v)], name, self.enc(self._state(v))]
+
+    def _state(self, v: Any) -> Any:
+        cls = type(v)
         if _custom_getstate(cls):
             state = v.__getstate__()
         elif hasattr(v, "__dict__"):
@@ -401,7 +413,23 @@ class _Encoder:
                 state = {**state, **{n: getattr(v, n) for n in slots if hasattr(v, n)}}
         else:
             state = {n: getattr(v, n) for n in _slots(cls) if hasattr(v, n)}
-        return ["$o", self.memo[id(v)], name, self.enc(state)]
+        return state
+
+    def _topology(self, v: Any) -> Any:
+        """A topology's state, encoded apart (its own reference numbers) and kept: it is the
+        largest part of a pipeline's state in objects and changes only with its jobs
+        (``set_jobs`` counts them in ``jobs_version``), so each checkpoint need not walk it."""
+        with _LOCK:
+            hit = _TOPOLOGIES.get(v)
+        if hit is not None and hit[0] == v.jobs_version:
+            return hit[1]
+        sub = _Encoder(copy_frames=False)
+        enc = sub.enc(self._state(v))
+        if sub.blobs:  # (none today) arrays or frames would need this record's blobs
+            raise CheckpointError("a topology with arrays or frames cannot be checkpointed")
+        with _LOCK:
+            _TOPOLOGIES[v] = (v.jobs_version, enc)
+        return enc
 
 
 def _same(v: Any) -> Any:
@@ -534,6 +562,7 @@ class _Decoder:
             "$F": self._frame,
             "$S": lambda v: self._frame(v).to_series(0),
             "$o": self._object,
+            "$T": self._topology,
             "$N": self._named_tuple,
         }
 
@@ -606,6 +635,13 @@ class _Decoder:
         self.memo[i] = obj
         return obj
 
+    def _topology(self, v: list[Any]) -> Any:
+        # encoded apart, with its own reference numbers (``_Encoder._topology``)
+        _, i, state = v
+        obj = _Decoder(self.blobs)._object(["$o", 0, _TOPOLOGY, state])
+        self.memo[i] = obj
+        return obj
+
     def _named_tuple(self, v: list[Any]) -> Any:
         cls = self.table.get(v[1])
         if cls is None or not issubclass(cls, tuple):
@@ -644,6 +680,9 @@ class _Decoder:
         return obj
 
 
+_TOPOLOGY = "rocewatch.topology:Topology"
+# each live topology's encoded state, with the jobs_version it was encoded at
+_TOPOLOGIES: weakref.WeakKeyDictionary[Any, tuple[int, Any]] = weakref.WeakKeyDictionary()
 _DEFAULTS: dict[type, list[tuple[str, Callable[[], Any]]]] = {}
 
 
