@@ -122,6 +122,22 @@ def test_shared_objects_stay_shared() -> None:
     assert next(iter(back["b"])) is e and e == end
 
 
+def test_a_topology_is_written_as_it_is_now() -> None:
+    """The writer keeps a topology's encoding between checkpoints; a change of its jobs (live
+    membership from the schedulers) is in the next one."""
+    from rocewatch.topology import Job, Topology
+    from tests.test_topology import GOOD
+
+    topo = Topology.from_dict(GOOD)
+    node = next(iter(topo.nodes))
+    first = checkpoint.loads(checkpoint.dumps({"t": topo, "again": [topo]}, "test"), "test")
+    assert first["again"][0] is first["t"] and first["t"].nodes.keys() == topo.nodes.keys()
+    topo.set_jobs([Job("train", None, 3, (node,))])
+    back = checkpoint.loads(checkpoint.dumps(topo, "test"), "test")
+    assert back.jobs == topo.jobs and back.node_jobs == {node: ["train"]}
+    assert back.peer(next(iter(topo._peer))) == topo.peer(next(iter(topo._peer)))
+
+
 def test_a_snapshot_is_the_state_when_taken() -> None:
     """Encoded at once, written later (the scale-out stages write on a worker thread): what
     changes meanwhile, in place or not, is not in the record."""
