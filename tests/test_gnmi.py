@@ -792,3 +792,82 @@ def test_targets_are_sharded_and_move_when_an_instance_leaves(
                 stop.set()
                 th.join(20)
                 col.stop()
+
+
+# --- the decoder's error counters -----------------------------------------------------------
+
+
+def _gpath(*elems: object) -> object:
+    from pygnmi.spec.v080 import gnmi_pb2 as g
+
+    return g.Path(
+        elem=[
+            g.PathElem(name=e) if isinstance(e, str) else g.PathElem(name=e[0], key=e[1])  # type: ignore[index]
+            for e in elems
+        ]
+    )
+
+
+def test_decoder_counts_unknown_paths_bad_values_and_out_of_range(tmp_path: Path) -> None:
+    """What the decoder cannot use is counted by kind (and the unknown paths exported per path
+    on /metrics), each update alone: the good updates of the same notification still decode."""
+    from prometheus_client import CollectorRegistry
+    from pygnmi.spec.v080 import gnmi_pb2 as g
+
+    from collector.mapping import GnmiMapper
+
+    # a vendor's table with a scale: its pause time in ms (x 1000 -> µs)
+    extra = tmp_path / "vendor.yaml"
+    extra.write_text(
+        "source: gnmi\nentries:\n"
+        "  - {path: /vendor/interface/pause-ms, metric: pfc_rx_pause_us, scale: 1000}\n"
+    )
+    registry = CollectorRegistry()
+    mapper = GnmiMapper([extra])
+    col = Collector(GnmiConfig(), lambda df: None, [], mapper=mapper, registry=registry)
+    eth1 = ("interface", {"name": "Ethernet1"})
+    fcs = ("interfaces", eth1, "state", "counters", "in-fcs-errors")
+    pause_ms = ("vendor", eth1, "pause-ms")
+    updates = [
+        (fcs, g.TypedValue(uint_val=17)),  # good
+        (("interfaces", eth1, "state", "counters", "in-fcs-errors-v2"), g.TypedValue(uint_val=1)),
+        (("vendor", "unknown"), g.TypedValue(uint_val=1)),
+        (("vendor", "unknown"), g.TypedValue(uint_val=2)),
+        (fcs, g.TypedValue(string_val="n/a")),  # not a number
+        (fcs, g.TypedValue(bytes_val=b"\x01")),
+        (fcs, g.TypedValue()),  # no value at all
+        (pause_ms, g.TypedValue(uint_val=(1 << 64) - 1)),  # x 1000: past 64 bits
+        (pause_ms, g.TypedValue(uint_val=5)),  # good: 5000 µs
+        (("interfaces", "interface", "state", "counters", "in-fcs-errors"),  # no interface key
+         g.TypedValue(uint_val=3)),
+    ]  # fmt: skip
+    notif = g.Notification(
+        timestamp=1_795_946_400_000_000_000,
+        update=[g.Update(path=_gpath(*p), val=v) for p, v in updates],
+        delete=[_gpath("interfaces", ("interface", {"name": "Ethernet9"}))],
+    )
+    assert col.decoder.add_notification("leaf-0", notif) == len(updates)
+    df = col.decoder.take()
+    assert sorted(zip(df["metric"], df["raw"], strict=True)) == [
+        ("pfc_rx_pause_us", 5000),
+        ("port_in_fcs_errors", 17),
+    ]
+    st_ = col.stats
+    assert st_.get("gnmi_unknown_paths") == 3
+    assert dict(st_.detail["gnmi_unknown_paths"]) == {
+        "/interfaces/interface/state/counters/in-fcs-errors-v2": 1,
+        "/vendor/unknown": 2,
+    }
+    assert st_.get("gnmi_non_numeric_values") == 3
+    assert st_.get("gnmi_out_of_range_values") == 1
+    assert st_.get("gnmi_no_interface") == 1
+    assert st_.get("gnmi_deletes") == 1
+    col.export_unknown_paths()
+    gauge = "rocewatch_gnmi_unknown_path_updates"
+    assert registry.get_sample_value(gauge, {"path": "/vendor/unknown"}) == 2
+    # the same again: counts grow, the batch is the same
+    col.decoder.add_notification("leaf-0", notif)
+    assert col.decoder.take().height == 2
+    assert st_.get("gnmi_non_numeric_values") == 6 and st_.get("gnmi_out_of_range_values") == 2
+    col.export_unknown_paths()
+    assert registry.get_sample_value(gauge, {"path": "/vendor/unknown"}) == 4
