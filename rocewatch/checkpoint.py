@@ -40,6 +40,7 @@ import re
 import struct
 import threading
 import weakref
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +54,7 @@ MAGIC = b"RWCKPT"
 FORMAT_MAJOR = 1
 FORMAT_MINOR = 0
 _HEAD = struct.Struct("<6sBB32s")
+MAX_HEADER = 1 << 30  # a header inflating past this is refused (a zlib bomb)
 _LEN = struct.Struct("<I")
 # the dtypes an array may have: plain numbers and booleans (an object array would be pickled)
 _DTYPE_KINDS = frozenset("biufc")
@@ -475,6 +477,9 @@ class Snapshot:
         self.blobs = []
         table = [[how, len(b)] for how, b in zip(hows, blobs, strict=True)]
         head = orjson.dumps({"kind": self.kind, "blobs": table, "root": self.root})
+        # compressed: a large state's header is ~15 % of the record and shrinks 7-fold, in
+        # ms at level 1 (a header that begins with "{" is plain JSON, one with 0x78 zlib)
+        head = zlib.compress(head, 1)
         body = b"".join([_LEN.pack(len(head)), head, *blobs])
         return _HEAD.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, hashlib.sha256(body).digest()) + body
 
@@ -513,7 +518,7 @@ def loads(data: bytes, kind: str | None = None) -> Any:
     body = check(data)
     try:
         (n,) = _LEN.unpack_from(body)
-        head = orjson.loads(body[_LEN.size : _LEN.size + n])
+        head = orjson.loads(_header(body[_LEN.size : _LEN.size + n]))
         if not isinstance(head, dict):
             raise CheckpointError("checkpoint header is not a JSON object")
         if kind is not None and head.get("kind") != kind:
@@ -534,6 +539,22 @@ def loads(data: bytes, kind: str | None = None) -> Any:
         raise CheckpointError(f"checkpoint malformed: {type(e).__name__}: {e}") from e
     except (pl.exceptions.PolarsError, OSError) as e:
         raise CheckpointError(f"checkpoint frame unreadable: {e}") from e
+
+
+def _header(raw: memoryview) -> bytes:
+    """The JSON header: as it is, or zlib-compressed (at most ``MAX_HEADER`` once inflated)."""
+    if raw[:1] == b"{":
+        return bytes(raw)
+    if raw[:1] != b"\x78":
+        raise CheckpointError("checkpoint header is neither JSON nor zlib")
+    z = zlib.decompressobj()
+    try:
+        out = z.decompress(raw, MAX_HEADER)
+    except zlib.error as e:
+        raise CheckpointError(f"checkpoint header does not inflate: {e}") from e
+    if z.unconsumed_tail or not z.eof:
+        raise CheckpointError("checkpoint header too large or cut short")
+    return out
 
 
 class _Decoder:
