@@ -415,7 +415,8 @@ def test_https_receiver_with_private_ca(tmp_path: Path) -> None:
     try:
         # without the receiver's CA the certificate is not trusted: retried, never sent plain
         untrusted = WebhookSink(WebhookConfig(name="ops", url=url, secret=SECRET, timeout_s=2))
-        d = Dispatcher(Outbox(store), [untrusted], r, poll_s=0.05)
+        now = [1_000.0]  # the outbox's clock: retries fall due when the test moves it
+        d = Dispatcher(Outbox(store, clock=lambda: now[0]), [untrusted], r, poll_s=0.05)
         d.enqueue([alert(1)])
         assert not d.drain(0.3)
         assert d.failures["ops"] >= 1 and rx.requests == []
@@ -424,8 +425,8 @@ def test_https_receiver_with_private_ca(tmp_path: Path) -> None:
                 name="ops", url=url, secret=SECRET, timeout_s=2, tls=TlsConfig(ca_file=str(crt))
             )
         )
-        d2 = Dispatcher(Outbox(store), [trusted], r, poll_s=0.05)
-        time.sleep(0.2)  # past the backoff
+        d2 = Dispatcher(Outbox(store, clock=lambda: now[0]), [trusted], r, poll_s=0.05)
+        now[0] += r.max_s  # past the backoff
         assert d2.drain(10)
     finally:
         rx.stop()
@@ -433,3 +434,164 @@ def test_https_receiver_with_private_ca(tmp_path: Path) -> None:
     (req,) = rx.requests
     check_signed(req)
     assert events(req) == [(alert(1).fingerprint, alert(1).to_json()["startsAt"], "firing")]
+
+
+# --- receivers that push back: 429 (with and without Retry-After), or accept and never answer ---
+
+
+class Scripted:
+    """A real HTTP receiver answering each request from a script: an int status, a (status,
+    Retry-After) pair, or "hang" (read the request, never answer); 200 once the script ends."""
+
+    def __init__(self, script: list[Any]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.script = list(script)
+        self.requests: list[tuple[Received, Any]] = []  # each request and what it was answered
+        self.released = threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                step = outer.script.pop(0) if outer.script else 200
+                outer.requests.append((Received(self.path, dict(self.headers), body), step))
+                if step == "hang":
+                    outer.released.wait(30)  # the client must give up first
+                    return
+                code, after = step if isinstance(step, tuple) else (step, None)
+                self.send_response(code)
+                if after is not None:
+                    self.send_header("Retry-After", after)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def answered(self) -> list[Received]:
+        """The requests answered 200."""
+        return [r for r, step in self.requests if step == 200]
+
+    def stop(self) -> None:
+        self.released.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def clocked(
+    tmp_path: Path, port: int, timeout_s: float = 2.0
+) -> tuple[Dispatcher, Store, list[float]]:
+    """A dispatcher whose outbox runs on a clock the test moves (retries are due by it)."""
+    now = [1_000.0]
+    store = Store(f"sqlite:///{tmp_path / 'outbox.db'}")
+    store.create_schema()
+    sink = WebhookSink(
+        WebhookConfig(
+            name="ops", url=f"http://127.0.0.1:{port}/hook", secret=SECRET, timeout_s=timeout_s
+        )
+    )
+    retry = RetryConfig(initial_s=0.5, max_s=30.0, jitter=0.0)
+    return Dispatcher(Outbox(store, clock=lambda: now[0]), [sink], retry), store, now
+
+
+def test_429_backs_off_honours_retry_after_and_delivers_once(tmp_path: Path) -> None:
+    """429 without Retry-After: the next try after the backoff (0.5 s); 429 with Retry-After: 3:
+    not before 3 s though the backoff (1 s) is over; then every event goes once."""
+    rx = Scripted([429, (429, "3")])
+    d, store, now = clocked(tmp_path, rx.port)
+    sent = [alert(i) for i in range(5)]
+    try:
+        d.enqueue(sent)
+        assert d.run_once() == 0 and len(rx.requests) == 1  # 429, no Retry-After
+        now[0] += 0.4
+        assert d.run_once() == 0 and len(rx.requests) == 1  # within the backoff: no request
+        now[0] += 0.1
+        assert d.run_once() == 0 and len(rx.requests) == 2  # 429, Retry-After: 3
+        now[0] += 1.5  # past the 1 s backoff, not past the receiver's 3 s
+        assert d.run_once() == 0 and len(rx.requests) == 2
+        now[0] += 1.5
+        assert d.run_once() == len(sent)
+        assert d.depth() == 0 and not d.dead["ops"]
+        assert d.failures["ops"] == 2
+        now[0] += 60
+        assert d.run_once() == 0 and len(rx.requests) == 3  # nothing goes twice
+    finally:
+        rx.stop()
+        store.close()
+    (ok,) = rx.answered()
+    check_signed(ok)
+    assert Counter(events(ok)) == Counter(
+        (a.fingerprint, a.to_json()["startsAt"], "firing") for a in sent
+    )
+    # every try carried the same events under the same delivery id
+    assert len({r.headers[DELIVERY_HEADER] for r, _ in rx.requests}) == 1
+
+
+def test_retry_after_is_capped_and_read_as_seconds_or_a_date() -> None:
+    from rocewatch.notify.http import retry_after_s
+
+    assert retry_after_s("120", 0.0) == 120.0
+    assert retry_after_s("Wed, 02 Dec 2026 10:00:30 GMT", 1_796_205_600.0) == 30.0
+    assert retry_after_s("Wed, 02 Dec 2026 09:00:00 GMT", 1_796_205_600.0) == 0.0  # past
+    assert retry_after_s("soon", 0.0) is None and retry_after_s(None, 0.0) is None
+
+
+def test_a_days_retry_after_waits_no_longer_than_the_backoff_cap(tmp_path: Path) -> None:
+    rx = Scripted([(503, "86400")])
+    d, store, now = clocked(tmp_path, rx.port)
+    try:
+        d.enqueue([alert(1)])
+        assert d.run_once() == 0
+        now[0] += 29.9
+        assert d.run_once() == 0 and len(rx.requests) == 1
+        now[0] += 0.2  # the cap (max_s 30 s)
+        assert d.run_once() == 1 and d.depth() == 0
+    finally:
+        rx.stop()
+        store.close()
+
+
+def test_a_receiver_that_never_answers_is_timed_out_and_retried(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A receiver that accepts and never answers costs one timeout, not the sender: the pass
+    returns, the events wait for the backoff, and the next try delivers them. The hung request
+    and its retry carry the same delivery id, so a receiver that did act on the first can drop
+    the second."""
+    import time as _time
+
+    caplog.set_level(logging.WARNING, logger="rocewatch.notify.dispatcher")
+    rx = Scripted(["hang"])
+    d, store, now = clocked(tmp_path, rx.port, timeout_s=0.3)
+    sent = [alert(i) for i in range(3)] + [alert(i, name="Straggler") for i in range(2)]
+    try:
+        d.enqueue(sent)
+        t0 = _time.monotonic()
+        assert d.run_once() == 0
+        took = _time.monotonic() - t0
+        assert took < 10, took  # one timeout (0.3 s): the second group waits with the first
+        assert d.failures["ops"] == 1 and d.depth() == len(sent)
+        assert "timed out" in caplog.text
+        now[0] += 0.5
+        assert d.run_once() == len(sent)
+        assert d.depth() == 0 and not d.dead["ops"]
+    finally:
+        rx.stop()
+        store.close()
+    hung = [r for r, step in rx.requests if step == "hang"]
+    assert len(hung) == 1
+    got: Counter[tuple[str, str, str]] = Counter()
+    for r in rx.answered():
+        check_signed(r)
+        got.update(events(r))
+    want = Counter((a.fingerprint, a.to_json()["startsAt"], "firing") for a in sent)
+    assert got == want and max(got.values()) == 1
+    retried = [r for r in rx.answered() if r.body == hung[0].body]
+    assert [r.headers[DELIVERY_HEADER] for r in retried] == [hung[0].headers[DELIVERY_HEADER]]

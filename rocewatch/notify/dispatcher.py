@@ -1,8 +1,8 @@
 """Moves alert events from the outbox to the sinks: claim, send, record, back off.
 
 Sinks are independent: one receiver being down delays only its own events. A failed request's
-events are retried after a capped exponential backoff; a refused one (4xx) is marked dead and
-counted, never retried.
+events are retried after a capped exponential backoff (or after the receiver's ``Retry-After``,
+up to the cap); a refused one (4xx) is marked dead and counted, never retried.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from rocewatch.errors import PermanentError, RetryableError
 from rocewatch.model import Alert
 from rocewatch.notify.alertmanager import AlertmanagerSink
 from rocewatch.notify.base import NotifyConfig, RetryConfig, Sink
+from rocewatch.notify.http import RetryLater
 from rocewatch.notify.webhook import WebhookSink
 from storage.outbox import Outbox, OutboxItem
 
@@ -96,6 +97,10 @@ class Dispatcher:
                     pending = [it for it in items if it.id not in handled]
                     attempts = min(it.attempts for it in batch) + 1
                     delay = self.retry.delay(attempts, self.rand.random())
+                    if isinstance(e, RetryLater):
+                        # the receiver said when: not sooner (it would refuse again), but no
+                        # later than the backoff's cap (a day's Retry-After must not park events)
+                        delay = max(delay, min(e.retry_after_s, self.retry.max_s))
                     self.outbox.failed(pending, str(e), delay)
                     log.warning(
                         "notify: %s: %d events not delivered (%s); retry in %.1f s",
