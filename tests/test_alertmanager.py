@@ -177,3 +177,60 @@ def test_replay_posts_to_alertmanager_and_silences_apply(
     assert got[key(target)]["status"]["silencedBy"] == [sid]
     others = [got[key(a)] for a in still if key(a) != key(target)]
     assert others and all(g["status"]["state"] == "active" for g in others)
+
+
+def test_alertmanager_down_keeps_events_and_delivers_them_when_it_returns(tmp_path: Path) -> None:
+    """Alertmanager refusing connections (an HTTP stand-in on its port comes up later; the real
+    one's API is the tests above): nothing is dropped or given up on while it is away, and
+    once it answers, each alert arrives once in its latest state (an alert that fired and
+    resolved during the outage arrives resolved only, as Alertmanager needs), on the outbox's
+    clock rather than waited for."""
+    from rocewatch.model import ZERO_TIME
+    from tests.notify_receiver import Receiver
+
+    t0 = 1_795_946_400_000_000_000
+    s = 1_000_000_000
+    port = free_port()  # nobody listens yet
+    now = [1_000.0]
+    store = Store(f"sqlite:///{tmp_path / 'outbox.db'}")
+    store.create_schema()
+    sink = AlertmanagerSink(
+        AlertmanagerConfig(name="am", url=f"http://127.0.0.1:{port}", timeout_s=2, refresh_s=60)
+    )
+    retry = RetryConfig(initial_s=0.5, max_s=8.0, jitter=0.0)
+    d = Dispatcher(Outbox(store, clock=lambda: now[0]), [sink], retry)
+
+    def storm(i: int, ends: int = 0) -> Alert:
+        labels = {"alertname": "PFCStorm", "severity": "critical", "node": f"gpu-{i:03d}"}
+        return Alert(labels, {"summary": f"storm {i}"}, t0 + i * s, ends_at=ends)
+
+    rx = Receiver(port)
+    try:
+        d.enqueue([storm(i) for i in range(4)])
+        for _ in range(40):  # 40 passes, 0.5 s apart: a 20 s outage
+            assert d.run_once() == 0
+            now[0] += 0.5
+        d.enqueue([storm(3, ends=t0 + 9 * s)])  # resolved while Alertmanager is away
+        assert d.failures["am"] >= 5 and not d.dead["am"]
+        assert d.depth() == 5  # every event kept
+        rx.start()
+        now[0] += retry.max_s
+        assert d.run_once() == 4  # three firing, one resolved; the superseded firing dropped
+        assert d.depth() == 0
+        now[0] += 30
+        assert d.run_once() == 0  # nothing is sent twice before the refresh is due
+        n = len(rx.requests)
+        now[0] += 31  # past refresh_s: the firing ones are re-sent (Alertmanager's resolve_timeout)
+        d.run_once()
+        refreshed = [a for r in rx.requests[n:] for a in r.json()]
+    finally:
+        rx.stop()
+        store.close()
+    posted = [a for r in rx.requests[:n] for a in r.json()]
+    assert all(r.path == "/api/v2/alerts" for r in rx.requests)
+    by_node = {a["labels"]["node"]: a for a in posted}
+    assert len(posted) == len(by_node) == 4
+    assert by_node["gpu-003"]["endsAt"].startswith("2026-11-29T10:00:09")
+    assert all("endsAt" not in by_node[f"gpu-{i:03d}"] for i in range(3))
+    assert sorted(a["labels"]["node"] for a in refreshed) == ["gpu-000", "gpu-001", "gpu-002"]
+    assert ZERO_TIME not in str(posted)
