@@ -10,7 +10,8 @@ A bad cable or optic shows long before it fails outright:
   whatever its history (one that was already bad when rocewatch started);
 - FCS/CRC errored frames at either end (``in-fcs-errors`` on the switch, ``rx_crc_errors_phy``
   on the NIC), symbol errors, FEC-uncorrectable blocks (post-FEC errors: critical);
-- flaps: carrier transitions at a switch end, ``link_down_events_phy`` at a NIC end (critical).
+- flaps: carrier transitions at a switch end (two a flap), ``link_down_events_phy`` or the RDMA
+  port's ``link_downed`` at a NIC end (one a flap; the larger where both are read) (critical).
 
 Hysteresis: BER must stay above threshold in readings at least ``ber_min_s`` apart without a
 reading below; errors need ``min_*`` within ``error_window_s``, seen in two reads (one burst in
@@ -64,8 +65,12 @@ ERROR_METRICS: dict[str, str] = {
     "nic_rx_uncorrectable": "uncorrectable",
     "port_carrier_transitions": "carrier",
     "nic_link_down_events": "link_down",
+    # the RDMA port's own count (port_counters/link_downed), for agents that export no ethtool
+    # PHY counters; a NIC exporting both counts each flap in each: an end's flaps are the most
+    # any one of its counters shows, never their sum
+    "nic_port_link_downed": "link_downed",
 }
-_FLAP_KINDS = ("carrier", "link_down")
+_FLAP_KINDS = ("carrier", "link_down", "link_downed")
 CableKey = tuple[str, str, str]  # ("nic", node, nic) | ("link", end, end) | ("port", sw, port)
 
 
@@ -404,9 +409,15 @@ class FlakyLinkDetector:
         if c.ber_bad:
             reasons.append((c.ber_ts, c.ber_evidence))
         if c.flaps:
-            per_end: dict[str, float] = {}
+            # a flap is a down and an up: two carrier transitions (in one reading or two), one
+            # link-down event
+            per_counter: dict[tuple[str, str], float] = {}
             for _, kind, n, end in c.flaps:
-                per_end[end] = per_end.get(end, 0.0) + (n / 2 if kind == "carrier" else n)
+                k = (end, kind)
+                per_counter[k] = per_counter.get(k, 0.0) + (n / 2 if kind == "carrier" else n)
+            per_end: dict[str, float] = {}
+            for (end, _), n in per_counter.items():
+                per_end[end] = max(per_end.get(end, 0.0), n)
             flaps = math.ceil(max(per_end.values()))
             if flaps >= cfg.min_flaps or (flaps >= 1 and (c.active or reasons or crit)):
                 ts = max(e[0] for e in c.flaps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from collections.abc import Callable, Iterator
 
@@ -452,3 +453,40 @@ def test_one_admin_bounce_is_silent_at_any_cadence(interval: float) -> None:
         only=ONLY,
     )
     assert r.named("FlakyLink") == []
+
+
+@pytest.mark.parametrize("flaps", [1, 2])
+def test_a_nic_counting_each_flap_in_two_counters_counts_it_once(flaps: int) -> None:
+    # gpu-004's agent exports the PHY's link_down_events_phy and the RDMA port's link_downed,
+    # and no switch is read: one down/up (a reboot) is one flap in both, so silent; two are
+    # a flapping cable
+    interval, onset = 1.0, 8.0
+    downs = [onset + 5.0 * i for i in range(flaps)]
+    nic = [x for x in link_series(interval) if x.device.startswith("gpu")]
+    nic += [
+        cadence.Series(
+            "gpu-004",
+            "mlx5_0",
+            "nic_port_link_downed",
+            rate=cadence.Rate(0.0),
+            interval=interval,
+            phase=0.4,
+            start=10**9,
+        )
+    ]
+    events = _events(downs)
+    nic = [
+        dataclasses.replace(x, rate=events)
+        if (x.device, x.metric) in (("gpu-004", "nic_link_down_events"),)
+        or x.metric == "nic_port_link_downed"
+        else x
+        for x in nic
+    ]
+    r = cadence.run(TOPO, nic, onset + 5.0 * flaps + 4.0, only=ONLY)
+    alerts = r.named("FlakyLink")
+    if flaps == 1:
+        assert alerts == []
+    else:
+        (a,) = alerts
+        assert a.labels["node"] == "gpu-004" and "2 flap(s)" in a.annotations["evidence"]
+        assert 0 < cadence.ttd(a, downs[1]) <= 1.5 * interval
