@@ -1,12 +1,11 @@
 """The window engine's fast paths give what the general Polars group-by gives."""
 
-import pickle
-
 import numpy as np
 import polars as pl
 
 from detectors.state import NS, counter_timing
 from detectors.windows import AGG_SCHEMA, WindowEngine, window_by_group_by
+from rocewatch import checkpoint
 from rocewatch.model import SAMPLE_SCHEMA, SERIES_KEY
 from rocewatch.sim import Simulator
 from rocewatch.sim.scenarios import SCENARIOS
@@ -46,7 +45,7 @@ def test_two_step_windows_match_the_group_by():
     eng, checked = run(batch=1)  # one sample per series and step: rows taken as they are
     assert checked > 100
     # a restored engine has no series positions: it takes the general path, same windows
-    restored = pickle.loads(pickle.dumps(eng))
+    restored = checkpoint.loads(checkpoint.dumps(eng, "t"), "t")
     assert all(s.positions is None for s in restored.history)
     for metric in ("pfc_rx_pause_us", "queue_depth_bytes", "nic_link_speed_mbps"):
         a, b = eng.window(metric, 0.2), restored.window(metric, 0.2)
@@ -90,7 +89,7 @@ def test_coded_samples_give_the_same_steps_and_checkpoint_as_strings():
     for i, f in enumerate(ticks):
         if i == half:  # a checkpoint and restore mid-stream, samples still buffered
             assert coded.pending
-            coded = pickle.loads(pickle.dumps(coded))
+            coded = checkpoint.loads(checkpoint.dumps(coded, "t"), "t")
             for p, _, _ in coded.pending:  # codes mean nothing in another process
                 assert p["device"].dtype == pl.String and "sid" not in p.columns
         wm = int(f["ts"].max()) - plain.lateness_ns()
@@ -129,7 +128,7 @@ def test_series_beyond_the_limit_are_dropped_and_counted():
     seen: set[tuple[str, str]] = set()
     for t in range(12):
         if t == 6:
-            eng = pickle.loads(pickle.dumps(eng))  # a checkpoint and restore mid-flood
+            eng = checkpoint.loads(checkpoint.dumps(eng, "t"), "t")  # restored mid-flood
         # every tick, 15 ports never seen before (30 series) besides the steady ones
         flood = [f"Bogus{t}-{j}" for j in range(15)]
         eng.add(batch(t, steady + flood))
