@@ -649,3 +649,92 @@ def test_a_domains_policy_caps_its_share_of_the_rail_and_of_the_hourly_drains() 
     assert p._hourly_limit() == PolicyConfig().max_drains_per_hour // 2
     p.domain = None  # the whole fabric (one detect stage): the caps as configured
     assert p._hourly_limit() == PolicyConfig().max_drains_per_hour
+
+
+# --- executors that fail in the worst ways: an exception, an scontrol that never answers -------
+
+
+class Raising(Recorder):
+    """An executor with a bug: its first ``n`` calls raise."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def drain(self, node: str, scheduler: str, reason: str) -> str:
+        if self.n > 0:
+            self.n -= 1
+            self.calls.append(("drain", node))
+            raise RuntimeError(f"lost the scheduler's session for {node}")
+        return super().drain(node, scheduler, reason)
+
+    def resume(self, node: str, scheduler: str) -> str:
+        if self.n > 0:
+            self.n -= 1
+            self.calls.append(("resume", node))
+            raise KeyError(node)
+        return super().resume(node, scheduler)
+
+
+def test_an_executor_that_raises_is_a_failed_action_retried_and_the_stream_goes_on() -> None:
+    """An exception from the executor is recorded as ``failed: <type>: <message>`` (not
+    executed), the same tick still drains the next node, and the drain is retried after
+    retry_s; a resume that raises is retried too, and the node is not left drained."""
+    ex = Raising(1)
+    p = DrainPolicy(PolicyConfig(mode="auto", max_rail_share=1, max_fabric_share=1), TOPO, ex)
+    a, b = storm("gpu-12", T0), storm("gpu-13", T0)
+    p.on_alert(a, T0)
+    p.on_alert(b, T0)
+    acts, _ = run(p, T0, T0 + 40 * S, step=S)
+    assert [(x.node, x.time, x.outcome, x.executed) for x in acts] == [
+        (
+            "gpu-12",
+            T0 + 2 * S,
+            "failed: RuntimeError: lost the scheduler's session for gpu-12",
+            False,
+        ),
+        ("gpu-13", T0 + 2 * S, "done", True),  # the same tick: the policy went on
+        ("gpu-12", T0 + 32 * S, "done", True),  # retried after retry_s (30 s)
+    ]
+    assert p.drained() == {"gpu-12": "drained", "gpu-13": "drained"}
+    ex.n = 1  # the resume's first try raises
+    p.on_alert(resolved(a, T0 + 41 * S), T0 + 41 * S)
+    acts, _ = run(p, T0 + 41 * S, T0 + 700 * S, step=S)
+    assert [(x.action, x.outcome) for x in acts] == [
+        ("resume", "failed: KeyError: 'gpu-12'"),
+        ("resume", "done"),
+    ]
+    assert acts[1].time - acts[0].time == 30 * S
+    assert p.drained() == {"gpu-13": "drained"}
+
+
+def test_an_scontrol_that_never_answers_times_out_and_the_drain_is_retried(
+    scontrol: tuple[SlurmExecutor, Path, Path],
+) -> None:
+    """scontrol hanging (slurmctld unreachable and no timeout of its own): the call is killed
+    after timeout_s, the policy records ``failed: ... timed out`` and goes on, and its retry
+    drains the node once scontrol answers again."""
+    import time as _time
+
+    ex, state, _ = scontrol
+    exe = Path(ex.config.scontrol)
+    hang = state.with_suffix(".hang")
+    # before the fake: a hang that is the killed process itself (exec), so nothing lingers
+    exe.write_text(exe.read_text().replace("exec ", f'[ -e "{hang}" ] && exec sleep 60\nexec ', 1))
+    hang.touch()
+    ex = SlurmExecutor(replace(ex.config, timeout_s=0.5))
+    p = DrainPolicy(PolicyConfig(mode="auto", max_rail_share=1, max_fabric_share=1), TOPO, ex)
+    p.on_alert(storm("gpu-01", T0), T0)
+    t0 = _time.monotonic()
+    (failed,), _ = p.tick(T0 + 2 * S)
+    took = _time.monotonic() - t0
+    assert failed.outcome == "failed: scontrol show timed out after 0.5s" and not failed.executed
+    assert took < 10, took  # one timeout, not the sleep's 60 s
+    assert p.drained() == {"gpu-01": "draining"}
+    assert json.loads(state.read_text())["gpu-01"]["state"] == "IDLE"
+    hang.unlink()  # slurmctld answers again
+    # (a generous timeout from here: this machine's Python start-up is no part of the test)
+    ex.config = replace(ex.config, timeout_s=30)
+    acts, _ = run(p, T0 + 3 * S, T0 + 40 * S, step=S)
+    assert [(x.time, x.outcome, x.executed) for x in acts] == [(T0 + 32 * S, "done", True)]
+    assert json.loads(state.read_text())["gpu-01"]["state"] == "IDLE+DRAIN"
