@@ -149,24 +149,12 @@ def _allowed_classes() -> list[type]:
             and c.__module__ == mod.__name__
             and not issubclass(c, BaseException)
         ]
-    for extra in _EXTRA:
-        classes.append(extra())
     return classes
 
 
-# classes of modules that import this one (the scale-out stages' state): registered by them
-_EXTRA: list[Callable[[], type]] = []
 _LOCK = threading.Lock()
 _TABLE: dict[str, type] | None = None
 _NAMES: dict[type, str] = {}
-
-
-def allow(fn: Callable[[], type]) -> None:
-    """Put a class on the allowlist (``fn`` returns it; called at first use)."""
-    global _TABLE
-    with _LOCK:
-        _EXTRA.append(fn)
-        _TABLE = None
 
 
 def _table() -> dict[str, type]:
@@ -254,7 +242,7 @@ def _find_slots(cls: type) -> tuple[str, ...]:
 class _Encoder:
     """Turns a state into JSON-able values and blobs, at once: arrays are copied now, frames
     are held (copied with ``copy``: a frame made from a NumPy array shares its memory) and
-    written out by ``finish`` (``record``), which may run on another thread."""
+    written out by ``Snapshot.record``, which may run on another thread."""
 
     def __init__(self, copy_frames: bool) -> None:
         self.copy_frames = copy_frames
