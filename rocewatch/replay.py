@@ -70,7 +70,10 @@ def replay(
         raise ConfigError(f"{scenario}: no topology.yaml")
     topology = Topology.load(topo_path)
     stats = Stats()
-    sources = scenario_sources(scenario, topology, stats, config.window)
+    try:
+        sources = scenario_sources(scenario, topology, stats, config.window)
+    except OSError as e:  # a recording that cannot be opened (a directory, no permission)
+        raise ConfigError(f"{e.filename or scenario}: cannot read: {e.strerror or e}") from e
     if not sources:
         raise ConfigError(f"{scenario}: no telemetry (switch.jsonl, nic.jsonl or int.pcap)")
     out_dir.mkdir(parents=True, exist_ok=True)

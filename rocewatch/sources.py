@@ -110,7 +110,7 @@ class PcapSource:
         except ValueError as e:
             from rocewatch.errors import ConfigError
 
-            raise ConfigError(f"{path}: {e}") from e
+            raise ConfigError(str(e)) from e  # the reader's message names the file
 
     def position(self) -> int:
         return self.bytes_total if self.done else min(self._read, self.bytes_total)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import random
 import re
+import struct
 from pathlib import Path
 
+import pytest
 import yaml
 
 from collector.inband import build_report, write_pcap
@@ -100,3 +102,48 @@ def test_queue_buildup_from_int_pcap(tmp_path: Path) -> None:
     st = res.stats
     assert st.get("int_malformed_datagrams", 0) + st.get("int_truncated_reports", 0) >= 24
     assert st.get("int_report_loss") == 5
+
+
+# --- unusable and damaged int.pcap files: `rocewatch replay` as a user runs it ------------------
+
+
+def cli_replay(scenario: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from rocewatch.cli import main
+
+    code = main(["replay", str(scenario), "--out", str(scenario / "out")])
+    got = capsys.readouterr()
+    return code, got.out, got.err
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("garbage", "not a classic pcap file (magic"),
+        ("empty", "not a classic pcap file (short header)"),
+        ("pcapng", "not a classic pcap file (magic 0a0d0d0a)"),
+        ("wifi", "link type 105 is not Ethernet"),
+        ("directory", "cannot read: Is a directory"),
+    ],
+)
+def test_replay_of_an_unusable_int_pcap_exits_2_with_one_line(
+    kind: str, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "topology.yaml").write_text(yaml.safe_dump(topology()))
+    pcap = tmp_path / "int.pcap"
+    if kind == "garbage":
+        pcap.write_bytes(random.Random(7).randbytes(300))
+    elif kind == "empty":
+        pcap.write_bytes(b"")
+    elif kind == "pcapng":  # the newer format, which tcpdump -w does not write but Wireshark does
+        pcap.write_bytes(bytes.fromhex("0a0d0d0a") + bytes(60))
+    elif kind == "wifi":
+        pcap.write_bytes(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 105))
+    else:
+        pcap.mkdir()
+    code, out, err = cli_replay(tmp_path, capsys)
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"rocewatch: error: {pcap}: {reason}"), lines[0]
+    assert lines[0].count(pcap.name) == 1  # the file named once
+    assert not (tmp_path / "out" / "alerts.jsonl").exists()
