@@ -420,6 +420,33 @@ def test_pcap_round_trip(payloads: list[bytes], chunk: int, tmp_path: Path) -> N
     assert [p for c in iter_pcap_payloads(path) for p in c] == payloads
 
 
+@FUZZ
+@given(
+    payloads=st.lists(st.binary(min_size=8, max_size=40), min_size=3, max_size=8),
+    which=st.integers(0, 7),
+    field=st.integers(4, 15),  # a byte of ts_frac, incl_len or orig_len
+    bits=st.integers(1, 255),
+)
+def test_pcap_one_damaged_record_header_costs_that_record_only(
+    payloads: list[bytes], which: int, field: int, bits: int, tmp_path: Path
+) -> None:
+    """A damaged record header (a flipped byte in its lengths or time) is counted and reading
+    resumes at the next record: it used to end the file there, or a length made larger
+    swallowed the records after it."""
+    path = tmp_path / "d.pcap"
+    write_pcap(path, payloads)
+    data = bytearray(path.read_bytes())
+    which %= len(payloads)
+    at = 24 + sum(16 + 42 + len(p) for p in payloads[:which])  # Ethernet+IPv4+UDP: 42 bytes
+    data[at + field] ^= bits
+    path.write_bytes(bytes(data))
+    ps = PcapStats()
+    got = [p for c in iter_pcap_chunks(path, chunk_bytes=64, stats=ps) for p in c.payloads()]
+    rest = payloads[:which] + payloads[which + 1 :]
+    assert got in (rest, payloads), (which, field, bits, ps)
+    assert ps.corrupt <= 1
+
+
 def test_pcap_header_of_another_kind_is_a_value_error(tmp_path: Path) -> None:
     path = tmp_path / "x.pcap"
     path.write_bytes(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 105))  # 802.11

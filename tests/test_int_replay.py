@@ -8,6 +8,7 @@ import re
 import struct
 from pathlib import Path
 
+import orjson
 import pytest
 import yaml
 
@@ -147,3 +148,30 @@ def test_replay_of_an_unusable_int_pcap_exits_2_with_one_line(
     assert lines[0].startswith(f"rocewatch: error: {pcap}: {reason}"), lines[0]
     assert lines[0].count(pcap.name) == 1  # the file named once
     assert not (tmp_path / "out" / "alerts.jsonl").exists()
+
+
+def test_replay_of_a_damaged_int_pcap_counts_what_it_skips_and_still_finds_the_fault(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bytes damaged across the file (frames, and a record header whose length made the reader
+    stop there: the incast, 3 s in, was never read) and its last record cut short: the replay
+    completes (exit 0), says what it skipped, and the incast is still found."""
+    (tmp_path / "topology.yaml").write_text(yaml.safe_dump(topology()))
+    pcap = tmp_path / "int.pcap"
+    write_pcap(pcap, int_payloads())
+    data = bytearray(pcap.read_bytes())
+    rng = random.Random(3)
+    for _ in range(40):  # damage frames (an Ethernet / IP / UDP header or a report)
+        i = rng.randrange(24, len(data) * 9 // 10)
+        data[i] ^= 0xFF
+    pcap.write_bytes(bytes(data[: len(data) - 7]))  # the last record cut short
+    code, out, err = cli_replay(tmp_path, capsys)
+    assert code == 0, err
+    assert "counted and skipped:" in out and "pcap_corrupt=" in out, out
+    alerts = [
+        orjson.loads(x) for x in (tmp_path / "out" / "alerts.jsonl").read_bytes().splitlines()
+    ]
+    assert ("QueueBuildup", "leaf-0", "Ethernet1/1") in {
+        (a["labels"]["alertname"], a["labels"].get("switch"), a["labels"].get("port"))
+        for a in alerts
+    }

@@ -4,7 +4,9 @@
 or ns timestamps (magic ``a1b2c3d4`` / ``a1b23c4d``), LINKTYPE_ETHERNET (1) only, 802.1Q /
 802.1ad tags skipped. Frames that are not IPv4/UDP, IP fragments, other UDP ports and frames cut
 short by the snap length are counted in ``PcapStats`` and skipped; a truncated last record ends
-the file quietly (counted). A file that is not classic pcap, or of another link type, raises
+the file quietly (counted). A damaged record header (a length or time no capture writes) is
+counted and reading resumes at the next record that makes sense, so one damaged byte does not
+cost the rest of the file. A file that is not classic pcap, or of another link type, raises
 ``ValueError``.
 
 Every payload keeps its record's capture time (``PayloadChunk.ts``, ns): reports that carry no
@@ -41,6 +43,7 @@ class PcapStats:
     not_ipv4_udp: int = 0  # other ethertypes / protocols, IP fragments, bad IP header
     wrong_port: int = 0
     truncated: int = 0  # frames shorter than their headers / UDP length, truncated last record
+    corrupt: int = 0  # damaged record headers (reading resumes at the next record that fits)
 
 
 @dataclass
@@ -161,10 +164,25 @@ def _chunks(
 ) -> Iterator[PayloadChunk]:
     u32 = np.dtype(endian + "u4")
     frac_ns = 1 if ns else 1000
+    frac_max = 1_000_000_000 if ns else 1_000_000
     with f:
         unpack = struct.Struct(endian + "IIII").unpack_from
         rest = b""
         eof = False
+        lost = False  # past a damaged record header, looking for the next record
+        last_sec: int | None = None  # the last good record's time
+
+        def resumes_at(blob: bytes, p: int) -> bool:
+            """Whether a record that makes sense starts at ``p``: a plausible header (time
+            near the last good record's) and an Ethernet frame carrying IPv4 or a VLAN tag."""
+            sec, frac, incl, orig = unpack(blob, p)
+            return (
+                frac < frac_max
+                and 14 <= incl <= orig <= MAX_RECORD_BYTES
+                and (last_sec is None or abs(sec - last_sec) <= 86_400)
+                and (blob[p + 28] << 8 | blob[p + 29]) in (_ETH_IPV4, *_ETH_VLAN)
+            )
+
         while not eof:
             data = f.read(chunk_bytes)
             eof = not data
@@ -173,19 +191,33 @@ def _chunks(
             pos = 0
             fo: list[int] = []
             fl: list[int] = []
-            while pos + 16 <= n:
-                incl = unpack(blob, pos)[2]
-                if incl > MAX_RECORD_BYTES:  # no capture has such records: the file is corrupt
-                    st.truncated += 1
-                    rest, eof, n = b"", True, pos
+            while True:
+                if lost:
+                    # one damaged header must not cost the rest of the file: scan for the next
+                    # record that makes sense (a header and the start of its frame: 30 bytes)
+                    while pos + 30 <= n and not resumes_at(blob, pos):
+                        pos += 1
+                    if pos + 30 > n:
+                        break  # more data (or, at the end, the rest is lost: counted)
+                    lost = False
+                if pos + 16 > n:
                     break
+                sec, frac, incl, orig = unpack(blob, pos)
+                if incl > MAX_RECORD_BYTES or incl > orig or frac >= frac_max:
+                    # no capture writes such a header (a length it took for one would swallow
+                    # the records after it)
+                    st.corrupt += 1
+                    lost = True
+                    pos += 1
+                    continue
                 if pos + 16 + incl > n:
                     break
                 fo.append(pos + 16)
                 fl.append(incl)
+                last_sec = sec
                 pos += 16 + incl
             rest = blob[pos:n]
-            if eof and rest:
+            if eof and rest and not lost:
                 st.truncated += 1  # a truncated last record ends the file
             st.records += len(fo)
             if not fo:
