@@ -181,21 +181,29 @@ class _Errors:
             out.append(x / max(window_s, t))
         return out
 
-    def evidence(self, window_s: float, end: int) -> tuple[float, float, int]:
+    def evidence(self, window_s: float, end: int, bin_s: float) -> tuple[float, float, int, float]:
         """The errors of every counter counted in samples of the last ``window_s``: (count,
         the seconds those samples reach back over, at least ``window_s``; the samples with
-        errors)."""
+        errors; the seconds from the start of the first of those to the last). No ``bin_s``
+        of samples counts for more than the next largest: a sustained rate spreads its errors
+        over time, one moment's burst (a single loss, a flap) does not, and is not a rate."""
         since = end - round(window_s * NS)
-        count, first, hit = 0.0, end, set()
+        first, last, width = end, 0, max(1, round(bin_s * NS))
+        per: dict[int, float] = {}
+        samples = set()
         for d in self.samples:
             for ts, delta, dt in reversed(d):
                 if ts <= since:
                     break
                 if delta > 0:
-                    count += delta
-                    hit.add(ts)
+                    per[ts // width] = per.get(ts // width, 0.0) + delta
+                    samples.add(ts)
                     first = min(first, ts - round(dt * NS))
-        return count, max(window_s, (end - first) / NS), len(hit)
+                    last = max(last, ts)
+        top = sorted(per.values(), reverse=True)[:2]
+        count = sum(per.values()) - (top[0] - top[1] if len(top) > 1 else top[0] if top else 0.0)
+        spread = max(0.0, (last - first) / NS)
+        return count, max(window_s, (end - first) / NS), len(samples), spread
 
     def span(self) -> float:
         """The longest time (s) a counter's kept samples cover."""
@@ -257,9 +265,10 @@ class TransportErrorsDetector:
 
     def __post_init__(self) -> None:
         c = self.config
-        # two samples at least: one NIC sample read every few seconds averages a burst (an
-        # MoE all-to-all's reordering) over its whole interval
-        self.sustain = Sustain(c.sustain_s, c.gap_s, c.clear_s, c.max_entities, min_rows=2)
+        # every rule needs two samples (one NIC sample read every few seconds averages a burst,
+        # an MoE all-to-all's reordering, over its whole interval): out_of_sequence two hot
+        # samples in a row (``oos_streak``), the error rules errors in two bins of samples
+        self.sustain = Sustain(c.sustain_s, c.gap_s, c.clear_s, c.max_entities)
         self.fabric_oos: float | None = None  # EWMA of the fabric's median out_of_sequence rate
         self.next_baseline = 0
         self.next_forget = 0
@@ -271,6 +280,7 @@ class TransportErrorsDetector:
         self.seen = np.empty(0, dtype=np.int64)  # newest reading's time
         self.last_rate = np.empty(0)  # newest reading's rate
         self.interval = np.empty(0)  # sampling interval (s), smoothed
+        self.oos_streak = np.empty(0, dtype=np.int64)  # hot out_of_sequence samples in a row
         # the NICs with errors lately, and their samples (``following``: the same, by slot)
         self.errors: dict[tuple[str, str], _Errors] = {}
         self.following = np.empty(0, dtype=bool)
@@ -288,6 +298,9 @@ class TransportErrorsDetector:
             return
         if "following" not in d:
             self.following = np.array([k in self.errors for k in self.slots.keys], dtype=bool)
+        if "oos_streak" not in d:
+            self.oos_streak = np.zeros(len(self.slots), dtype=np.int64)
+            self.sustain.min_rows = 1
         if "err_count" not in d:  # from before the error baselines: they learn from now on
             n = len(self.slots)
             self.err_count, self.err_time = np.zeros(n), np.zeros(n)
@@ -413,10 +426,10 @@ class TransportErrorsDetector:
         for key in sorted({*cand, *(k for k in fresh if k in self.errors or k in suspects)}):
             e = self.errors.get(key)
             sums = e.rates(cfg.window_s, end) if e is not None else [0.0] * len(ERRORS)
-            err_rate = sum(sums)
-            self._follow(key, err_rate)
+            err_rate, err_spread = self._error_rate(e, end)
+            self._follow(key, max(err_rate, sum(sums)))
             i = self.slots.index.get(key, -1)
-            count, base_err, p_err, window = self._baseline_rule(e, i, end)
+            count, base_err, p_err, window, spread = self._baseline_rule(e, i, end)
             mine = None
             if i >= 0 and self._ready(i):
                 mine = float(self.ewma[i])
@@ -444,25 +457,32 @@ class TransportErrorsDetector:
                     else ep.info[8][0] / max(ep.info[8][1], 1e-9)
                 )
                 want = 3 * cfg.min_errors / max(fired, 1e-9)
-                count, base_err, p_err, window = self._baseline_rule(e, i, end, want)
+                count, base_err, p_err, window, spread = self._baseline_rule(e, i, end, want)
                 stays = count >= cfg.exit_ratio * cfg.min_errors and (
                     fired <= base_err
                     or count >= window * (fired - base_err) / math.log(fired / base_err)
                 )
             counted = count >= cfg.min_errors and count >= cfg.error_factor * base_err * window
             by_count = counted and p_err <= cfg.error_p_value
-            hot = r >= thr or err_rate >= cfg.error_min_rate or by_count
+            # once firing, the errors' plain rate over the last second (at least the newest
+            # sample) says whether they go on: the burst-proof count is for starting an alert,
+            # and would hold one for two seconds after a strong fault's end
+            now = sum(sums) if ep is not None and ep.ts else err_rate
+            oos_hot = r >= thr and i >= 0 and self.oos_streak[i] >= 2
+            hot = oos_hot or now >= cfg.error_min_rate or by_count
             warm = (
                 hot
                 or r >= cfg.exit_ratio * thr
-                or err_rate >= cfg.exit_ratio * cfg.error_min_rate
+                or sum(sums) >= cfg.exit_ratio * cfg.error_min_rate
                 or stays
             )
             if warm:
                 span = self._error_span(e)
-                if by_count and not (r >= thr or err_rate >= cfg.error_min_rate):
-                    # the errors were counted over the window: the condition held over it
-                    held = max(held, round(window * NS))
+                if by_count and not oos_hot:
+                    # the errors came over that span: the condition held over it
+                    held = max(held, round(spread * NS))
+                elif err_rate >= cfg.error_min_rate and not oos_hot:
+                    held = max(held, round(err_spread * NS))
                 evidence = (count, window, base_err, p_err, self._rate_parts(i))
                 info = (r, thr, base, mine, fabric, tuple(sums), err_rate, span, evidence)
                 rows.append(Row(("nic", *key), int(hot), ts, info, interval=iv, held=held))
@@ -470,23 +490,40 @@ class TransportErrorsDetector:
                 rows.append(Row(("nic", *key), COLD, ts, (), interval=iv, held=held))
         return rows
 
+    def _error_rate(self, e: _Errors | None, end: int) -> tuple[float, float]:
+        """The rate rule's errors per second (every counter), and the seconds they came over:
+        counted over two seconds, or two of the NIC's samples if longer, in bins of a second
+        or a sample, no bin for more than the next largest (one moment's burst is no rate)."""
+        if e is None:
+            return 0.0, 0.0
+        cfg = self.config
+        newest = max((d[-1][2] for d in e.samples if d), default=cfg.window_s)
+        w = max(2 * cfg.window_s, 2.2 * newest)
+        count, window, _, spread = e.evidence(w, end, max(cfg.window_s, newest))
+        return count / window, spread
+
     def _baseline_rule(
         self, e: _Errors | None, i: int, end: int, window_s: float | None = None
-    ) -> tuple[float, float, float, float]:
+    ) -> tuple[float, float, float, float, float]:
         """The baseline rule's figures for NIC slot ``i``: (errors counted, its baseline rate,
-        the chance of that count at that rate, the window in seconds), over the evidence
-        window or ``window_s`` within it (at least two of the NIC's intervals)."""
+        the chance of that count at that rate, the window and the span the errors came over
+        in seconds), over the evidence window or ``window_s`` within it (at least two of the
+        NIC's intervals)."""
         if e is None or i < 0:
-            return 0.0, 0.0, 1.0, 0.0
-        newest = max((d[-1][2] for d in e.samples if d), default=self.config.window_s)
+            return 0.0, 0.0, 1.0, 0.0, 0.0
+        cfg = self.config
+        newest = max((d[-1][2] for d in e.samples if d), default=cfg.window_s)
         full = self._evidence_s(newest)
         if window_s is not None:
-            full = min(full, max(window_s, self.config.window_s, 2.2 * newest))
-        count, window, samples = e.evidence(full, end)
+            full = min(full, max(window_s, cfg.window_s, 2.2 * newest))
+        # bins of a second, or of one sample if longer
+        count, window, samples, spread = e.evidence(full, end, max(cfg.window_s, newest))
         base = self._error_baseline(i)
-        if samples < 2:  # one sample's errors are one moment's (a single loss): no rate
-            return count, base, 1.0, window
-        return count, base, poisson_tail(count, base * window), window
+        if samples < 2 or spread < cfg.sustain_s:
+            # errors in one sample, or within less than sustain_s, are one moment's (a burst
+            # from one loss, a flap): no rate, however many
+            return count, base, 1.0, window, spread
+        return count, base, poisson_tail(count, base * window), window, spread
 
     def _error_baseline(self, i: int) -> float:
         """NIC slot ``i``'s healthy error rate: its own history, with its rail's pooled rate
@@ -546,6 +583,7 @@ class TransportErrorsDetector:
         self.last_rate = np.concatenate([self.last_rate, np.zeros(add)])
         self.interval = np.concatenate([self.interval, np.zeros(add)])
         self.following = np.concatenate([self.following, np.zeros(add, dtype=bool)])
+        self.oos_streak = np.concatenate([self.oos_streak, np.zeros(add, dtype=np.int64)])
         self.err_count = np.concatenate([self.err_count, np.zeros(add)])
         self.err_time = np.concatenate([self.err_time, np.zeros(add)])
         new = [self._rail(k) for k in self.slots.keys[len(self.rail) :]]
@@ -580,6 +618,7 @@ class TransportErrorsDetector:
         hot = ok & (r >= thr)
         # the latest reading of every NIC, and its interval
         s, iv = slot[ok], dt[ok] / n[ok]
+        self.oos_streak[s] = np.where(hot[ok], self.oos_streak[s] + n[ok].astype(np.int64), 0)
         prev = self.interval[s]
         self.interval[s] = np.where(prev > 0, prev + 0.25 * (iv - prev), iv)
         self.seen[s] = ts[ok]
