@@ -1064,6 +1064,8 @@ class _Part:
     # the last step's table positions and their canonical order (steps_coded)
     order: list[np.ndarray] = field(default_factory=list)
     forest: FeatureFeed | None = None  # with the isolation forest on: its window values
+    # its state record was refused: read from the group's committed offset, not the beginning
+    from_committed: bool = False
 
 
 def with_forest(
@@ -1157,15 +1159,16 @@ class Aggregator:
             part.seen = time.monotonic()
             part.idle = False
             self.parts[p] = part
-            if part.offset is None:
-                self.consumer.seek_to_beginning(tp)
-            else:
+            if part.offset is not None:
                 self.consumer.seek(tp, part.offset)
+            elif not part.from_committed:
+                self.consumer.seek_to_beginning(tp)
+            # (else the consumer starts at the group's committed offset: it may not be asked
+            # for it here, inside the rebalance)
         log.info("aggregating telemetry partitions %s", sorted(self.parts))
 
     def _restore(self, p: int) -> _Part:
         rec = self.store.load_record(p)
-        offset: int | None = None
         if rec is not None:
             raw, at = rec
             try:
@@ -1174,16 +1177,21 @@ class Aggregator:
                     raise CheckpointError(f"the state of partition {st.partition}")
             except CheckpointError as e:  # damaged, foreign or forged: nothing of it is run
                 self.stats.inc("checkpoint_rejected")
-                offset = self._committed(p)
                 log.error(
                     "state record %s/%d@%d rejected (%s); partition %d starts afresh from "
-                    "its committed offset %s",
+                    "its committed offset",
                     self.store.topic,
                     p,
                     at,
                     e,
                     p,
-                    offset,
+                )
+                return _Part(
+                    self._new_engine(),
+                    None,
+                    rollups=self._new_rollups(),
+                    forest=self._new_forest(),
+                    from_committed=True,
                 )
             else:
                 st.engine.stats = self.stats
@@ -1199,18 +1207,8 @@ class Aggregator:
                     st.engine, st.offset, st.hi, dirty=False, rollups=rollups, forest=forest
                 )
         return _Part(
-            self._new_engine(), offset, rollups=self._new_rollups(), forest=self._new_forest()
+            self._new_engine(), None, rollups=self._new_rollups(), forest=self._new_forest()
         )
-
-    def _committed(self, p: int) -> int | None:
-        """The group's committed offset of telemetry partition ``p`` (None: none, or the
-        broker cannot say: from the beginning then)."""
-        try:
-            off = self.consumer.committed(TopicPartition(self.k.topics.telemetry, p))
-        except KafkaError as e:
-            log.warning("committed offset of partition %d unknown (%s)", p, e)
-            return None
-        return None if off is None else int(off)
 
     def _new_forest(self) -> FeatureFeed | None:
         return None if self.forest_s is None else FeatureFeed(self.forest_s)
@@ -1662,7 +1660,6 @@ class Detector:
         self.closing = False
         self.group_changed = time.monotonic()  # the last (re)assignment, for --max-idle
         self.state: DetectState | None = None
-        self.rejected = False  # the last state record read was refused (rocewatch.checkpoint)
         self.seen: dict[int, float] = {}
         self.idle_offset: dict[int, int] = {}  # the owner's read offset in its idle report
         self.all_quiet = False  # every telemetry partition idle and read to its end
@@ -1717,14 +1714,10 @@ class Detector:
                 retain=False,
                 domain=self.domain,
             )
-            # after a rejected state, from the offset committed with it (as the telemetry
-            # partitions do); with none, from the first step
-            start = self._committed(tps[0]) if self.rejected else None
-            st = DetectState(STATE_VERSION, pipe, {}, {}, {}, None, start or 0, {})
-            if start is None:
-                self.consumer.seek_to_beginning(tps[0])
-            else:
-                self.consumer.seek(tps[0], start)
+            # (a refused state too: the steps before its offset make the pipeline's state
+            # again, and what was published after its output offsets is not suppressed)
+            st = DetectState(STATE_VERSION, pipe, {}, {}, {}, None, 0, {})
+            self.consumer.seek_to_beginning(tps[0])
         else:
             st.pipeline.policy.executor = executor
             self.stats = st.pipeline.stats
@@ -1744,14 +1737,6 @@ class Detector:
         self.seen = {p: self.started for p in st.part_closed}
         log.info("%s active (steps offset %d)", self.name, st.offset)
 
-    def _committed(self, tp: TopicPartition) -> int | None:
-        try:
-            off = self.consumer.committed(tp)
-        except KafkaError as e:
-            log.warning("%s: committed steps offset unknown (%s)", self.name, e)
-            return None
-        return None if off is None else int(off)
-
     def _feed_forest(self, pipe: Pipeline) -> None:
         """The isolation forest takes its window values from stage 1 (``FeatureFeed``): the
         steps do not carry its own metrics. A forest restored from a state written before it
@@ -1770,7 +1755,6 @@ class Detector:
             det.feed_from_stage1()
 
     def _restore(self) -> DetectState | None:
-        self.rejected = False
         rec = self.store.load_record(self.n_parts, key=self.state_key)
         if rec is None:
             return None
@@ -1779,10 +1763,8 @@ class Detector:
             return load_detect_state(raw)
         except CheckpointError as e:  # damaged, foreign or forged: nothing of it is run
             self.holds.inc("checkpoint_rejected")
-            self.rejected = True
             log.error(
-                "state record %s/%d@%d rejected (%s); the %s starts afresh from its "
-                "committed steps offset",
+                "state record %s/%d@%d rejected (%s); the %s starts afresh from the first step",
                 self.store.topic,
                 self.n_parts,
                 at,

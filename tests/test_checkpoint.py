@@ -268,14 +268,6 @@ class _Store:
         return self.value, self.offset
 
 
-class _Consumer:
-    def __init__(self, committed: int) -> None:
-        self.at = committed
-
-    def committed(self, tp: Any) -> int:
-        return self.at
-
-
 def test_the_scale_out_stages_refuse_a_forged_state_record(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -286,16 +278,16 @@ def test_the_scale_out_stages_refuse_a_forged_state_record(
     agg = Aggregator.__new__(Aggregator)
     agg.cfg, agg.k, agg.stats, agg.forest_s = cfg, cfg.kafka, Stats(), None
     agg.store = _Store(forged_pickle(marker), 41)  # type: ignore[assignment]
-    agg.consumer = _Consumer(1234)
     with caplog.at_level(logging.ERROR):
         part = agg._restore(3)
-    assert part.offset == 1234  # from the committed offset, with fresh state
+    # fresh state, read from the group's committed offset (the consumer's own start)
+    assert part.offset is None and part.from_committed
     assert agg.stats.get("checkpoint_rejected") == 1
     det = Detector.__new__(Detector)
     det.store = _Store(forged_pickle(marker)[:-9], 77)  # type: ignore[assignment]
     det.n_parts, det.state_key, det.name, det.holds = 4, "detect", "detect stage", Stats()
     with caplog.at_level(logging.ERROR):
-        assert det._restore() is None and det.rejected
+        assert det._restore() is None
     assert det.holds.get("checkpoint_rejected") == 1
     assert not marker.exists()
     lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
@@ -431,3 +423,46 @@ def test_no_product_module_can_unpickle() -> None:
         for m in banned.finditer(path.read_text())
     ]
     assert not found, found
+
+
+# --- against the real broker ----------------------------------------------------------------------
+
+
+def test_a_running_scale_out_service_refuses_forged_state_records(
+    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path, scenario_8n: Path
+) -> None:
+    """Whoever can produce to the state topic writes, before the service starts, a record that
+    would run code if it were unpickled, for every telemetry partition and for the detect
+    stage. Each one is refused and counted; nothing runs; the service works from scratch."""
+    from kafka import KafkaProducer
+
+    from rocewatch.config import KafkaConfig, TopicsConfig
+    from rocewatch.scaleout import ScaleOutService, ensure_scaleout_topics
+
+    names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state", "rollups")
+    k = KafkaConfig(
+        bootstrap_servers=kafka_bootstrap,
+        topics=TopicsConfig(**{n: kafka_topics(n) for n in names}),
+        group_id=kafka_topics("group"),
+        partitions=2,
+        commit_interval_s=0.5,
+        idle_flush_s=2.0,
+        session_timeout_ms=6000,
+        scale_out=True,
+    )
+    cfg = Config(topology=str(scenario_8n / "topology.yaml"), kafka=k, state_dir=str(tmp_path))
+    n = ensure_scaleout_topics(k)
+    marker = tmp_path / "ran"
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    for p in range(n):
+        producer.send(
+            k.topics.state, key=f"agg-{p}".encode(), value=forged_pickle(marker), partition=p
+        )
+    producer.send(k.topics.state, key=b"detect", value=forged_pickle(marker), partition=n)
+    producer.flush()
+    producer.close()
+    svc = ScaleOutService(cfg)
+    svc.run(max_idle_s=6.0)
+    stats = svc.summary()["stats"]
+    assert stats.get("checkpoint_rejected") == n + 1, stats
+    assert not marker.exists()
