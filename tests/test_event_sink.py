@@ -191,7 +191,13 @@ def test_sink_holds_events_while_the_database_is_down(
             assert 0 < held <= half
             # more events while the database is down stay in Kafka, not in the sink's memory
             publish(cfg, replayed.alerts[half:], replayed.actions)
-            time.sleep(3.0)
+            # one more retry: its poll came after they were on the topic (a poll and a retry
+            # make one pass), and read nothing while the batch waits
+            retries = sink.storage_retries
+            deadline = time.monotonic() + 60
+            while sink.storage_retries <= retries and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert sink.storage_retries > retries, "the sink stopped retrying"
             assert len(sink.pending.alerts) == held and not sink.pending.actions
             assert sink.alerts_written == 0
             # what an operator sees meanwhile: events held, retries counted, nothing written
