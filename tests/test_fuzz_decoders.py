@@ -270,6 +270,22 @@ def test_nic_snapshots_never_raise(lines: list[bytes]) -> None:
     check_frame(df)
 
 
+@settings(FUZZ, max_examples=100)  # two decoders and a wire round trip per example
+@given(st.lists(nic_lines | mutated(nic_lines), max_size=3))
+def test_the_agents_batches_of_any_snapshots_decode_to_the_services_frame(
+    lines: list[bytes],
+) -> None:
+    """The node agent encodes its rows itself (collector/nic/batch.py, no Polars on the node):
+    whatever the snapshots hold, the bytes it sends decode to what the services' decoder makes
+    of the same lines (an agent that raised here would stop sending for its node)."""
+    from collector.nic import batch
+    from collector.nic.samples import SnapshotReader
+
+    cols = SnapshotReader().read_lines(lines)  # the mapping tables the agent ships
+    want = NicSnapshotDecoder(None).decode_lines(lines)
+    assert wire.decode(batch.encode(cols, source="agent:gpu-001", seq=1)).equals(want)
+
+
 @FUZZ
 @given(
     st.lists(
