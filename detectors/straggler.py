@@ -128,9 +128,14 @@ class StragglerDetector:
             self.last_delta, self.last_dt = np.zeros((n, K)), np.zeros((n, K))
             self.last_ts = np.zeros((n, K), dtype=np.int64)
             self.interval = np.zeros(n)
+        self._conform()
+
+    def _conform(self) -> None:
+        """Per-signal arrays of a checkpoint from before the received pause was read get its
+        column (empty: it is summed from the next window on)."""
         for name in ("acc_delta", "acc_dt", "last_delta", "last_dt", "last_ts"):
             a = getattr(self, name)
-            if a.shape[1] < K:  # a checkpoint from before the received pause was read
+            if a.shape[1] < K:
                 pad = np.zeros((a.shape[0], K - a.shape[1]), dtype=a.dtype)
                 setattr(self, name, np.concatenate([a, pad], axis=1))
 
@@ -206,6 +211,8 @@ class StragglerDetector:
 
     def evaluate(self, ctx: StepContext) -> list[Finding]:
         cfg = self.config
+        if self.acc_delta.shape[1] < K:  # restored from a build that read fewer signals
+            self._conform()
         cur = ctx.engine.current()
         if cur is None:
             return []

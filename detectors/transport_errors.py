@@ -573,21 +573,27 @@ class TransportErrorsDetector:
 
     # --- out_of_sequence and its baselines --------------------------------------------------------
     def _grow(self) -> None:
-        add = len(self.slots) - len(self.ewma)
-        if add <= 0:
-            return
-        self.ewma = np.concatenate([self.ewma, np.full(add, np.nan)])
-        self.learned_s = np.concatenate([self.learned_s, np.zeros(add)])
-        self.learned_n = np.concatenate([self.learned_n, np.zeros(add, dtype=np.int64)])
-        self.seen = np.concatenate([self.seen, np.zeros(add, dtype=np.int64)])
-        self.last_rate = np.concatenate([self.last_rate, np.zeros(add)])
-        self.interval = np.concatenate([self.interval, np.zeros(add)])
-        self.following = np.concatenate([self.following, np.zeros(add, dtype=bool)])
-        self.oos_streak = np.concatenate([self.oos_streak, np.zeros(add, dtype=np.int64)])
-        self.err_count = np.concatenate([self.err_count, np.zeros(add)])
-        self.err_time = np.concatenate([self.err_time, np.zeros(add)])
-        new = [self._rail(k) for k in self.slots.keys[len(self.rail) :]]
-        self.rail = np.concatenate([self.rail, np.array(new, dtype=np.int64)])
+        """Every per-slot array as long as the slots (each on its own: a checkpoint from an
+        older build restores the arrays it knew, and the ones added since start empty)."""
+        n = len(self.slots)
+        for name, fill, dtype in (
+            ("ewma", np.nan, np.float64),
+            ("learned_s", 0, np.float64),
+            ("learned_n", 0, np.int64),
+            ("seen", 0, np.int64),
+            ("last_rate", 0, np.float64),
+            ("interval", 0, np.float64),
+            ("following", False, np.bool_),
+            ("oos_streak", 0, np.int64),
+            ("err_count", 0, np.float64),
+            ("err_time", 0, np.float64),
+        ):
+            a = getattr(self, name)
+            if len(a) < n:
+                setattr(self, name, np.concatenate([a, np.full(n - len(a), fill, dtype=dtype)]))
+        if len(self.rail) < n:
+            new = [self._rail(k) for k in self.slots.keys[len(self.rail) :]]
+            self.rail = np.concatenate([self.rail, np.array(new, dtype=np.int64)])
 
     def _oos(
         self, cur: Step, oos: pl.DataFrame, end: int
