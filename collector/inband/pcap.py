@@ -33,6 +33,7 @@ _MAGIC_NS = 0xA1B23C4D
 _ETH_IPV4 = 0x0800
 _ETH_VLAN = (0x8100, 0x88A8, 0x9100)
 _IPPROTO_UDP = 17
+_ETH_TYPE_BYTES = tuple(struct.pack(">H", t) for t in (_ETH_IPV4, *_ETH_VLAN))
 MAX_RECORD_BYTES = 1 << 18  # the largest snap length libpcap writes
 
 
@@ -183,6 +184,23 @@ def _chunks(
                 and (blob[p + 28] << 8 | blob[p + 29]) in (_ETH_IPV4, *_ETH_VLAN)
             )
 
+        def next_record(blob: bytes, start: int, n: int) -> int:
+            """Where the next record that makes sense starts at or after ``start`` (-1: not in
+            ``blob``). Candidates are found by their frame's EtherType (``bytes.find``), so a
+            long damaged stretch costs a scan in C, not a header unpacked per byte."""
+            hits = [blob.find(e, start + 28, n) for e in _ETH_TYPE_BYTES]
+            while True:
+                live = [h for h in hits if h >= 0]
+                if not live:
+                    return -1
+                at = min(live)
+                if resumes_at(blob, at - 28):
+                    return at - 28
+                hits = [
+                    blob.find(e, at + 1, n) if h == at else h
+                    for e, h in zip(_ETH_TYPE_BYTES, hits, strict=True)
+                ]
+
         while not eof:
             data = f.read(chunk_bytes)
             eof = not data
@@ -193,13 +211,13 @@ def _chunks(
             fl: list[int] = []
             while True:
                 if lost:
-                    # one damaged header must not cost the rest of the file: scan for the next
+                    # one damaged header must not cost the rest of the file: look for the next
                     # record that makes sense (a header and the start of its frame: 30 bytes)
-                    while pos + 30 <= n and not resumes_at(blob, pos):
-                        pos += 1
-                    if pos + 30 > n:
-                        break  # more data (or, at the end, the rest is lost: counted)
-                    lost = False
+                    at = next_record(blob, pos, n)
+                    if at < 0:
+                        pos = max(pos, n - 29)  # what may still start one, with more data
+                        break  # (at the end of the file the rest is lost: counted)
+                    pos, lost = at, False
                 if pos + 16 > n:
                     break
                 sec, frac, incl, orig = unpack(blob, pos)
