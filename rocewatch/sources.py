@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, cast
@@ -46,6 +47,8 @@ class LineFileSource:
             else self._raw
         )
         self.bytes_total = path.stat().st_size
+        self._lines = 0  # read so far
+        self._cut = False  # the file ended early (a truncated .gz): nothing more to read
 
     def position(self) -> int:
         return self._raw.tell() if not self.done else self.bytes_total
@@ -54,13 +57,23 @@ class LineFileSource:
         if self.done:
             return None
         lines: list[bytes] = []
-        for line in self._fh:
-            if len(line) > MAX_LINE_BYTES:
-                self.stats.inc("malformed_lines", detail=f"{self.name}: line too long")
-                continue
-            lines.append(line)
-            if len(lines) >= self.chunk_lines:
-                break
+        try:
+            for line in self._fh if not self._cut else ():
+                if len(line) > MAX_LINE_BYTES:
+                    self.stats.inc("malformed_lines", detail=f"{self.name}: line too long")
+                    continue
+                lines.append(line)
+                self._lines += 1
+                if len(lines) >= self.chunk_lines:
+                    break
+        except (EOFError, OSError, zlib.error) as e:
+            if not self._lines:  # not a recording at all (a .gz that is not gzip)
+                from rocewatch.errors import ConfigError
+
+                raise ConfigError(f"{self.path}: cannot read: {e}") from e
+            # a compressed recording cut short (an interrupted copy): what it held counts
+            self.stats.inc("truncated_files", detail=f"{self.name}: {e}")
+            self._cut = True
         if not lines:
             self.done = True
             self.close()

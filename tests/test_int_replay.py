@@ -175,3 +175,47 @@ def test_replay_of_a_damaged_int_pcap_counts_what_it_skips_and_still_finds_the_f
         (a["labels"]["alertname"], a["labels"].get("switch"), a["labels"].get("port"))
         for a in alerts
     }
+
+
+def switch_events(n: int) -> bytes:
+    """``n`` gnmic events of an FCS counter on leaf-0, 10 ms apart."""
+    return b"".join(
+        orjson.dumps(
+            {
+                "timestamp": T0 + i * 10 * MS,
+                "tags": {"source": "leaf-0", "interface_name": "Ethernet1/1"},
+                "values": {"/interfaces/interface/state/counters/in-fcs-errors": str(i)},
+            }
+        )
+        + b"\n"
+        for i in range(n)
+    )
+
+
+def test_replay_of_a_cut_short_gzip_recording_keeps_what_it_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A compressed recording cut short (an interrupted copy) raised EOFError with a traceback:
+    what it holds is replayed, the cut is counted, exit 0."""
+    import gzip
+
+    (tmp_path / "topology.yaml").write_text(yaml.safe_dump(topology()))
+    data = gzip.compress(switch_events(4_000))
+    (tmp_path / "switch.jsonl.gz").write_bytes(data[: len(data) // 2])
+    code, out, err = cli_replay(tmp_path, capsys)
+    assert code == 0, err
+    assert "truncated_files=1" in out, out
+    samples = int(re.search(r"replayed (\d+) samples", out).group(1))  # type: ignore[union-attr]
+    assert 500 < samples < 4_000, out
+
+
+def test_replay_of_a_gz_that_is_not_gzip_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "topology.yaml").write_text(yaml.safe_dump(topology()))
+    gz = tmp_path / "switch.jsonl.gz"
+    gz.write_bytes(switch_events(10))  # not compressed, though its name says so
+    code, _, err = cli_replay(tmp_path, capsys)
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"rocewatch: error: {gz}: cannot read: Not a gzipped file"), line
