@@ -14,31 +14,36 @@ the NIC's own samples, at whatever interval the agent reads them:
   ``implied_nak_seq_err`` should be ~0: each is a retransmission (go-back-N) or a timeout, and
   a lossless fabric loses a frame only to a bit error that FEC could not correct. Two rules:
 
-  - **rate**: their summed rate is hot at ``error_min_rate`` per second, each counter's rate
-    taken over its samples of the last ``window_s`` and at least its newest sample (a NIC read
-    every 5 s has one sample per 5 s, not a window with holes);
+  - **rate**: their summed rate is hot at ``error_min_rate`` per second, counted over two
+    seconds (two samples, if the NIC is read less often);
   - **baseline**: the errors counted over the last ``evidence_window_s`` (at least two of the
-    NIC's intervals), in two samples at least, are at least ``min_errors``, ``error_factor``
-    times the NIC's baseline rate, and too many for that baseline by chance (Poisson tail at
-    most ``error_p_value``). A mild fault (one or two retransmissions a second against a
-    baseline of one a minute) is found by its count long before its rate would reach
-    ``error_min_rate``, and a stray error or two is never enough. The baseline is the NIC's
-    own errors per second of its history (counts and time decayed with ``error_tau_s``,
-    learned only from samples that left the window while the NIC was not suspect), with
-    ``error_prior_s`` seconds of its rail peers' pooled rate as prior (a NIC with a short
-    history is judged as its peers are), and never below ``error_floor_rate``.
+    NIC's intervals) are at least ``min_errors``, ``error_factor`` times the NIC's baseline
+    rate, and too many for that baseline by chance (Poisson tail at most ``error_p_value``).
+    A mild fault (one or two retransmissions a second against a baseline of one a minute) is
+    found by its count long before its rate would reach ``error_min_rate``, and a stray error
+    or two is never enough. The baseline is the NIC's own errors per second of its history
+    (counts and time decayed with ``error_tau_s``, learned only from samples that left the
+    window while the NIC was not suspect), with ``error_prior_s`` seconds of its rail peers'
+    pooled rate as prior (a NIC with a short history is judged as its peers are), and never
+    below ``error_floor_rate``.
 
-  Only NICs that had an error lately keep their samples (a few).
+  Both count in bins of a second (or of a sample, if longer), no bin for more than the next
+  largest, and need errors in two samples spread over ``sustain_s``: one loss's burst, or a
+  flap's, is one moment, not a rate. Only NICs that had an error lately keep their samples (a
+  few).
 
-A NIC fires once hot for ``sustain_s`` and in two samples at least (``Sustain``: dips of
-``gap_s`` tolerated, plus one missed sample and jitter at the NIC's own sampling interval;
-a sample read back as cold is a dip), stays firing while a signal is at least ``exit_ratio``
-of its threshold (the baseline rule: a Poisson tail of at most ``error_p_value **
-exit_ratio``) and clears ``clear_s`` after that last held (plus two and a half sampling
-intervals while no sample says otherwise). A sample's rate is known to have held over its own
-interval, so a NIC read every 5 s fires on its second hot sample. A counter reset yields a
-small delta, never a spike (detectors/rates.py), and an agent gap one sample over the gap, so
-neither can fire.
+Every rule holds two samples (``out_of_sequence``: two hot samples in a row), so a NIC fires
+at its first hot row once the condition held ``sustain_s`` (``Sustain``: dips of ``gap_s``
+tolerated, plus one missed sample and jitter at the NIC's own sampling interval; a sample read
+back as cold is a dip): a NIC read every 5 s fires on its second hot sample. Once firing it
+stays while the errors' plain rate over the last ``window_s`` is at least ``exit_ratio`` of
+``error_min_rate``, or while the errors counted over the time the fault's own rate (as it
+fired) takes for three times ``min_errors`` are likelier at that rate than at the baseline, or
+``out_of_sequence`` is at ``exit_ratio`` of its threshold; it clears ``clear_s`` after that
+last held (plus two and a half sampling intervals while no sample says otherwise). A cleared
+alert's errors are dropped: neither evidence for a new alert nor learned. A counter reset
+yields a small delta, never a spike (detectors/rates.py), and an agent gap one sample over the
+gap, so neither can fire.
 
 A healthy step costs one vectorised update of the baselines (NumPy over entity slots) and a
 filter per error counter.
