@@ -33,7 +33,11 @@ _MAGIC_NS = 0xA1B23C4D
 _ETH_IPV4 = 0x0800
 _ETH_VLAN = (0x8100, 0x88A8, 0x9100)
 _IPPROTO_UDP = 17
-_ETH_TYPE_BYTES = tuple(struct.pack(">H", t) for t in (_ETH_IPV4, *_ETH_VLAN))
+# a capture's next record is not a day older than the last one, nor a year newer (merged
+# captures are in time order); a header read a byte off has a time decades away
+_DAY_S, _YEAR_S = 86_400, 366 * 86_400
+_ETH_TYPES = (_ETH_IPV4, *_ETH_VLAN)
+_ETH_TYPE_BYTES = tuple(struct.pack(">H", t) for t in _ETH_TYPES)
 MAX_RECORD_BYTES = 1 << 18  # the largest snap length libpcap writes
 
 
@@ -171,17 +175,32 @@ def _chunks(
         rest = b""
         eof = False
         lost = False  # past a damaged record header, looking for the next record
-        last_sec: int | None = None  # the last good record's time
+        # the capture's time (s), from its records: it moves by small steps, or when two
+        # records in a row agree on a new time (``moved``); a header read a few bytes off has
+        # a time decades away, and one damaged time taken for it would make every later record
+        # look wrong
+        now_s: int | None = None
+        moved: int | None = None
+
+        def timely(sec: int) -> bool:
+            return (
+                now_s is None
+                or now_s - _DAY_S <= sec <= now_s + _YEAR_S
+                or (moved is not None and abs(sec - moved) <= _DAY_S)
+            )
+
+        def ip_frame(blob: bytes, p: int) -> bool:
+            return (blob[p + 28] << 8 | blob[p + 29]) in _ETH_TYPES
 
         def resumes_at(blob: bytes, p: int) -> bool:
-            """Whether a record that makes sense starts at ``p``: a plausible header (time
-            near the last good record's) and an Ethernet frame carrying IPv4 or a VLAN tag."""
+            """Whether a record that makes sense starts at ``p``: a plausible header (its time
+            near the capture's) and an Ethernet frame carrying IPv4 or a VLAN tag."""
             sec, frac, incl, orig = unpack(blob, p)
             return (
                 frac < frac_max
                 and 14 <= incl <= orig <= MAX_RECORD_BYTES
-                and (last_sec is None or abs(sec - last_sec) <= 86_400)
-                and (blob[p + 28] << 8 | blob[p + 29]) in (_ETH_IPV4, *_ETH_VLAN)
+                and timely(sec)
+                and ip_frame(blob, p)
             )
 
         def next_record(blob: bytes, start: int, n: int) -> int:
@@ -221,9 +240,18 @@ def _chunks(
                 if pos + 16 > n:
                     break
                 sec, frac, incl, orig = unpack(blob, pos)
-                if incl > MAX_RECORD_BYTES or incl > orig or frac >= frac_max:
-                    # no capture writes such a header (a length it took for one would swallow
-                    # the records after it)
+                on_time = timely(sec)
+                if not on_time and pos + 30 > n and not eof:
+                    break  # its frame decides (below): read on
+                if (
+                    incl > MAX_RECORD_BYTES
+                    or incl > orig
+                    or frac >= frac_max
+                    or (not on_time and (incl < 14 or pos + 30 > n or not ip_frame(blob, pos)))
+                ):
+                    # no capture writes such a header (taken for a record, its length would
+                    # swallow the records after it); an odd time with an IP frame after it is
+                    # the capture's (a damaged time, or a gap of days)
                     st.corrupt += 1
                     lost = True
                     pos += 1
@@ -232,7 +260,13 @@ def _chunks(
                     break
                 fo.append(pos + 16)
                 fl.append(incl)
-                last_sec = sec
+                if now_s is None or now_s < sec <= now_s + _DAY_S:
+                    now_s, moved = sec, None
+                elif not now_s - _DAY_S <= sec <= now_s + _DAY_S:
+                    if moved is not None and abs(sec - moved) <= _DAY_S:
+                        now_s, moved = sec, None  # two records agree: the capture's time moved
+                    else:
+                        moved = sec
                 pos += 16 + incl
             rest = blob[pos:n]
             if eof and rest and not lost:
