@@ -240,7 +240,8 @@ def _chunks(
                 if pos + 16 > n:
                     break
                 sec, frac, incl, orig = unpack(blob, pos)
-                on_time = timely(sec)
+                # (the common case inline: a record in the capture's current second)
+                on_time = sec == now_s or timely(sec)
                 if not on_time and pos + 30 > n and not eof:
                     break  # its frame decides (below): read on
                 if (
@@ -260,7 +261,9 @@ def _chunks(
                     break
                 fo.append(pos + 16)
                 fl.append(incl)
-                if now_s is None or now_s < sec <= now_s + _DAY_S:
+                if sec == now_s:
+                    pass
+                elif now_s is None or now_s < sec <= now_s + _DAY_S:
                     now_s, moved = sec, None
                 elif not now_s - _DAY_S <= sec <= now_s + _DAY_S:
                     if moved is not None and abs(sec - moved) <= _DAY_S:
