@@ -311,8 +311,9 @@ def late_bound(fault: Mapping[str, Any], truth: Mapping[str, Any]) -> float:
     """Seconds after onset by which ``fault`` must be detected (docs/evaluation.md).
 
     PFC storms: 2.5 intervals of the fastest source that sees the origin; the rest: 3
-    intervals of the slowest source the detector needs, at least 10 s. Each reading of the
-    fault's devices on that source lost within the bound adds one interval of it.
+    intervals of the slowest source the detector needs, at least 10 s (a flaps-only link's
+    counted from its second link-down: ``_undecidable_s``). Each reading of the fault's devices
+    on that source lost within the bound adds one interval of it.
     """
     sampling = truth.get("sampling") or {}
 
@@ -328,6 +329,7 @@ def late_bound(fault: Mapping[str, Any], truth: Mapping[str, Any]) -> float:
         bound = max(OTHER_FLOOR_S, OTHER_DEADLINE * every(src))
     lost = sampling.get("lost") or {}
     onset = int(fault["onset_ns"])
+    bound += _undecidable_s(fault, onset)
     times = sorted(
         t
         for d in _fault_devices(fault, src)
@@ -338,6 +340,22 @@ def late_bound(fault: Mapping[str, Any], truth: Mapping[str, Any]) -> float:
         if t - onset <= bound * S:
             bound += every(src)
     return bound
+
+
+def _undecidable_s(fault: Mapping[str, Any], onset: int) -> float:
+    """Seconds from onset during which no detector can tell the fault from a healthy event.
+
+    A link that only flaps (no errors, no BER rise) looks like an admin bounce or a reboot
+    until it goes down a second time: FlakyLink's documented rule stays silent on one down/up,
+    so such a fault's bound runs from its second link-down. Every other fault: 0.
+    """
+    details = fault.get("details") or {}
+    if fault.get("alertname") != "FlakyLink" or details.get("errors", True):
+        return 0.0
+    downs = sorted(int(f["down_ns"]) for f in details.get("flaps") or ())
+    if len(downs) < 2:
+        return 0.0
+    return max(0.0, (downs[1] - onset) / S)
 
 
 def _near_not_fault(a: Alert, not_faults: Iterable[Mapping[str, Any]]) -> str | None:

@@ -192,3 +192,19 @@ def test_late_bound_by_source_and_lost_readings() -> None:
     alerts = [_alert("Straggler", 45.0, {}, node="gpu-004")]  # 15 s after onset: late
     r = score_run(_truth(), alerts, [])
     assert r.late == ["Straggler-1"] and r.bound_s["Straggler-1"] == 14.0
+
+
+def test_a_flaps_only_link_is_timed_from_its_second_link_down() -> None:
+    truth = _truth()
+    flaps = [{"down_ns": (30 + 13 * k) * S, "up_ns": (31 + 13 * k) * S} for k in range(3)]
+    cable = {
+        "id": "FlakyLink-1", "alertname": "FlakyLink", "onset_ns": 30 * S, "end_ns": 70 * S,
+        "labels": {"node": "gpu-004", "nic": "mlx5_0"}, "match": [{"node": "gpu-004"}],
+        "details": {"flaps": flaps, "errors": False},
+    }
+    truth["sampling"]["lost"] = {}
+    # its NIC at 2 s: max(10 s, 6 s), from the second down 13 s after onset
+    assert late_bound(cable, truth) == pytest.approx(23.0)
+    # the same cable with errors (or a BER rise) is a fault from its onset
+    noisy = dict(cable, details={"flaps": flaps})
+    assert late_bound(noisy, truth) == pytest.approx(10.0)
