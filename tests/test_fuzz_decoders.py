@@ -664,7 +664,7 @@ def config_docs(draw: st.DrawFn) -> dict[str, Any]:
     return doc
 
 
-@FUZZ
+@settings(FUZZ, max_examples=100)  # each example builds and validates a whole Config
 @given(text=config_docs().map(yaml.safe_dump) | texts(max_size=60).map(lambda t: "window:\n  " + t))
 def test_config_yaml_raises_only_config_error(text: str, tmp_path: Path) -> None:
     """Any setting of any type in any section: loaded, or refused with a ConfigError (rocewatch
