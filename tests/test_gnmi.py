@@ -865,6 +865,10 @@ def test_decoder_counts_unknown_paths_bad_values_and_out_of_range(tmp_path: Path
     col.export_unknown_paths()
     gauge = "rocewatch_gnmi_unknown_path_updates"
     assert registry.get_sample_value(gauge, {"path": "/vendor/unknown"}) == 2
+    skipped = "rocewatch_input_skipped"  # every count, on the collector's /metrics
+    assert registry.get_sample_value(skipped, {"reason": "gnmi_non_numeric_values"}) == 3
+    assert registry.get_sample_value(skipped, {"reason": "gnmi_out_of_range_values"}) == 1
+    assert registry.get_sample_value(skipped, {"reason": "gnmi_no_interface"}) == 1
     # the same again: counts grow, the batch is the same
     col.decoder.add_notification("leaf-0", notif)
     assert col.decoder.take().height == 2

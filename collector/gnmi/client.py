@@ -441,6 +441,13 @@ class Collector:
         self.decoder = NotificationDecoder(self.stats, mapper, self.lldp)
         self.last_flush = time.monotonic()
         self.metrics = _Metrics(registry) if registry is not None else None
+        if registry is not None:
+            # what the decoder counted and skipped (non-numeric values, counters scaled past 64
+            # bits, updates with no interface, deletes, unknown paths), read at each scrape
+            from rocewatch.metrics import ReadOnScrape, skipped_readings
+
+            stats = self.stats
+            registry.register(ReadOnScrape(lambda: skipped_readings(Stats.merged(stats))))
         self._sessions: dict[str, _Session] = {}
         self._seed = config.seed
         self._loop: asyncio.AbstractEventLoop | None = None
