@@ -265,7 +265,11 @@ GNMI_PATHS_PB = st.lists(
         st.dictionaries(st.sampled_from(["name", "id", "priority"]), texts(max_size=8), max_size=2),
     ),
     max_size=4,
-).map(lambda elems: gpb.Path(elem=elems))
+).map(lambda elems: gpb.Path(elem=elems)) | st.lists(  # the deprecated string form (gNMI < 0.4)
+    st.sampled_from(["interfaces", "interface[name=Ethernet1/1]", "state", "a[k=v", "b[k]", ""])
+    | texts(max_size=8),
+    max_size=4,
+).map(lambda els: gpb.Path(element=els))
 FCS_PB = texts(min_size=1, max_size=8).map(
     lambda port: gpb.Path(
         elem=[
@@ -295,7 +299,8 @@ NOTIFICATIONS = st.builds(
 @given(st.lists(NOTIFICATIONS, min_size=1, max_size=2))
 def test_gnmi_notifications_never_raise(notifs: list[Any]) -> None:
     """Whatever a target sends, the shared decoder keeps everyone's batch (a Decimal64 of
-    precision 4e9 used to compute 10**4e9: the collector hung), and the event output the
+    precision 4e9 used to compute 10**4e9: the collector hung; an element path 'a[k=v' raised
+    ConfigError, which ended the target's session for good), and the event output the
     collector writes for it serialises."""
     from collector.gnmi.decode import NotificationDecoder, notification_events
 

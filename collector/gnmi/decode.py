@@ -18,6 +18,7 @@ import polars as pl
 from collector.decode import _U64, _Columns, _number
 from collector.gnmi.paths import flatten
 from collector.mapping import GnmiMapper, default_gnmi_mapper
+from rocewatch.errors import ConfigError
 from rocewatch.model import is_counter
 from rocewatch.stats import Stats
 
@@ -90,7 +91,8 @@ class NotificationDecoder:
     ``add(device, response)`` appends the response's updates; ``take()`` returns the batch so
     far as a SAMPLE_SCHEMA frame and starts a new one. Counts go to ``stats``:
     ``gnmi_unknown_paths`` (detail: the path), ``gnmi_non_numeric_values``, ``gnmi_deletes``,
-    ``gnmi_no_interface``, ``gnmi_out_of_range_values`` (a counter scaled past 64 bits).
+    ``gnmi_no_interface``, ``gnmi_out_of_range_values`` (a counter scaled past 64 bits),
+    ``gnmi_bad_paths`` (an element path that cannot be read).
     """
 
     def __init__(
@@ -155,7 +157,14 @@ class NotificationDecoder:
         st = self.stats
         ts = notif.timestamp or now_ns
         pkey = notif.prefix.SerializeToString() if notif.HasField("prefix") else b""
-        pfx = self._prefixes.get(pkey) or self._prefix(pkey, notif.prefix)
+        pfx = self._prefixes.get(pkey)
+        if pfx is None:
+            try:
+                pfx = self._prefix(pkey, notif.prefix)
+            except ConfigError as bad:  # an element path it cannot read: its updates go
+                st.inc("gnmi_bad_paths", len(notif.update), detail=str(bad)[:200])
+                self.updates += len(notif.update)
+                return len(notif.update)
         leaves = pfx.leaves
         c = self._cols
         c_ts, c_dev, c_port, c_qual = c.ts, c.device, c.port, c.qual
@@ -165,7 +174,13 @@ class NotificationDecoder:
             n += 1
             path = u.path
             key = path.SerializeToString()
-            e = leaves.get(key) or self._leaf(pfx, key, path)
+            e = leaves.get(key)
+            if e is None:
+                try:
+                    e = self._leaf(pfx, key, path)
+                except ConfigError as err:  # a malformed element path ('a[k=v'): this update
+                    st.inc("gnmi_bad_paths", detail=str(err)[:200])
+                    continue
             if e[0] != METRIC:
                 if e[0] == LLDP:
                     v = typed_value(u.val)
@@ -227,7 +242,10 @@ def notification_events(
     prefix = notif.prefix if notif.HasField("prefix") else None
     by_tags: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
     for u in notif.update:
-        full, tags = flatten(prefix, u.path)
+        try:
+            full, tags = flatten(prefix, u.path)
+        except ConfigError:  # a malformed element path: counted by the decoder (gnmi_bad_paths)
+            continue
         key = tuple(sorted(tags.items()))
         ev = by_tags.get(key)
         if ev is None:
