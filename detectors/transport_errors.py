@@ -86,6 +86,7 @@ ERRORS = (
 STALE_INTERVALS = 2.5
 # of the stay threshold: a NIC whose error rate reaches this has every sample followed
 FOLLOW = 0.5
+PRUNE_S = 0.5  # how often samples that left every window are dropped (and learned)
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,7 @@ class TransportErrorsDetector:
         self.fabric_oos: float | None = None  # EWMA of the fabric's median out_of_sequence rate
         self.next_baseline = 0
         self.next_forget = 0
+        self.next_prune = 0
         # per NIC slot: its out_of_sequence baseline and latest reading
         self.slots = EntitySlots()
         self.ewma = np.empty(0)  # nan: none yet
@@ -306,6 +308,7 @@ class TransportErrorsDetector:
         if "oos_streak" not in d:
             self.oos_streak = np.zeros(len(self.slots), dtype=np.int64)
             self.sustain.min_rows = 1
+        self.next_prune = int(d.get("next_prune", 0))  # type: ignore[call-overload]
         if "err_count" not in d:  # from before the error baselines: they learn from now on
             n = len(self.slots)
             self.err_count, self.err_time = np.zeros(n), np.zeros(n)
@@ -381,11 +384,14 @@ class TransportErrorsDetector:
         suspect = set() if suspects is None else set(suspects.tolist())
         if timed:
             covered = np.zeros(len(self.slots))
-            for sl, secs in timed:
-                np.maximum.at(covered, sl, secs)
+            for sl, secs in timed:  # one row per NIC and counter: slots unique within a frame
+                covered[sl] = np.maximum(covered[sl], secs)
             if suspects is not None:
                 covered[suspects[(suspects >= 0) & (suspects < len(covered))]] = 0.0
             self.err_time[: len(covered)] += covered
+        if end < self.next_prune:
+            return fresh  # the windows filter by time: old samples may wait a little
+        self.next_prune = end + round(PRUNE_S * NS)
         for key in list(self.errors):
             e = self.errors[key]
             # a NIC that stopped reporting: its last samples mean nothing after a while
@@ -581,6 +587,8 @@ class TransportErrorsDetector:
         """Every per-slot array as long as the slots (each on its own: a checkpoint from an
         older build restores the arrays it knew, and the ones added since start empty)."""
         n = len(self.slots)
+        if len(self.ewma) == len(self.err_time) == len(self.oos_streak) == len(self.rail) == n:
+            return  # the usual step: no new NIC
         for name, fill, dtype in (
             ("ewma", np.nan, np.float64),
             ("learned_s", 0, np.float64),
