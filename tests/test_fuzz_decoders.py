@@ -356,7 +356,7 @@ nic_snapshots = st.fixed_dictionaries(
 nic_lines = (nic_snapshots | json_values).map(orjson.dumps)
 
 
-@FUZZ
+@settings(FUZZ, max_examples=120)  # rich nested snapshots: the budget's share
 @given(st.lists(nic_lines | mutated(nic_lines) | st.binary(max_size=64), max_size=3))
 def test_nic_snapshots_never_raise(lines: list[bytes]) -> None:
     d = NicSnapshotDecoder(TOPO)
@@ -364,7 +364,7 @@ def test_nic_snapshots_never_raise(lines: list[bytes]) -> None:
     check_frame(df)
 
 
-@settings(FUZZ, max_examples=100)  # two decoders and a wire round trip per example
+@settings(FUZZ, max_examples=80)  # two decoders and a wire round trip per example
 @given(st.lists(nic_lines | mutated(nic_lines), max_size=3))
 def test_the_agents_batches_of_any_snapshots_decode_to_the_services_frame(
     lines: list[bytes],
@@ -447,7 +447,7 @@ def frame_of(rows: list[tuple[Any, ...]]) -> pl.DataFrame:
     )
 
 
-@FUZZ
+@settings(FUZZ, max_examples=150)  # a frame built, encoded and decoded per example
 @given(sample_rows, texts(max_size=8), st.integers(0, U64 - 1))
 def test_wire_round_trip(rows: list[tuple[Any, ...]], source: str, seq: int) -> None:
     df = frame_of(rows)
@@ -460,7 +460,7 @@ def test_wire_round_trip(rows: list[tuple[Any, ...]], source: str, seq: int) -> 
 encoded = sample_rows.map(lambda rows: wire.encode(frame_of(rows), source="c", seq=1))
 
 
-@FUZZ
+@settings(FUZZ, max_examples=150)  # a frame built and encoded per example
 @given(encoded | mutated(encoded) | st.binary(max_size=200))
 def test_wire_bad_bytes_raise_only_bad_input(data: bytes) -> None:
     """A message from the topic is a batch or ``BadInput`` (the consumer counts and skips it)."""
