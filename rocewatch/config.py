@@ -266,7 +266,7 @@ def build(cls: type[T], data: Any, where: str) -> T:
         elif isinstance(v, list):
             kw[k] = tuple(tuple(x) if isinstance(x, list) else x for x in v)
         else:
-            kw[k] = v
+            kw[k] = _scalar(v, ftype, f"{where}.{k}")
     try:
         obj = cls(**kw)
         validate = getattr(obj, "validate", None)
@@ -276,6 +276,45 @@ def build(cls: type[T], data: Any, where: str) -> T:
         # a value of the wrong type (a word where a number goes) fails inside a check
         raise ConfigError(f"{where}: {e}") from e
     return obj
+
+
+_SCALAR_TYPES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+def _scalar(v: Any, ftype: Any, where: str) -> Any:
+    """``v`` checked against a plain scalar annotation (``int``, ``float | None``, ``str``...).
+
+    A value of the wrong type would otherwise get in and fail much later, inside a detector or
+    a socket call, with a traceback instead of the key's name. A number given as a string (an
+    expanded ``${ENV_VAR}``) is converted; a bool is never taken for a number. Annotations that
+    are not plain scalars (tuples, mappings, literals) are left to the section's ``validate``.
+    """
+    parts = [p.strip() for p in str(ftype).split("|")] if isinstance(ftype, str) else []
+    kinds = [p for p in parts if p != "None"]
+    if not kinds or any(p not in _SCALAR_TYPES for p in kinds):
+        return v
+    if v is None:
+        if "None" in parts:
+            return v
+        raise ConfigError(f"{where}: must be set (of type {' | '.join(kinds)})")
+    for kind in kinds:
+        t = _SCALAR_TYPES[kind]
+        if t is bool:
+            if isinstance(v, bool):
+                return v
+        elif t is str:
+            if isinstance(v, str):
+                return v
+        elif isinstance(v, bool):
+            continue
+        elif isinstance(v, int) or (t is float and isinstance(v, float)):
+            return t(v)
+        elif isinstance(v, str):
+            try:
+                return t(v.strip())
+            except ValueError:
+                continue
+    raise ConfigError(f"{where}: {v!r} is not of type {' | '.join(kinds)}")
 
 
 # dataclass name (a field's annotation) -> the module that defines it; ``build`` recurses into
