@@ -78,9 +78,13 @@ def _allowed_classes() -> list[type]:
     Imported here, at first use, so that importing this module imports no detector."""
     from actions.api import ApiConfig
     from actions.executors import SlurmConfig
+    from actions.kubernetes import KubernetesConfig
     from actions.membership import MembershipConfig
     from actions.policy import PolicyConfig
     from actions.routing import ExecutorsConfig
+    from actions.slurmrest import SlurmRestConfig
+    from collector.gnmi import config as gnmi_config
+    from collector.inband.udp import UdpListenerConfig
     from collector.nic.agent import AgentConfig
     from detectors import (
         base,
@@ -111,8 +115,18 @@ def _allowed_classes() -> list[type]:
         PolicyConfig,
         ExecutorsConfig,
         AgentConfig,
+        KubernetesConfig,
+        SlurmRestConfig,
+        UdpListenerConfig,
+        gnmi_config.GnmiConfig,
+        gnmi_config.TargetConfig,
+        gnmi_config.SubscriptionConfig,
+        gnmi_config.TlsConfig,
         notify_base.NotifyConfig,
         notify_base.RetryConfig,
+        notify_base.WebhookConfig,
+        notify_base.AlertmanagerConfig,
+        notify_base.TlsConfig,
     ]
     # every class of the modules that hold the pipeline's state (detectors, their per-entity
     # state, configs, topology, alerts): data only, no clients, handles or executors (a test
