@@ -16,7 +16,8 @@ pause for ``relay_fraction`` of its sample (of at most ``relay_window_s`` of it)
 ``relay_window_s`` (plus two and a half of its sampling intervals) of its victim's stall. A
 switch port is named origin only once its switch's own pause counters have reported past the
 victim's stall (a relay read less often than its victim would otherwise be blamed before its
-own pause shows), or one of its intervals later if they do not.
+own pause shows), or one of its intervals later if they do not; in a fabric domain's pipeline
+(``domain``) a switch of another domain is not waited for (its other ports are not heard there).
 
 The sample a storm began in counts whole toward the detection time when it was paused for at
 least ``onset_fraction`` of it and every sample after it wholly (SONiC's watchdog, too, counts
@@ -115,9 +116,14 @@ class PfcStormDetector:
         self.switch_ports: dict[str, list[int]] = {}  # a switch's port slots
         self.port_newest = np.empty(0, dtype=np.int64)
         self.port_interval = np.empty(0)
+        # the fabric domain whose pipeline this runs in (the scale-out detect stage sets it;
+        # None: the whole fabric). A switch of another domain is heard there only on the cable
+        # ends facing this one, so no wait shows it a relay: it is where the pause enters
+        self.domain: str | None = None
 
     def __setstate__(self, d: dict[str, object]) -> None:
         self.__dict__.update(d)
+        self.__dict__.setdefault("domain", None)
         # a checkpoint from before the cadence-aware state: start its tables over
         if "port_slots" not in d:
             self.__post_init__()
@@ -509,7 +515,12 @@ class PfcStormDetector:
             victim's stall to show a relay (one of its intervals is waited for beyond that), so
             it may still turn out one. A relay was paused before its victim stalled, so a sample
             reaching ``relay_fraction`` of a relay's share past the stall shows it paused."""
-            rep = report(s[1]) if s[0] == "port" else None
+            if s[0] != "port" or (self.domain is not None and topo.domain_of(s[1]) != self.domain):
+                # (a switch of another domain: its origin alert is not this pipeline's; named
+                # origin here it labels its victims in this domain with where the pause came
+                # in, as replay does when it traces them from an origin this domain never sees)
+                return False
+            rep = report(s[1])
             if rep is None:
                 return False
             newest, iv = rep
