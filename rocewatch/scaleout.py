@@ -708,6 +708,15 @@ def coded_step(
     return Step(start, end, frame=agg, by_metric=by_metric, positions=(series.epoch, positions))
 
 
+def tell_domain(pipe: Pipeline, domain: str | None) -> None:
+    """PFCStorm learns the fabric domain its pipeline runs for (a restored one too, whatever
+    its record says): a switch of another domain, heard there only on the cable ends facing the
+    domain, is where the pause enters, named at once as replay traces it (``unheard``)."""
+    for det in pipe.detectors:
+        if isinstance(det, PfcStormDetector):
+            det.domain = domain
+
+
 # --- the state topic -----------------------------------------------------------------------------
 
 
@@ -1725,7 +1734,7 @@ class Detector:
             self.consumer.seek(tps[0], st.offset)
             self._load_suppressions(st)
         self._feed_forest(st.pipeline)
-        self._tell_domain(st.pipeline)
+        tell_domain(st.pipeline, self.domain)
         resume = {tps[0]: OffsetAndMetadata(st.offset, "", -1)}
         with contextlib.suppress(KafkaError, RocewatchError):  # the first write meets it again
             self.writer.warm(resume)
@@ -1738,14 +1747,6 @@ class Detector:
         self.started = time.monotonic()
         self.seen = {p: self.started for p in st.part_closed}
         log.info("%s active (steps offset %d)", self.name, st.offset)
-
-    def _tell_domain(self, pipe: Pipeline) -> None:
-        """PFCStorm learns the domain it runs for (a restored one too, whatever its record
-        says): a switch of another domain, heard here only on the cable ends facing this one,
-        is where the pause enters, named at once as replay traces it (``unheard``)."""
-        for det in pipe.detectors:
-            if isinstance(det, PfcStormDetector):
-                det.domain = self.domain
 
     def _feed_forest(self, pipe: Pipeline) -> None:
         """The isolation forest takes its window values from stage 1 (``FeatureFeed``): the
