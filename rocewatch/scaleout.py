@@ -132,6 +132,9 @@ ROLLUPS_MAGIC = b"RWR1"
 MAX_MESSAGE_BYTES = 64 << 20  # steps and state topics; the producer's request limit matches
 ROWS_PER_STEPS_MESSAGE = 200_000
 HEARTBEAT_S = 1.0  # an owned partition reports at least this often
+# a detect stage that heard from no partition this long is the one not hearing (a broker away):
+# nobody's silence then says that a partition has no owner
+DEAF_S = 5 * HEARTBEAT_S
 END_EVERY_S = 0.2  # how stale the telemetry end offsets behind an idle report may be
 MAX_SKEW_S = 2.0  # how far one owned partition may run ahead of the slowest
 POLL_MS = 100  # each stage's longest wait for records (a poll returns as soon as some come)
@@ -1677,6 +1680,7 @@ class Detector:
         self.ends_at = -float("inf")
         self.moved_at = -float("inf")  # when a steps message last moved a partition's close
         self.started = time.monotonic()
+        self.heard = self.started  # when a steps message (any partition's) last came
         self.stall_s = max(20.0, 3 * self.k.session_timeout_ms / 1000.0)
         self.published = Published()
         # (CreateTime ns, seconds to evaluation) of telemetry records, for the benchmark
@@ -1744,7 +1748,7 @@ class Detector:
             st.pipeline.topology, self.cfg.membership, kube_api(self.cfg), static=self.static_jobs
         )
         self.active = True
-        self.started = time.monotonic()
+        self.started = self.heard = time.monotonic()
         self.seen = {p: self.started for p in st.part_closed}
         log.info("%s active (steps offset %d)", self.name, st.offset)
 
@@ -1902,7 +1906,10 @@ class Detector:
         if not 0 <= p < self.n_parts:
             self.stats.inc("bad_steps_message", detail=f"partition {p}")
             return False
-        self.seen[p] = now
+        if now - self.heard >= DEAF_S:  # the first word after a deaf spell (``_target``)
+            self.seen = {q: now for q in self.seen}
+            self.started = now
+        self.seen[p] = self.heard = now
         was_idle = st.part_idle.get(p)
         st.part_idle[p] = msg.idle
         prev = st.part_closed.get(p)
@@ -1963,7 +1970,11 @@ class Detector:
         # a detect stage behind on the steps topic has simply not read the reports yet
         hw = self.consumer.highwater(self.tp)
         behind = hw is None or st.offset < hw
-        if behind:
+        # nothing from any partition, though each owner reports every HEARTBEAT_S: the broker
+        # (or this stage's link to it) is away, and a partition's silence counts from its return
+        # (a broker restart longer than stall_s made every partition stalled, and the steps
+        # of the ones behind late: late_step_rows in test_scale_out_broker_restart_...)
+        if behind or now - self.heard >= DEAF_S:
             self.seen = {p: now for p in self.seen}
             self.started = now
         idle = [p for p in range(self.n_parts) if st.part_idle.get(p)]

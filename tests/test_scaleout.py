@@ -1148,7 +1148,7 @@ def test_detect_stage_buffers_each_step_of_a_message_and_counts_late_and_steples
 
     det = object.__new__(Detector)
     det.cfg, det.n_parts, det.stats = Config(), 3, Stats()
-    det.seen, det.lat_pending, det.moved_at = {}, [], 0.0
+    det.seen, det.lat_pending, det.moved_at, det.heard = {}, [], 0.0, 0.0
     step_ns = det.step_ns
     st = DetectState(1, None, {}, {}, {}, None, 0, {})  # type: ignore[arg-type]
 
@@ -1176,6 +1176,43 @@ def test_detect_stage_buffers_each_step_of_a_message_and_counts_late_and_steples
     assert det.stats.counts["bad_steps_message"] == 1
     assert st.buffer[7][0].height == 1
     assert take(0, rows([None]), 9) and det.stats.counts["bad_steps_message"] == 2
+
+
+def test_a_detect_stage_that_hears_no_partition_judges_none_without_an_owner() -> None:
+    """A partition silent for ``stall_s`` has no owner, and the stage goes on without it; but
+    when no partition is heard at all (a broker restart slower than ``stall_s`` on a loaded
+    machine), the stage is the one not hearing: it waits for every partition, and their silence
+    counts from the first word after it. Else the ones behind had their steps dropped as late."""
+    from rocewatch.keys import KEYS
+    from rocewatch.scaleout import Detector, DetectState
+    from rocewatch.stats import Stats
+
+    class Consumer:
+        def highwater(self, tp: object) -> int:
+            return 0  # the stage has read everything there is
+
+    det = object.__new__(Detector)
+    det.cfg, det.n_parts, det.stats = Config(), 2, Stats()
+    det.consumer, det.tp, det.stall_s = Consumer(), None, 20.0
+    det.seen, det.started, det.heard = {0: 0.0, 1: 0.0}, 0.0, 0.0
+    det.lat_pending, det.moved_at = [], 0.0
+    st = DetectState(1, None, {}, {}, {}, None, 0, {})  # type: ignore[arg-type]
+    st.part_closed = {0: 100, 1: 50}
+
+    def report(p: int, closed_to: int, now: float) -> None:
+        msg = StepsMessage(p, None, closed_to, False, [], None)
+        det._take(st, decode_steps(encode_steps(msg), KEYS), now)
+
+    assert det._target(st, 40.0) == 50  # nobody heard for 40 s: both waited for
+    report(0, 110, 41.0)  # the broker is back: partition 0 speaks first
+    assert det._target(st, 42.0) == 50  # partition 1's silence counts from 41 s
+    for t in range(43, 61):
+        report(0, 110 + t, float(t))
+    assert det._target(st, 60.5) == 50  # (19.5 s)
+    report(0, 200, 62.0)
+    # partition 1 silent for stall_s while partition 0 reports: no owner, no longer waited for
+    assert det._target(st, 62.0) == 200
+    assert det.stats.get("stalled_partition") == 1
 
 
 def test_detect_checkpoint_keeps_buffered_coded_rows_as_strings() -> None:
