@@ -24,7 +24,7 @@ import orjson
 import polars as pl
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pygnmi.spec.v080 import gnmi_pb2 as gpb
 
@@ -537,6 +537,12 @@ def test_pcap_round_trip(payloads: list[bytes], chunk: int, tmp_path: Path) -> N
     field=st.integers(0, 15),  # a byte of the header: ts_sec, ts_frac, incl_len, orig_len
     bits=st.integers(1, 255),
 )
+# The full-suite failure (records=1, truncated=2, corrupt=0), found on the reader before its time
+# guard (24b4969): the first record's incl_len 50 -> 49 still fits its orig_len (a snap-cut
+# frame, counted truncated), so the next header was read a byte early; its lengths (50 << 8)
+# passed the length checks and swallowed the file as a truncated last record. Its time is years
+# off the capture's and no IP frame follows it, so it is damage, not a truncated last record.
+@example(payloads=[bytes(8)] * 3, which=0, field=8, bits=3)
 def test_pcap_one_damaged_record_header_costs_that_record_only(
     payloads: list[bytes], which: int, field: int, bits: int, tmp_path: Path
 ) -> None:
