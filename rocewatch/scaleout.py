@@ -2292,6 +2292,11 @@ class DetectStage:
     def steps_evaluated(self) -> int:
         return sum(d.steps_evaluated for d in self.shards)
 
+    def caught_up(self) -> bool:
+        """Every detect stage held here has evaluated its steps to where the telemetry ends
+        (every partition idle and read to its end): an idle stop loses none of them."""
+        return all(d.all_quiet for d in self.shards if d.active)
+
     @property
     def alerts_sent(self) -> int:
         return sum(d.alerts_sent for d in self.shards)
@@ -2464,10 +2469,15 @@ class ScaleOutService:
                 # (and not before this instance's partitions are reported idle: their last
                 # steps are closed then, which a recent stall can put off by partition_idle_s)
                 quiet = now - last_input
+                late = quiet >= max_idle_s + k.partition_idle_s + 5
+                # the detect stage too: on a loaded machine it can be steps behind when stage 1
+                # goes idle, busy with one poll's steps for longer than max_idle_s (stopped
+                # then, the tail of the stream was never evaluated: alerts left firing)
                 if (
                     max_idle_s
                     and quiet >= max_idle_s
-                    and (self.agg.all_idle() or quiet >= max_idle_s + k.partition_idle_s + 5)
+                    and (self.agg.all_idle() or late)
+                    and (self.det.caught_up() or late)
                 ):
                     break
             self._stop_detect(detect)
