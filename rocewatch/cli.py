@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rocewatch.errors import ConfigError, RocewatchError
+from rocewatch.errors import ConfigError, run_command
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -209,25 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("kafka").setLevel(logging.WARNING)
-    try:
-        return _dispatch(args)
-    except ConfigError as e:
-        lines = str(e).splitlines() or ["invalid input"]
-        print(f"rocewatch: error: {lines[0]}", file=sys.stderr)
-        for line in lines[1:]:
-            print(f"  {line}", file=sys.stderr)
-        return 2
-    except RocewatchError as e:
-        print(f"rocewatch: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    return run_command("rocewatch", args.verbose, lambda: _dispatch(args))
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -1,5 +1,11 @@
 """The project's exceptions: one root, a few subclasses that say what the caller can do."""
 
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+
 
 class RocewatchError(Exception):
     """Root of every error rocewatch raises on purpose."""
@@ -32,3 +38,28 @@ class ProducerFailed(RocewatchError):
     delivered in time. The process stops here, before a checkpoint can commit offsets past
     what was lost; a restart (the supervisor's) resumes from the last checkpoint and writes
     it again."""
+
+
+def run_command(prog: str, verbose: bool, run: Callable[[], int]) -> int:
+    """A command's exit status: logging to stderr, then ``run()``; a ConfigError is 2 with its
+    lines (the first after ``PROG: error:``), another RocewatchError 1, Ctrl-C 130. Shared by
+    ``rocewatch`` and the lean ``rocewatch-agent`` (this module imports nothing heavy)."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    try:
+        return run()
+    except ConfigError as e:
+        lines = str(e).splitlines() or ["invalid input"]
+        print(f"{prog}: error: {lines[0]}", file=sys.stderr)
+        for line in lines[1:]:
+            print(f"  {line}", file=sys.stderr)
+        return 2
+    except RocewatchError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

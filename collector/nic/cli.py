@@ -14,7 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
-from rocewatch.errors import ConfigError, RocewatchError
+from rocewatch.errors import ConfigError, run_command
 
 log = logging.getLogger("rocewatch.agent")
 
@@ -122,25 +122,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``rocewatch-agent``: the exit status (2 for a configuration error, 1 for another)."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("kafka").setLevel(logging.WARNING)
-    try:
-        return run(args)
-    except ConfigError as e:
-        lines = str(e).splitlines() or ["invalid input"]
-        print(f"rocewatch-agent: error: {lines[0]}", file=sys.stderr)
-        for line in lines[1:]:
-            print(f"  {line}", file=sys.stderr)
-        return 2
-    except RocewatchError as e:
-        print(f"rocewatch-agent: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    return run_command("rocewatch-agent", args.verbose, lambda: run(args))
 
 
 if __name__ == "__main__":
