@@ -34,6 +34,7 @@ import collections
 import dataclasses
 import functools
 import hashlib
+import importlib
 import io
 import math
 import re
@@ -72,6 +73,34 @@ class CheckpointError(BadInput):
 # --- the allowlist --------------------------------------------------------------------------------
 
 
+# the modules whose every class may be in a checkpoint (the pipeline and what it owns)
+_STATE_MODULES = (
+    "rocewatch.config",
+    "rocewatch.model",
+    "rocewatch.pipeline",
+    "rocewatch.stats",
+    "rocewatch.topology",
+    "rocewatch.alerting.group",
+    "rocewatch.alerting.inhibit",
+    "detectors.base",
+    "detectors.baseline",
+    "detectors.clock_guard",
+    "detectors.ecn_congestion",
+    "detectors.fabric_incident",
+    "detectors.flaky_link",
+    "detectors.isolation_forest",
+    "detectors.lifecycle",
+    "detectors.pcie_downgrade",
+    "detectors.pfc_storm",
+    "detectors.queue_buildup",
+    "detectors.rates",
+    "detectors.state",
+    "detectors.straggler",
+    "detectors.transport_errors",
+    "detectors.windows",
+)
+
+
 def _allowed_classes() -> list[type]:
     """Every class whose instances a checkpoint may hold: the pipeline and what it owns
     (detectors, their state, configs, topology, alerts), the scale-out stages' state.
@@ -86,26 +115,6 @@ def _allowed_classes() -> list[type]:
     from collector.gnmi import config as gnmi_config
     from collector.inband.udp import UdpListenerConfig
     from collector.nic.agent import AgentConfig
-    from detectors import (
-        base,
-        baseline,
-        clock_guard,
-        ecn_congestion,
-        fabric_incident,
-        flaky_link,
-        isolation_forest,
-        lifecycle,
-        pcie_downgrade,
-        pfc_storm,
-        queue_buildup,
-        rates,
-        state,
-        straggler,
-        transport_errors,
-        windows,
-    )
-    from rocewatch import config, model, pipeline, stats, topology
-    from rocewatch.alerting import group, inhibit
     from rocewatch.notify import base as notify_base
 
     classes: list[type] = [
@@ -131,31 +140,7 @@ def _allowed_classes() -> list[type]:
     # every class of the modules that hold the pipeline's state (detectors, their per-entity
     # state, configs, topology, alerts): data only, no clients, handles or executors (a test
     # holds the allowlist to that)
-    for mod in (
-        config,
-        model,
-        pipeline,
-        stats,
-        topology,
-        group,
-        inhibit,
-        base,
-        baseline,
-        clock_guard,
-        ecn_congestion,
-        fabric_incident,
-        flaky_link,
-        isolation_forest,
-        lifecycle,
-        pcie_downgrade,
-        pfc_storm,
-        queue_buildup,
-        rates,
-        state,
-        straggler,
-        transport_errors,
-        windows,
-    ):
+    for mod in map(importlib.import_module, _STATE_MODULES):
         classes += [
             c
             for c in vars(mod).values()
