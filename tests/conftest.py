@@ -387,6 +387,19 @@ def replay_8n(_replay_8n: Any) -> Any:
     return copy.deepcopy(_replay_8n)
 
 
+@pytest.fixture
+def scenario(scenario_8n: Path) -> Path:
+    """The Kafka modules' scenario: the run's shared 8-node one (a module with a scenario of its
+    own defines ``scenario`` itself, which overrides this)."""
+    return scenario_8n
+
+
+@pytest.fixture
+def replay_result(replay_8n: Any) -> Any:
+    """The replay of ``scenario`` (a copy of the run's one)."""
+    return replay_8n
+
+
 @pytest.fixture(scope="session")
 def scenario_16n(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _scenario(tmp_path_factory, "scenario-16n", nodes=16, duration_s=20.0, seed=1)

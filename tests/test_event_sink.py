@@ -42,11 +42,6 @@ class Events:
 
 
 @pytest.fixture
-def scenario(scenario_8n: Path) -> Path:
-    return scenario_8n  # the run's shared one (nodes=8, 30 s, seed 3): tests/conftest.py
-
-
-@pytest.fixture
 def replayed(replay_8n: Any) -> Events:
     res = replay_8n
     return Events(

@@ -12,7 +12,6 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -25,16 +24,6 @@ from rocewatch.sources import merged, scenario_sources
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
 from tests.support.kafka_read import read_to_end
-
-
-@pytest.fixture
-def scenario(scenario_8n: Path) -> Path:
-    return scenario_8n  # simulated once per run (tests/conftest.py): nodes=8, 30 s, seed 3
-
-
-@pytest.fixture
-def replay_result(replay_8n: Any) -> Any:
-    return replay_8n  # its replay, once per run
 
 
 @pytest.fixture

@@ -44,16 +44,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def scenario(scenario_8n: Path) -> Path:
-    return scenario_8n  # simulated once per run (tests/conftest.py): nodes=8, 30 s, seed 3
-
-
-@pytest.fixture
-def replay_result(replay_8n: Any) -> Any:
-    return replay_8n  # its replay, once per run
-
-
 def make_cfg(
     bootstrap: str, kafka_topics: Any, tmp_path: Path, scenario: Path, **kw: Any
 ) -> Config:

@@ -33,16 +33,6 @@ from tests.support.kafka_read import read_to_end
 USER = "rocewatch"
 
 
-@pytest.fixture
-def scenario(scenario_8n: Path) -> Path:
-    return scenario_8n  # simulated once per run (tests/conftest.py): nodes=8, 30 s, seed 3
-
-
-@pytest.fixture
-def replay_result(replay_8n: Any) -> Any:
-    return replay_8n  # its replay, once per run
-
-
 def topics(prefix: str) -> TopicsConfig:
     return TopicsConfig(
         telemetry=f"{prefix}.telemetry",

@@ -62,16 +62,6 @@ from tests.test_membership import SLURMD_NODE, submit_job
 PARTITIONS = 4
 
 
-@pytest.fixture
-def scenario(scenario_8n: Path) -> Path:
-    return scenario_8n  # simulated once per run (tests/conftest.py): nodes=8, 30 s, seed 3
-
-
-@pytest.fixture
-def replay_result(replay_8n: Any) -> Any:
-    return replay_8n  # its replay, once per run
-
-
 def so_cfg(bootstrap: str, kafka_topics: Any, run: str, tmp: Path, scenario: Path) -> Config:
     names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state", "rollups")
     topics = TopicsConfig(**{n: kafka_topics(f"{run}.{n}") for n in names})
