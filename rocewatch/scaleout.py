@@ -60,6 +60,7 @@ from kafka.errors import (
     InvalidPartitionsError,
     InvalidProducerEpochError,
     KafkaError,
+    KafkaTimeoutError,
     ProducerFencedError,
     TopicAlreadyExistsError,
 )
@@ -140,6 +141,11 @@ MAX_SKEW_S = 2.0  # how far one owned partition may run ahead of the slowest
 POLL_MS = 100  # each stage's longest wait for records (a poll returns as soon as some come)
 STANDBY_POLL_MS = 250  # the detect stage's while another instance runs it
 DETECT_JOIN_S = 120.0  # how long a stopping instance waits for the detect stage's last step
+TAKEOVER_RETRY_S = 2.0  # how soon a takeover that met an unreachable broker is tried again
+# the longest a transaction's commit, abort or offsets may wait for the broker; kafka-python
+# waits for them without a bound, and its sender can stay stuck on a connection to a broker
+# that restarted (seen in CI: the detect stage blocked in a commit for good)
+TXN_WAIT_S = 30.0
 STEP_SCHEMA: dict[str, pl.DataType] = {"step": pl.Int64(), **AGG_SCHEMA}
 
 
@@ -958,10 +964,26 @@ class DetectWriter:
             return
         if offsets:
             group = self.k.group_id + "-detect"
-            self._call(self.producer.send_offsets_to_transaction, offsets, group)
-        self._call(self.producer.commit_transaction)
+            self._call(self._bounded, "send_offsets_to_transaction", offsets, group)
+        self._call(self._bounded, "commit_transaction")
         self.open = False
         self.commits += 1
+
+    def _bounded(self, name: str, *args: Any) -> None:
+        """The producer's transactional call ``name``, waited for at most ``TXN_WAIT_S``
+        (``KafkaTimeoutError`` then: the stage gives this producer up and takes the stage
+        again with a new one, whose ``init_transactions`` aborts what this one left open).
+        The call is made as kafka-python's own method makes it, bar the unbounded wait."""
+        manager = getattr(self.producer, "_transaction_manager", None)
+        sender = getattr(self.producer, "_sender", None)
+        begin = _TXN_BEGIN[name]
+        if manager is None or sender is None or not hasattr(manager, begin):
+            getattr(self.producer, name)(*args)  # another kafka-python: its own wait
+            return
+        result = getattr(manager, begin)(*args)
+        sender.wakeup()
+        if not result.wait(timeout_ms=TXN_WAIT_S * 1000):
+            raise KafkaTimeoutError(f"{name} not done within {TXN_WAIT_S:.0f} s")
 
     def warm(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         """Commit ``offsets`` (where the stage resumes) in a transaction of their own. The
@@ -979,7 +1001,7 @@ class DetectWriter:
         ``TransactionFailed`` if that fails too."""
         if self.fenced and self.open:
             self.open = False
-            self._call(self.producer.abort_transaction)
+            self._call(self._bounded, "abort_transaction")
 
     def fence(self) -> None:
         """Prove this instance still holds the stage (raises ``Fenced`` if not)."""
@@ -1018,6 +1040,12 @@ class DetectWriter:
 
 
 _FENCED = (ProducerFencedError, InvalidProducerEpochError)
+# a transactional call of kafka-python's producer: the transaction manager's method it begins with
+_TXN_BEGIN = {
+    "commit_transaction": "begin_commit",
+    "abort_transaction": "begin_abort",
+    "send_offsets_to_transaction": "send_offsets_to_transaction",
+}
 
 
 class TransactionFailed(RocewatchError):
@@ -1715,6 +1743,18 @@ class Detector:
         self.retake_at = None
         if not tps:
             return
+        try:
+            self._take_over(tps)
+        except (RetryableError, TransactionFailed, KafkaError) as e:
+            # called in the group's rebalance (kafka-python turns a listener's error into an
+            # error of the poll, which would stop the instance) or in a retake; a broker
+            # restarting or a coordinator not yet loaded is worth waiting out: the group still
+            # gives this instance the stage, so it tries again while it does
+            self.holds.inc("detect_takeover_failed")
+            self._drop(f"{self.name} not taken over ({e}); trying again")
+            self.retake_at = time.monotonic() + TAKEOVER_RETRY_S
+
+    def _take_over(self, tps: list[TopicPartition]) -> None:
         self.writer.start()  # fences the previous holder and aborts what it left open
         st = self._restore()
         executor = FencedExecutor(RoutingExecutor(self.cfg.executors), self.writer.fence)
@@ -1836,20 +1876,23 @@ class Detector:
 
     def _guarded(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)``, the stage dropped if fenced, or started again from its checkpoint
-        if a transaction failed otherwise (what it held was aborted, so it is made again)."""
+        if a transaction failed otherwise (what it held was aborted, so it is made again) or
+        the broker could not be asked (end offsets during a broker restart, say)."""
         try:
             return fn(*args)
         except Fenced as e:
             self._fenced(e)
-        except TransactionFailed as e:
+        except (TransactionFailed, KafkaError) as e:
             # what the transaction held is aborted, and whether this instance still holds the
             # stage is in doubt: a broker can answer a commit that another holder's epoch bump
             # fenced with UNKNOWN_SERVER_ERROR instead of PRODUCER_FENCED. Taking the stage
             # back at once would fence a rightful new holder, so the stage waits for the
             # group, as after a fence, and starts again from its checkpoint if still assigned.
-            self.holds.inc("detect_transaction_failed")
+            # (a broker that cannot be asked at all, restarting say, is waited out the same way)
+            failed = isinstance(e, TransactionFailed)
+            self.holds.inc("detect_transaction_failed" if failed else "detect_broker_unreachable")
             log.error("%s: the %s starts again from its checkpoint", e, self.name)
-            self._drop(f"{self.name} stopped (transaction failed)")
+            self._drop(f"{self.name} stopped ({'transaction failed' if failed else 'broker'})")
             self._retake_later()
         return None
 

@@ -134,6 +134,8 @@ def restart_mid_stream(
         deadline = time.monotonic() + 240
         while consumed() < published[0] and time.monotonic() < deadline and detect.is_alive():
             time.sleep(0.2)
+        # a detector that stopped on an error says so, rather than as outputs that never came
+        assert detect.is_alive() or detect.error is None, repr(detect.error)
         wait_for_outputs(broker.bootstrap, cfg, replay_result.alerts, replay_result.actions)
     finally:
         stop()

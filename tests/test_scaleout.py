@@ -22,9 +22,11 @@ import pytest
 import yaml
 from kafka import KafkaConsumer
 from kafka.errors import UnknownError as KafkaUnknownError
+from kafka.producer.transaction_manager import TransactionalRequestResult
 from kafka.structs import TopicPartition
 
 from detectors.registry import metrics_read
+from rocewatch import scaleout
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
 from rocewatch.errors import ConfigError, Fenced, ProducerFailed
 from rocewatch.kafka_io import Published, make_producer, publish_scenario, send_events
@@ -863,28 +865,46 @@ def fail_next_commit(svc: ScaleOutService, cfg: Config) -> None:
     the client's transaction manager in its fatal state (every later call fails, the abort
     too). Injected there, as kafka-python's sender does it: no broker setting makes EndTxn
     fail on demand."""
-    producer = svc.det.shards[0].writer.producer
-    commit = producer.commit_transaction
+    manager = svc.det.shards[0].writer.producer._transaction_manager
+    begin = manager.begin_commit
 
     def failing_once() -> Any:
-        producer.commit_transaction = commit
+        manager.begin_commit = begin
         err = KafkaUnknownError("Unhandled error in EndTxnResponse")
-        producer._transaction_manager.transition_to_fatal_error(err)
-        return commit()  # raises as the real client does in that state
+        manager.transition_to_fatal_error(err)
+        return begin()  # raises as the real client does in that state
 
-    producer.commit_transaction = failing_once
+    manager.begin_commit = failing_once
 
 
-@pytest.mark.parametrize("lose", [fence_from_elsewhere, fail_next_commit])
+def stall_next_commit(svc: ScaleOutService, cfg: Config) -> None:
+    """The instance's next transaction commit is never answered: what kafka-python 3.0's
+    sender did in CI after a broker restart (stuck on its connection to the restarted broker,
+    while every other client reconnected). Injected as a commit that is sent (it may well
+    commit on the broker: its outcome is in doubt) but whose answer never reaches the caller;
+    the writer's bound on the wait (``TXN_WAIT_S``, lowered by the test) must end it."""
+    manager = svc.det.shards[0].writer.producer._transaction_manager
+    begin = manager.begin_commit
+
+    def stalled_once() -> Any:
+        manager.begin_commit = begin
+        begin()
+        return TransactionalRequestResult()  # never done
+
+    manager.begin_commit = stalled_once
+
+
+@pytest.mark.parametrize("lose", [fence_from_elsewhere, fail_next_commit, stall_next_commit])
 def test_a_lone_instance_that_loses_its_hold_takes_its_stage_back(
-    kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result, lose
+    kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result, lose, monkeypatch
 ):
     """A fence that no other instance follows up (a transaction timed out on the broker, an
-    operator's tool with the same id), or a commit that failed with its outcome in doubt: the
-    group still gives this instance the detect stage, so after a session timeout it takes the
-    stage back from its checkpoint, and the stream's alerts and actions come out once each, as
-    replay gives them."""
-    run = "retake" if lose is fence_from_elsewhere else "txfail"
+    operator's tool with the same id), a commit that failed with its outcome in doubt, or one
+    that is never answered: the group still gives this instance the detect stage, so after a
+    session timeout it takes the stage back from its checkpoint, and the stream's alerts and
+    actions come out once each, as replay gives them."""
+    monkeypatch.setattr(scaleout, "TXN_WAIT_S", 3.0)
+    run = {fence_from_elsewhere: "retake", fail_next_commit: "txfail"}.get(lose, "stall")
     cfg = so_cfg(kafka_bootstrap, kafka_topics, run, tmp_path, scenario)
     kafka_topics.create(f"{run}.telemetry", partitions=PARTITIONS)
     svc = ScaleOutService(cfg)
@@ -900,7 +920,7 @@ def test_a_lone_instance_that_loses_its_hold_takes_its_stage_back(
     # is lost, and the instance must take the stage back
     lost = stats.get("detect_stage_fenced", 0) + stats.get("detect_transaction_failed", 0)
     assert lost >= 1, stats
-    if lose is fail_next_commit:
+    if lose is not fence_from_elsewhere:
         assert stats.get("detect_transaction_failed", 0) == 1, stats
     assert stats.get("detect_stage_retaken", 0) >= 1, stats
     assert not {k: v for k, v in stats.items() if k.startswith("late")}, stats
