@@ -415,3 +415,56 @@ def replay_16n(_replay_16n: Any) -> Any:
     import copy
 
     return copy.deepcopy(_replay_16n)
+
+
+# ==================== Recordings by name: simulated and replayed once per run ==================
+#
+#   recordings          session: a SimCache. .scenario(name, nodes, duration_s, seed) -> the
+#                       directory of SCENARIOS[name](...) written once per run; .replay(same) ->
+#                       (out_dir, ReplayResult) of its replay with the default configuration,
+#                       once per run (a deep copy of the result per call)
+#
+# The golden cases, the clock guard and the detector-reads tests use the same few recordings
+# (tests/golden/*/case.yaml): each is simulated, and replayed with the default configuration,
+# once per run instead of once per test. Treat the directories as read-only.
+# ==============================================================================================
+
+
+class SimCache:
+    """Scenarios from ``rocewatch.sim.scenarios.SCENARIOS`` and their default replays, made on
+    first use and kept for the run."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self._factory = factory
+        self._dirs: dict[tuple[str, int, float, int], Path] = {}
+        self._replays: dict[tuple[str, int, float, int], tuple[Path, Any]] = {}
+
+    def scenario(self, name: str, nodes: int, duration_s: float, seed: int) -> Path:
+        key = (name, nodes, float(duration_s), seed)
+        if key not in self._dirs:
+            from rocewatch.sim import write_scenario
+            from rocewatch.sim.scenarios import SCENARIOS
+
+            d = self._factory.mktemp(f"{name}-n{nodes}-{duration_s:g}s-seed{seed}")
+            write_scenario(SCENARIOS[name](nodes=nodes, duration_s=duration_s, seed=seed), d)
+            self._dirs[key] = d
+        return self._dirs[key]
+
+    def replay(self, name: str, nodes: int, duration_s: float, seed: int) -> tuple[Path, Any]:
+        """The replay's output directory and a copy of its result (a test may change it)."""
+        import copy
+
+        from rocewatch.replay import replay
+
+        key = (name, nodes, float(duration_s), seed)
+        if key not in self._replays:
+            d = self.scenario(name, nodes, duration_s, seed)
+            out = self._factory.mktemp(f"{d.name}-replay")
+            self._replays[key] = (out, replay(d, out))
+        out, res = self._replays[key]
+        return out, copy.deepcopy(res)
+
+
+@pytest.fixture(scope="session")
+def recordings(tmp_path_factory: pytest.TempPathFactory) -> SimCache:
+    return SimCache(tmp_path_factory)

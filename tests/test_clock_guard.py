@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import orjson
@@ -12,8 +13,9 @@ import pytest
 
 from detectors.clock_guard import ClockGuard
 from rocewatch.replay import replay
-from rocewatch.sim import write_scenario
-from rocewatch.sim.scenarios import SCENARIOS
+
+if TYPE_CHECKING:
+    from tests.conftest import SimCache  # the session's recordings fixture
 
 S = 1_000_000_000
 YEAR = 365 * 86_400 * S
@@ -86,22 +88,20 @@ def test_admit_on_arrays_without_devices() -> None:
     assert g.admit(np.array([3 * S, 3 * S + YEAR])).tolist() == [True, False]
 
 
-@pytest.fixture(scope="module")
-def storm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("storm")
-    cfg = SCENARIOS["default"](nodes=8, duration_s=16, seed=5)
-    write_scenario(cfg, d)
-    return d
+# the golden storm recording (tests/golden/storm): simulated and replayed once per run
+STORM = ("default", 8, 20.0, 5)
 
 
 def _key(a: dict) -> tuple:
     return (tuple(sorted(a["labels"].items())), a["startsAt"], a["status"])
 
 
+@pytest.mark.slow  # replays an 8-node recording (and shares the run's clean replay of it)
 def test_a_snapshot_a_year_ahead_and_one_a_day_behind_change_no_alert(
-    storm: Path, tmp_path: Path
+    recordings: SimCache, tmp_path: Path
 ) -> None:
-    clean = replay(storm, tmp_path / "clean")
+    storm = recordings.scenario(*STORM)
+    _, clean = recordings.replay(*STORM)
     bad = tmp_path / "bad"
     bad.mkdir()
     for f in storm.iterdir():

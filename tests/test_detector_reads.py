@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 import pytest
@@ -21,9 +21,10 @@ from detectors.registry import DETECTORS, metrics_read
 from detectors.windows import Step, WindowEngine
 from rocewatch.config import Config
 from rocewatch.pipeline import Pipeline
-from rocewatch.replay import replay
-from rocewatch.sim import write_scenario
-from rocewatch.sim.scenarios import SCENARIOS
+from rocewatch.replay import ReplayResult, replay
+
+if TYPE_CHECKING:
+    from tests.conftest import SimCache  # the session's recordings fixture
 
 # the forest learns for 8 s instead of 120 s, so it scores (and may fire) within the scenarios
 CONFIG = Config(
@@ -34,13 +35,9 @@ CASES = (("default", 5), ("dark_storm", 2), ("uplink_flaky", 3), ("moe", 4))
 
 
 @pytest.fixture(scope="module")
-def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = {}
-    for name, seed in CASES:
-        d = tmp_path_factory.mktemp(name)
-        write_scenario(SCENARIOS[name](nodes=8, duration_s=20.0, seed=seed), d)
-        out[name] = d
-    return out
+def scenarios(recordings: SimCache) -> dict[str, Path]:
+    """The golden recordings (simulated once per run, shared with tests/test_replay_golden.py)."""
+    return {name: recordings.scenario(name, 8, 20.0, seed) for name, seed in CASES}
 
 
 class _Reads(dict):  # type: ignore[type-arg]
@@ -77,9 +74,31 @@ class _Reads(dict):  # type: ignore[type-arg]
         return super().values()
 
 
-@pytest.fixture
-def recorded(monkeypatch: pytest.MonkeyPatch) -> dict[str, set[str]]:
-    """Per detector name, every metric it asked for (steps, sliding windows, whole frames)."""
+@dataclasses.dataclass
+class FullReplays:
+    results: dict[str, ReplayResult]  # per scenario, every metric fed
+    reads: dict[str, set[str]]  # per detector name, every metric it asked for meanwhile
+
+
+@pytest.fixture(scope="module")
+def full(scenarios: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> FullReplays:
+    """Each scenario replayed once with every metric, every detector's reads recorded while
+    it ran: the first test judges the reads, the second compares a declared-only replay with
+    these results (the recording only notes what is asked for; it changes no value, and if it
+    did the two replays would differ and the second test would fail, not pass)."""
+    out = tmp_path_factory.mktemp("full")
+    with pytest.MonkeyPatch.context() as mp:
+        seen = _record(mp)
+        try:
+            results = {n: replay(d, out / n, CONFIG) for n, d in scenarios.items()}
+        finally:
+            _Reads.sink = None
+    return FullReplays(results, seen)
+
+
+def _record(monkeypatch: pytest.MonkeyPatch) -> dict[str, set[str]]:
+    """Per detector name, every metric it asks for (steps, sliding windows, whole frames) in
+    pipelines made while ``monkeypatch`` holds."""
     seen: dict[str, set[str]] = {}
     by_metric = Step.by_metric.fget  # type: ignore[attr-defined]
     frame = Step.frame.fget  # type: ignore[attr-defined]
@@ -115,8 +134,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> dict[str, set[str]]:
             det.evaluate = _noting(det.evaluate, seen.setdefault(det.name, set()))  # type: ignore[method-assign]
 
     monkeypatch.setattr(Pipeline, "__init__", wrapped)
-    yield seen
-    _Reads.sink = None
+    return seen
 
 
 def _noting(evaluate: Callable[..., Any], into: set[str]) -> Callable[..., Any]:
@@ -131,12 +149,10 @@ def _noting(evaluate: Callable[..., Any], into: set[str]) -> Callable[..., Any]:
 
 
 @pytest.mark.slow
-def test_every_detector_reads_only_the_metrics_it_declares(
-    scenarios: dict[str, Path], recorded: dict[str, set[str]], tmp_path: Path
-) -> None:
+def test_every_detector_reads_only_the_metrics_it_declares(full: FullReplays) -> None:
+    recorded = full.reads
     raised: set[str] = set()
-    for name, d in scenarios.items():
-        res = replay(d, tmp_path / name, CONFIG)
+    for res in full.results.values():
         raised |= {a["labels"]["alertname"] for a in res.alerts}
     # the scenarios make every rule detector raise, so each of them ran its whole path
     assert raised >= {
@@ -157,9 +173,8 @@ def test_every_detector_reads_only_the_metrics_it_declares(
 
 @pytest.mark.slow
 def test_replay_of_the_declared_metrics_alone_raises_the_same_alerts(
-    scenarios: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    scenarios: dict[str, Path], full: FullReplays, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    full = {n: replay(d, tmp_path / f"{n}-full", CONFIG) for n, d in scenarios.items()}
     keep = metrics_read(CONFIG.detectors)
     ingest = Pipeline.ingest
     dropped = [0]
@@ -173,8 +188,8 @@ def test_replay_of_the_declared_metrics_alone_raises_the_same_alerts(
     monkeypatch.setattr(Pipeline, "ingest", declared_only)
     for name, d in scenarios.items():
         part = replay(d, tmp_path / f"{name}-declared", CONFIG)
-        assert part.alerts == full[name].alerts, name
-        assert part.actions == full[name].actions, name
+        assert part.alerts == full.results[name].alerts, name
+        assert part.actions == full.results[name].actions, name
     assert dropped[0] > 0  # the recordings carry metrics no detector reads
 
 

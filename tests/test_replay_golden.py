@@ -11,6 +11,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 import pytest
@@ -18,10 +19,11 @@ import yaml
 
 from rocewatch.model import parse_rfc3339
 from rocewatch.replay import replay
-from rocewatch.sim import write_scenario
-from rocewatch.sim.scenarios import SCENARIOS
 
-pytestmark = pytest.mark.slow  # each case simulates and replays a scenario
+if TYPE_CHECKING:
+    from tests.conftest import SimCache  # the session's recordings fixture
+
+pytestmark = pytest.mark.slow  # each case simulates and replays a scenario (once per run)
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "case.yaml").exists())
@@ -51,34 +53,20 @@ def corrupt(scenario: Path, seed: int) -> None:
     nic.write_bytes(b"".join(nl))
 
 
-@pytest.fixture(scope="module")
-def recordings(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple, Path]:
-    return {}
-
-
-def record(case: dict, tmp: Path, cache: dict[tuple, Path]) -> Path:
-    key = (case["scenario"], case["nodes"], case["duration_s"], case["seed"])
-    if key not in cache:
-        d = tmp / "-".join(map(str, key))
-        cfg = SCENARIOS[case["scenario"]](
-            nodes=case["nodes"], duration_s=case["duration_s"], seed=case["seed"]
-        )
-        write_scenario(cfg, d)
-        cache[key] = d
-    return cache[key]
-
-
 @pytest.mark.parametrize("name", CASES)
-def test_golden_case(name: str, tmp_path: Path, recordings: dict) -> None:
+def test_golden_case(name: str, tmp_path: Path, recordings: SimCache) -> None:
     case = yaml.safe_load((GOLDEN / name / "case.yaml").read_text())
-    clean = record(case, tmp_path.parent, recordings)
-    scenario = clean
+    key = (case["scenario"], case["nodes"], case["duration_s"], case["seed"])
+    clean = recordings.scenario(*key)
     if case.get("corrupt"):
         scenario = tmp_path / "corrupt"
         subprocess.run(["cp", "-r", str(clean), str(scenario)], check=True)
         corrupt(scenario, case["seed"])
-    out = tmp_path / "out"
-    res = replay(scenario, out)
+        out = tmp_path / "out"
+        res = replay(scenario, out)
+    else:
+        # the clean recording's replay is made once per run: four cases judge the same one
+        out, res = recordings.replay(*key)
     # the files are what users read
     alerts = [orjson.loads(x) for x in (out / "alerts.jsonl").read_bytes().splitlines()]
     actions = [orjson.loads(x) for x in (out / "actions.jsonl").read_bytes().splitlines()]
@@ -167,7 +155,7 @@ def test_golden_case(name: str, tmp_path: Path, recordings: dict) -> None:
             for a in actions
         )
     if expect.get("same_as_clean"):
-        ref = replay(clean, tmp_path / "clean")
+        _, ref = recordings.replay(*key)
         assert alerts == ref.alerts and actions == ref.actions
         for k in expect["skipped"]:
             assert res.stats.get(k, 0) > 0, (k, res.stats)
