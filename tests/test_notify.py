@@ -11,7 +11,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -30,6 +30,9 @@ from rocewatch.notify.webhook import WebhookSink
 from storage.outbox import Outbox
 from storage.store import Store
 from tests.notify_receiver import Received, Receiver, free_port
+
+if TYPE_CHECKING:
+    from tests.conftest import SimCache  # the session's recordings fixture
 
 SECRET = "test-hmac-secret-4f9a"
 T0 = 1_795_946_400_000_000_000
@@ -214,8 +217,10 @@ def test_receiver_down_60s_on_the_outbox_clock_gets_every_event_once(tmp_path: P
 
 
 @pytest.fixture
-def scenario(scenario_16n: Path) -> Path:
-    return scenario_16n  # simulated once per run (tests/conftest.py)
+def scenario(recordings: SimCache) -> Path:
+    # the golden storm recording, simulated once per run (tests/conftest.py): 12 alerts, 4 of
+    # them resolved, in an 8-node replay that takes half the 16-node one's time
+    return recordings.scenario("default", 8, 20.0, 5)
 
 
 def rocewatch(*args: str, env: dict[str, str]) -> list[str]:
@@ -233,6 +238,7 @@ def wait_for_log(
         time.sleep(0.1)
 
 
+@pytest.mark.slow  # a replay and three senders, each its own process
 def test_receiver_down_across_sender_restarts_gets_every_alert_exactly_once(
     scenario: Path, tmp_path: Path
 ) -> None:
@@ -246,9 +252,9 @@ def test_receiver_down_across_sender_restarts_gets_every_alert_exactly_once(
         f"""
 state_dir: {state}
 notify:
-  drain_timeout_s: 2
-  poll_s: 0.2
-  retry: {{initial_s: 0.5, max_s: 4}}
+  drain_timeout_s: 1
+  poll_s: 0.1
+  retry: {{initial_s: 0.2, max_s: 1}}
   webhooks:
     - name: ops
       url: http://127.0.0.1:{port}/alerts
@@ -256,6 +262,8 @@ notify:
       timeout_s: 5
 """
     )
+    # (a backoff capped at 1 s: each sender's retries come within a second, not four; the
+    # capped backoff over a long outage is the test above's)
     env = {**os.environ, "RW_TEST_WEBHOOK_SECRET": SECRET}
     out = tmp_path / "out"
     # 1. replay while the receiver is down: it queues everything and exits with it pending
