@@ -17,14 +17,53 @@ outliers cannot drag along):
   than the pause it asks for. A NIC its leaf holds (a storm's victim, an incast's sender) is
   slow because of someone else.
 
-A slow NIC slows its whole rail's ring, so low throughput alone does not single it out (every
-NIC of that rail in the job is just as slow: its peers wait, and ask for nothing), and pressure
-alone is not slowness. ECN marks on what a NIC receives are *not* pressure: they say the leaf's
-queue toward it is congested (incast, or a DCQCN burst), which happens to NICs that drain at
-line rate; a ring peer of a straggler caught in such a burst is slow and marked, and not the
-straggler (ECN is quoted as evidence). A straggler shows all three, in ``min_windows`` windows
-in a row; it resolves after ``clear_windows`` normal ones. A PCIe link below its maximum is
-quoted as evidence.
+This is the ``backpressure`` rule. A slow NIC slows its whole rail's ring, so low throughput
+alone does not single it out (every NIC of that rail in the job is just as slow: its peers wait,
+and ask for nothing), and pressure alone is not slowness. ECN marks on what a NIC receives are
+*not* pressure: they say the leaf's queue toward it is congested (incast, or a DCQCN burst),
+which happens to NICs that drain at line rate; a ring peer of a straggler caught in such a burst
+is slow and marked, and not the straggler (ECN is quoted as evidence). A straggler shows all
+three, in ``min_windows`` windows in a row; it resolves after ``clear_windows`` normal ones. A
+PCIe link below its maximum is quoted as evidence.
+
+A second, independent rule, ``alone_slow``, finds a straggler that asks for no pause (a
+thermally throttled GPU, a host slow at sending, a fabric without PFC): a NIC that **alone** is
+steadily slow. In a window it
+
+- sends at most ``alone_throughput_ratio`` (92 %) of its peers' median, with a robust z-score of
+  throughput <= -``z_threshold``: a synchronised collective keeps its NICs within 1-2 % of each
+  other, so 8 % short is several times any healthy member's spread, while the mildest straggler
+  worth finding (10 % slow) clears the line by more than a window's noise; the z-score keeps a
+  group whose windows scatter (bursty traffic read at different phases) from electing its low
+  end. The median, not the upper quartile of the first rule: a NIC alone slow drags no one;
+- sends at most ``alone_throughput_ratio`` of the median of its **ring peers** (the other NICs
+  of its rail in the job; for NICs in no job, its rail): if they are as slow, the ring's pace is
+  shared and nothing singles the NIC out (the ring waits for someone), so the rule is silent; a
+  NIC with no ring peer is not judged by it;
+- is no **victim of a stall**: over its last ``min_windows`` x 2 windows, and at least 2.5 of
+  its sampling intervals, its ring peers' median share never fell to the line, and neither half
+  of its ring peers nor half of its job's NICs sent, in any window, below 92 % of their own
+  median rate over them. A stall (a flapping cable, a storm, a barrier waiting for someone)
+  stops a ring or a job for a moment; each NIC's samples catch it whole or split over two as
+  its sampling phase falls, so for a sample or two some NICs look slow next to peers that
+  caught less of it. A straggler is slow against peers that keep their pace (the matrix's
+  false Stragglers were ring members of a flapping cable's NIC, read every second);
+- is not held by the fabric: it receives no more pause than it asks for, plus
+  ``alone_max_held_share`` (1 % of the time: pause that short explains at most 1 % of lost
+  throughput, a tenth of the least shortfall), and its ECN marks are not above its peers'
+  (robust z < ``z_threshold``): a congested victim is slow because of someone else;
+- is not idle: it sends at least ``alone_min_busy_ratio`` (10 %) of its peers' median, and the
+  peers' median is at least ``alone_min_rate_gbps`` (1 Gb/s): a NIC whose job ended, or a job
+  between steps, costs nobody time (an idle NIC's background traffic is not a collective).
+
+It must hold in every window of the streak that has a new transmit sample of the NIC (a window
+whose only new sample is of another signal neither counts nor breaks it), and the streak needs
+as many transmit samples as ``min_windows`` windows normally hold (up to ``min_windows``): at
+1 s three, so a stall split over two samples, or one late sample spanning two intervals, is
+not steady slowness.
+
+Either rule counts towards the same streak; the evidence names the rule that fired
+(``rule=backpressure`` or ``rule=alone_slow``).
 
 Cadence: a window counts for a NIC only when it holds a new sample of it, and a streak must
 cover ``min_windows`` windows' worth of time (less half a window) in two samples at least: a
@@ -32,14 +71,15 @@ NIC read every second needs three samples, one read every 5 s two (a sample stan
 interval, but one sample alone is one burst). A NIC read less often than the window still
 stands, as a peer, for its newest sample while that is fresh.
 
-Cost: a healthy step reads the highest pause share and ECN rate of the step (two column
-reductions); if no NIC could reach the pressure thresholds in a window and none is being
-followed, the window is not evaluated at all.
+Cost: a healthy step reads the highest pause share of the step (a column reduction); with
+``alone_slow`` off, a window in which no NIC could reach the pressure thresholds and none is
+being followed is not evaluated at all (with it on, every window is: slowness needs no pause).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -57,6 +97,7 @@ PAUSE, ECN, TPUT = "nic_tx_pause_us", "nic_ecn_marked_pkts", "nic_tx_rdma_bytes"
 HELD = "nic_rx_pause_us"  # pause the NIC received: its transmit held by its leaf
 SIGNALS = (PAUSE, ECN, TPUT, HELD)
 K = len(SIGNALS)
+ROLL_WINDOWS = 32  # windows of transmit rate kept per NIC for alone_slow (2.5 intervals of 12 s)
 
 
 @dataclass(frozen=True)
@@ -76,12 +117,21 @@ class StragglerConfig:
     pause_mad_floor: float = 0.005  # z-score scale floors, so a flat group is not all outliers
     ecn_mad_floor: float = 1_000.0  # ECN-rate z-score scale floor (ECN is evidence only)
     throughput_mad_floor: float = 0.01  # relative to the median
+    # the second rule: a NIC that alone is slow, asking for no pause (docs/detection.md)
+    alone_slow: bool = True
+    # at most 92% of its peers' median and of its ring peers' median: collectives keep NICs
+    # within 1-2% of each other, and a 10% straggler must clear the line by more than noise
+    alone_throughput_ratio: float = 0.92
+    alone_min_busy_ratio: float = 0.1  # below 10% of its peers' median: idle, not slow
+    alone_min_rate_gbps: float = 1.0  # peers' median below this: no collective is running
+    # pause received beyond what it asks (share of time) that makes it held, not slow itself
+    alone_max_held_share: float = 0.01
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        check_positive_numbers(self, "straggler")
+        check_positive_numbers(self, "straggler", skip=("enabled", "alone_slow"))
         for name in ("min_windows", "clear_windows", "min_peers"):
             if int(getattr(self, name)) != getattr(self, name):
                 raise ConfigError(f"straggler: {name}: must be a whole number")
@@ -89,6 +139,13 @@ class StragglerConfig:
             raise ConfigError(
                 "straggler: max_throughput_ratio must be within (0, 1), min_pause_share (0, 1]"
             )
+        if not 0 < self.alone_min_busy_ratio < self.alone_throughput_ratio < 1:
+            raise ConfigError(
+                "straggler: alone_throughput_ratio must be within (0, 1), and "
+                "alone_min_busy_ratio below it"
+            )
+        if self.alone_max_held_share >= 1:
+            raise ConfigError("straggler: alone_max_held_share must be below 1")
 
 
 @dataclass
@@ -96,6 +153,7 @@ class _Active:
     ts: int
     evidence: str
     pcie: str
+    rule: str = "backpressure"  # (a default: alerts of a checkpoint from before the second rule)
 
 
 @dataclass
@@ -128,6 +186,10 @@ class StragglerDetector:
             self.last_delta, self.last_dt = np.zeros((n, K)), np.zeros((n, K))
             self.last_ts = np.zeros((n, K), dtype=np.int64)
             self.interval = np.zeros(n)
+        if "roll" not in d:  # a checkpoint from before the alone_slow rule
+            self.roll = np.full((len(self.acc_ts), ROLL_WINDOWS), np.nan)
+            self.roll_med = self.roll.copy()
+            self.roll_at = 0
         self._conform()
 
     def _conform(self) -> None:
@@ -162,6 +224,11 @@ class StragglerDetector:
         self.last_dt = np.zeros((0, K))
         self.last_ts = np.zeros((0, K), dtype=np.int64)
         self.interval = np.zeros(0)
+        # per NIC and window (the last ROLL_WINDOWS), its transmit rate over its group's median
+        # and that median (NaN: none), for the alone_slow rule; roll_at counts the windows
+        self.roll = np.full((0, ROLL_WINDOWS), np.nan)
+        self.roll_med = np.full((0, ROLL_WINDOWS), np.nan)
+        self.roll_at = 0
 
     def _peer_group(self, node: str, rail: int) -> int:
         """Index of the NIC's peer group (its first job, else its rail); -1 for none."""
@@ -208,6 +275,8 @@ class StragglerDetector:
         self.last_dt = np.concatenate([self.last_dt, np.zeros((len(groups), K))])
         self.last_ts = np.concatenate([self.last_ts, np.zeros((len(groups), K), dtype=np.int64)])
         self.interval = np.concatenate([self.interval, np.zeros(len(groups))])
+        self.roll = _fit(self.roll, len(self.group), ROLL_WINDOWS)
+        self.roll_med = _fit(self.roll_med, len(self.group), ROLL_WINDOWS)
 
     def evaluate(self, ctx: StepContext) -> list[Finding]:
         cfg = self.config
@@ -229,7 +298,7 @@ class StragglerDetector:
         self.next_eval_ns = (ctx.end // w + 1) * w
         quiet = self.peak_pause < cfg.min_pause_share
         self.peak_pause = 0.0
-        if quiet and not self.active and not self.streak.any():
+        if quiet and not cfg.alone_slow and not self.active and not self.streak.any():
             return []  # no NIC could look pressed in this window: nothing to compare
         self._window(ctx, w)
         return self._findings()
@@ -319,6 +388,13 @@ class StragglerDetector:
         pause, ecn, tput, rx_pause = val[:, 0] / 1e6, val[:, 1], val[:, 2], val[:, 3] / 1e6
         judged = np.zeros(n, dtype=bool)
         cond = np.zeros(n, dtype=bool)
+        backpressure = np.zeros(n, dtype=bool)  # the first rule (cond: either)
+        alone = np.zeros(n, dtype=bool)  # the second
+        # per NIC alone_slow finds: its share of its peers' median, its robust z, its ring
+        # peers' median share, and the windows over which its ring and job were steady
+        alone_ev: dict[int, tuple[float, float, float, int]] = {}
+        share = np.full(n, np.nan)  # each NIC's rate over its group's median, this window
+        gmed = np.full(n, np.nan)  # its group's median rate, this window
         stats: dict[int, tuple[float, float, float, float, float]] = {}
         zs = np.full((n, 3), np.nan)
         for g in np.unique(self.group[covered[:, 2] & (self.group >= 0)]).tolist():
@@ -338,14 +414,30 @@ class StragglerDetector:
             ref_t = float(np.nanpercentile(tput[m], 75))
             slow = tput[m] <= cfg.max_throughput_ratio * ref_t
             judged[m] = True
-            cond[m] = pressed & slow
+            backpressure[m] = pressed & slow
+            if med_t > 0:
+                share[m], gmed[m] = tput[m] / med_t, med_t
+            cond[m] = backpressure[m]
             zs[m] = np.stack([zp, ze, zt], axis=1)
             stats[g] = (med_p, med_e, med_t, float(len(m)), ref_t)
+        if cfg.alone_slow:
+            self._remember(share, gmed)
+            for g in np.unique(self.group[judged]).tolist():
+                m = np.flatnonzero((self.group == g) & judged)
+                alone[m] = self._alone(m, share, zs[m], pause, rx_pause, stats[g][2], alone_ev)
+            cond |= alone
         # a window counts for a NIC only with a new sample of it: a NIC read every 5 s is
         # judged once per sample, and its streak counts the seconds its samples cover
         span = self.acc_dt.max(axis=1)
         new = span > 0
-        hit, seen = cond & new, judged & new
+        # alone_slow judges throughput alone: a window counts for it only with a new transmit
+        # sample (another signal's newer sample, read at another moment, says nothing of it)
+        # and then neither starts nor breaks a streak
+        new_t = self.acc_dt[:, 2] > 0
+        only_alone = alone & ~backpressure
+        span = np.where(only_alone, self.acc_dt[:, 2], span)
+        hit = cond & np.where(only_alone, new_t, new)
+        seen = judged & new & ~(only_alone & ~new_t)
         self.streak = np.where(hit, self.streak + 1, np.where(seen, 0, self.streak))
         self.streak_s = np.where(hit, self.streak_s + span, np.where(seen, 0.0, self.streak_s))
         self.calm = np.where(hit, 0, np.where(seen, self.calm + 1, self.calm))
@@ -354,7 +446,15 @@ class StragglerDetector:
         # min_windows windows' worth of time (less half a window: a window's samples may
         # cover a little less of it), in two samples at least
         held = self.streak_s >= (cfg.min_windows - 0.5) * cfg.window_s
-        enter = np.flatnonzero(hit & held & (self.streak >= min(2, cfg.min_windows)))
+        least = min(2, cfg.min_windows)
+        # alone_slow also needs as many samples as min_windows windows normally hold (up to
+        # min_windows): one late sample spanning two intervals is one reading, and a stall
+        # split over two readings is no steady slowness
+        with np.errstate(divide="ignore"):
+            per = np.ceil(cfg.min_windows * cfg.window_s / self.interval)
+        need = np.maximum(least, np.minimum(cfg.min_windows, np.nan_to_num(per, posinf=1e9)))
+        steady = backpressure | (self.streak >= need)
+        enter = np.flatnonzero(hit & held & (self.streak >= least) & steady)
         for i in enter.tolist():  # the few stragglers
             if i in self.active:
                 continue
@@ -366,30 +466,158 @@ class StragglerDetector:
             )
             ring = float(np.nanmedian(tput[same_rail])) / ref_t if ref_t > 0 else math.nan
             peers = f"{self.group_names[g]} ({int(size)} NICs)"
-            ev = [
-                f"pause requested {pct(pause[i])} of the time (peer median {pct(med_p)}, "
-                f"robust z {zs[i, 0]:.0f}; thresholds {pct(cfg.min_pause_share)}, "
-                f"z {cfg.z_threshold:g})",
-                f"pause received {pct(np.nan_to_num(rx_pause[i]))} of the time (less than it "
-                "requested: not held by its leaf)",
-                f"ECN-marked packets {ecn[i]:,.0f}/s (peer median {med_e:,.0f}/s, z "
-                f"{zs[i, 1]:.0f}; evidence only)",
-                f"RDMA transmit {tput[i] * 8 / 1e9:.1f} Gb/s = {pct(tput[i] / ref_t)} of the "
-                f"peers' upper quartile {ref_t * 8 / 1e9:.1f} Gb/s (threshold "
-                f"{pct(cfg.max_throughput_ratio)}; median {med_t * 8 / 1e9:.1f} Gb/s, z "
-                f"{zs[i, 2]:.1f})",
-            ]
-            if self.rail[i] >= 0 and math.isfinite(ring):
-                ev.append(
-                    f"its rail {self.rail[i]} runs at {pct(ring)} of that (the ring waits for it)"
-                )
+            rx = pct(np.nan_to_num(rx_pause[i]))
+            rule = "backpressure" if backpressure[i] else "alone_slow"
+            if rule == "backpressure":
+                ev = [
+                    f"pause requested {pct(pause[i])} of the time (peer median {pct(med_p)}, "
+                    f"robust z {zs[i, 0]:.0f}; thresholds {pct(cfg.min_pause_share)}, "
+                    f"z {cfg.z_threshold:g})",
+                    f"pause received {rx} of the time (less than it requested: not held by its "
+                    "leaf)",
+                    f"ECN-marked packets {ecn[i]:,.0f}/s (peer median {med_e:,.0f}/s, z "
+                    f"{zs[i, 1]:.0f}; evidence only)",
+                    f"RDMA transmit {tput[i] * 8 / 1e9:.1f} Gb/s = {pct(tput[i] / ref_t)} of the "
+                    f"peers' upper quartile {ref_t * 8 / 1e9:.1f} Gb/s (threshold "
+                    f"{pct(cfg.max_throughput_ratio)}; median {med_t * 8 / 1e9:.1f} Gb/s, z "
+                    f"{zs[i, 2]:.1f})",
+                ]
+                if self.rail[i] >= 0 and math.isfinite(ring):
+                    ev.append(
+                        f"its rail {self.rail[i]} runs at {pct(ring)} of that (the ring waits for "
+                        "it)"
+                    )
+            else:
+                part, z_t, ring_now, span = alone_ev[i]
+                ev = [
+                    f"RDMA transmit {tput[i] * 8 / 1e9:.1f} Gb/s = {pct(part)} of the peers' "
+                    f"median {med_t * 8 / 1e9:.1f} Gb/s (robust z {z_t:.1f}; thresholds "
+                    f"{pct(cfg.alone_throughput_ratio)}, z -{cfg.z_threshold:g})",
+                    f"{pct(part / ring_now)} of its ring peers' median (rail {self.rail[i]}, "
+                    f"{len(same_rail) - 1} other NICs): it alone is slow, its ring does not "
+                    f"share the pace, and neither its ring nor its job stalled over the last "
+                    f"{span} windows",
+                    f"pause requested {pct(pause[i])}, received {rx} of the time (not held by "
+                    "its leaf)",
+                    f"ECN-marked packets {ecn[i]:,.0f}/s (peer median {med_e:,.0f}/s, z "
+                    f"{zs[i, 1]:.0f}: not congested)",
+                ]
             self.active[i] = _Active(
                 int(ts[i]),
-                f"{node}/{nic} among {peers}, over {cfg.window_s:g} s windows, "
+                f"rule={rule}: {node}/{nic} among {peers}, over {cfg.window_s:g} s windows, "
                 f"{int(self.streak[i])} in a row ({self.streak_s[i]:.1f} s of samples): "
                 + "; ".join(ev),
                 self._pcie(ctx, node, nic),
+                rule,
             )
+
+    def _remember(self, share: np.ndarray, gmed: np.ndarray) -> None:
+        """Keep this window's share of each NIC (its rate over its group's median) and its
+        group's median rate, for the alone_slow rule's look back over its last windows."""
+        n, h = len(share), ROLL_WINDOWS
+        if self.roll.shape != (n, h) or self.roll_med.shape != (n, h):
+            # grown NICs (or a checkpoint of another layout): a new NIC has no history yet
+            self.roll = _fit(self.roll, n, h)
+            self.roll_med = _fit(self.roll_med, n, h)
+        self.roll[:, self.roll_at % h] = share
+        self.roll_med[:, self.roll_at % h] = gmed
+        self.roll_at += 1
+
+    def _span(self, i: int) -> int:
+        """Windows the alone_slow rule looks back over for NIC ``i``: twice ``min_windows``,
+        and at least 2.5 of its sampling intervals (a stall lands in one sample or is split
+        over two, as the NIC's sampling phase falls)."""
+        cfg = self.config
+        iv = float(self.interval[i]) if i < len(self.interval) else 0.0
+        k = max(2 * cfg.min_windows, math.ceil(2.5 * iv / cfg.window_s))
+        return int(min(k, ROLL_WINDOWS, self.roll_at))
+
+    def _recent(self, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The last ``k`` windows' shares and group medians of the NICs ``rows``."""
+        h = ROLL_WINDOWS
+        cols = (self.roll_at - 1 - np.arange(k)) % h
+        return self.roll[np.ix_(rows, cols)], self.roll_med[np.ix_(rows, cols)]
+
+    def _stalled(self, rows: np.ndarray, k: int) -> bool:
+        """Whether half of the NICs ``rows`` (or more) sent, in one of the last ``k`` windows
+        at least, below ``alone_throughput_ratio`` of their own median rate over them: a
+        stall or a dip they shared. A straggler is steadily slow (its own pace is its median);
+        its healthy peers keep theirs."""
+        share, med = self._recent(rows, k)
+        rate = share * med
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a NIC with no window: NaN
+            ref = np.nanmedian(rate, axis=1)
+            low = np.nanmin(rate, axis=1)
+        ok = np.isfinite(ref) & (ref > 0)
+        dipped = low[ok] <= self.config.alone_throughput_ratio * ref[ok]
+        return bool(2 * int(dipped.sum()) >= max(int(ok.sum()), 1))
+
+    def _alone(
+        self,
+        m: np.ndarray,
+        share: np.ndarray,
+        z: np.ndarray,
+        own_pause: np.ndarray,
+        rx_pause: np.ndarray,
+        med_t: float,
+        found: dict[int, tuple[float, float, float, int]],
+    ) -> np.ndarray:
+        """The alone_slow rule over one peer group's NICs ``m`` (``z``: their robust z-scores
+        of pause, ECN and throughput, by position in ``m``; the rest by slot): which of them
+        alone is slow in this window. Fills ``found`` (by slot) with the evidence of those.
+
+        A NIC caught in someone else's stall looks alone slow for a sample or two: a ring-wide
+        stall (a flap, a storm) shorter than a sample interval lands in one NIC's sample, or is
+        split over two, as its sampling phase falls, and a ring peer whose sample straddles it
+        less looks normal. So the NIC's ring (its other members' median share, window by
+        window) and its job (its median rate) must have kept their pace over the NIC's last
+        windows (``_span``): a straggler is slow against a steady ring; a NIC whose dip
+        coincides with its ring's or its job's is a victim of whatever stalled them."""
+        cfg = self.config
+        lim = cfg.alone_throughput_ratio
+        out = np.zeros(len(m), dtype=bool)
+        if not med_t * 8 >= cfg.alone_min_rate_gbps * 1e9:
+            return out  # the job moves next to nothing: no collective runs, nobody waits
+        t = share[m]
+        pause = np.nan_to_num(own_pause[m])
+        with np.errstate(invalid="ignore"):
+            cand = (
+                (t <= lim)
+                & (np.nan_to_num(z[:, 2]) <= -cfg.z_threshold)
+                & (t >= cfg.alone_min_busy_ratio)
+                # held by its leaf beyond what it asks for: a storm's victim, an incast's sender
+                & (np.nan_to_num(rx_pause[m]) <= pause + cfg.alone_max_held_share)
+                # marked more than its peers: congested, slow because of someone else
+                & (np.nan_to_num(z[:, 1]) < cfg.z_threshold)
+            )
+        rails = self.rail[m]
+        for j in np.flatnonzero(cand).tolist():  # the few candidates
+            i = int(m[j])
+            ring = m[(rails == rails[j]) & (m != i)]
+            if self.rail[i] < 0 or not len(ring) or not np.isfinite(share[ring]).any():
+                continue  # no ring peer to compare with
+            ring_now = float(np.nanmedian(share[ring]))
+            # a ring whose other members are as slow shares one pace: the ring waits for
+            # someone, and nothing says it is this NIC
+            if not t[j] <= lim * ring_now:
+                continue
+            k = self._span(i)
+            peers, _ = self._recent(ring, k)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a window with no data: NaN
+                ring_w = np.nanmedian(peers, axis=0)  # the ring's pace, window by window
+            # the ring slowed in one of the windows (a stall, a straggler's ring catching up),
+            # or half its other members, or half the job's, dipped below their own pace in one
+            # (a flap, a storm, a barrier waiting for someone): its share in them is a matter
+            # of sampling phase, and it is a victim of whatever stalled them
+            if not np.isfinite(ring_w).all() or (ring_w <= lim).any():
+                continue
+            if self._stalled(ring, k) or self._stalled(m[m != i], k):
+                continue
+            out[j] = True
+            found[i] = (float(t[j]), float(z[j, 2]), ring_now, k)
+        return out
 
     def _pcie(self, ctx: StepContext, node: str, nic: str) -> str:
         """The NIC's PCIe link, if the newest step shows it below its maximum (evidence)."""
@@ -429,15 +657,30 @@ class StragglerDetector:
                     act.ts,
                     summary=f"{node}/{nic} is persistently slower than its peers"
                     + (f" in {where}" if where else ""),
-                    description=f"{node}/{nic} cannot keep up with what it receives (it asks its "
-                    "leaf for pause, and is not itself held) while sending below its peers; "
-                    "every ring it is in waits for it."
+                    description=(
+                        f"{node}/{nic} cannot keep up with what it receives (it asks its leaf for "
+                        "pause, and is not itself held) while sending below its peers; every ring "
+                        "it is in waits for it."
+                        if act.rule == "backpressure"
+                        else f"{node}/{nic} alone sends well below its peers and the other NICs "
+                        "of its ring, while the fabric holds it no more than them (no pause "
+                        "received, no extra ECN): it is slow at its own work (a throttled GPU, "
+                        "a slow host), and every ring it is in waits for it."
+                    )
                     + (f" {act.pcie}: a likely cause." if act.pcie else ""),
                     evidence=act.evidence + (f"; {act.pcie}" if act.pcie else ""),
                     extra=extra,
                 )
             )
         return out
+
+
+def _fit(a: np.ndarray, n: int, h: int) -> np.ndarray:
+    """``a`` with ``n`` rows of ``h`` columns: rows it lacks are NaN (no history)."""
+    out = np.full((n, h), np.nan)
+    if a.ndim == 2 and a.shape[1] == h:
+        out[: min(n, len(a))] = a[:n]
+    return out
 
 
 def _gts(speed: float | None, width: float | None) -> str:

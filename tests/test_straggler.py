@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import polars as pl
 import pytest
 
 from detectors.straggler import StragglerConfig
+from rocewatch.config import Config
 from rocewatch.errors import ConfigError
 from rocewatch.model import Alert, conform
 from rocewatch.pipeline import Pipeline
@@ -306,3 +307,220 @@ def test_a_ten_percent_straggler_is_found(interval: float) -> None:
     (a,) = cadence.run(TOPO, series, seconds, only=("straggler",)).named("Straggler")
     assert (a.labels["node"], a.labels["nic"]) == CULPRIT
     assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+
+
+# --- the second rule: a NIC that alone is slow, asking for no pause ----------------------------
+
+
+def alone_series(
+    interval: float,
+    fault: tuple[float, float],
+    slow: Callable[[str, str], float],
+    held: float = 0.0,
+    marked: float = 0.0,
+) -> list[cadence.Series]:
+    """Healthy NICs (as ``nic_series``), each also reporting the pause it receives; during
+    ``fault`` every NIC's transmit drops by ``slow(node, nic)`` (a share of its rate), and the
+    culprit receives pause ``held`` of the time and ``marked`` more ECN-marked packets a second.
+    No NIC asks for pause."""
+    a, b = fault
+    out = []
+    for s in nic_series(interval):
+        key = (s.device, s.port)
+        if s.metric == "nic_tx_rdma_bytes" and slow(*key) > 0:
+            base = s.rate.base if s.rate is not None else RATE
+            s = dataclasses.replace(s, rate=cadence.Rate(base, [(a, b, -slow(*key) * base)]))
+        elif s.metric == "nic_ecn_marked_pkts" and key == CULPRIT and marked:
+            s = dataclasses.replace(s, rate=cadence.Rate(500.0, [(a, b, marked)]))
+        out.append(s)
+        if s.metric == "nic_tx_pause_us":
+            rx = cadence.Rate(500.0, [(a, b, held * 1e6)] if key == CULPRIT and held else [])
+            out.append(dataclasses.replace(s, metric="nic_rx_pause_us", rate=rx))
+    return out
+
+
+@pytest.mark.parametrize("interval", cadence.CADENCES)
+def test_a_nic_alone_slow_without_pause_is_found(interval: float) -> None:
+    # a thermally throttled GPU on a fabric without PFC: 20 % slower than every peer, its ring
+    # peers included, asking for no pause and marked no more than they are
+    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
+    series = alone_series(interval, (onset, until), lambda n, c: 0.2 * ((n, c) == CULPRIT))
+    (a,) = cadence.run(TOPO, series, seconds, only=("straggler",)).named("Straggler")
+    assert (a.labels["node"], a.labels["nic"]) == CULPRIT
+    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+    assert cadence.still_firing_or_ended_after(a, until)
+    assert a.ends_at, "resolved once it sped up again"
+    ev = a.annotations["evidence"]
+    assert ev.startswith("rule=alone_slow: gpu-003/mlx5_1 among job:llm (16 NICs)"), ev
+    assert "of its ring peers' median" in ev and "rail 1, 7 other NICs" in ev, ev
+
+
+ALONE_LOOK_ALIKES: dict[str, dict[str, object]] = {
+    # the ring's pace: every NIC of rail 1 in the job 20 % slow (they wait for someone)
+    "ring": {"slow": lambda n, c: 0.2 * (c == "mlx5_1" and n in JOB)},
+    # idle: its job's work ended on it, a little background traffic left
+    "idle": {"slow": lambda n, c: 0.99 * ((n, c) == CULPRIT)},
+    # a victim: its leaf holds it 25 % of the time, so it sends 20 % less
+    "held": {"slow": lambda n, c: 0.2 * ((n, c) == CULPRIT), "held": 0.25},
+    # congested: DCQCN slows what it sends, its traffic marked far above its peers'
+    "marked": {"slow": lambda n, c: 0.2 * ((n, c) == CULPRIT), "marked": 200_000.0},
+    # a NIC 7 % slower (transport retries): within what collectives tolerate
+    "retries": {"slow": lambda n, c: 0.07 * ((n, c) == CULPRIT)},
+}
+
+
+@pytest.mark.parametrize("interval", [0.1, 1.0])
+@pytest.mark.parametrize("case", list(ALONE_LOOK_ALIKES))
+def test_alone_slow_is_silent_on_look_alikes(case: str, interval: float) -> None:
+    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
+    series = alone_series(interval, (onset, until), **ALONE_LOOK_ALIKES[case])  # type: ignore[arg-type]
+    r = cadence.run(TOPO, series, seconds, only=("straggler",))
+    assert r.named("Straggler") == [], [a.annotations for a in r.named("Straggler")]
+
+
+# four rails: a slow ring is a quarter of the job, so only the ring check can tell it apart
+RAILS4 = [f"node-{i}" for i in range(1, 5)]
+TOPO4 = Topology.from_dict(
+    {
+        "switches": [{"name": f"leaf-{r}", "role": "leaf", "rail": r} for r in range(4)],
+        "nodes": [
+            {
+                "name": n,
+                "nics": [
+                    {"nic": f"mlx5_{r}", "rail": r, "switch_port": f"leaf-{r}/swp{i + 1}"}
+                    for r in range(4)
+                ],
+            }
+            for i, n in enumerate(RAILS4)
+        ],
+        "jobs": [{"name": "moe", "tenant": "b", "nodes": RAILS4}],
+    }
+)
+
+
+def four_rails(
+    interval: float, fault: tuple[float, float], slow: set[str], dips: Sequence[float] = ()
+) -> list[cadence.Series]:
+    """Four nodes, four rails, one job; during ``fault`` the NICs named "node/nic" in ``slow``
+    send 20 % less (or, with ``dips``, nothing for 1.1 s from each of those times), asking for
+    and receiving no pause."""
+    a, b = fault
+    out = []
+    for k, (node, nic) in enumerate((n, f"mlx5_{r}") for n in RAILS4 for r in range(4)):
+        tput = RATE * (1 - 0.002 * (k % 5))
+        extra = [(a, b, -0.2 * tput)] if f"{node}/{nic}" in slow and not dips else []
+        if f"{node}/{nic}" in slow:
+            extra += [(d, d + 1.1, -tput) for d in dips]
+        for m, rate in (
+            ("nic_tx_rdma_bytes", cadence.Rate(tput, extra)),
+            ("nic_tx_pause_us", cadence.Rate(1_000.0)),
+            ("nic_rx_pause_us", cadence.Rate(500.0)),
+            ("nic_ecn_marked_pkts", cadence.Rate(500.0)),
+        ):
+            q = "3" if "pause" in m else ""
+            phase = 0.004 + 0.17 * (k % 6) % interval
+            out.append(
+                cadence.Series(
+                    node, nic, m, q, rate, interval=interval, phase=phase, jitter=0.2, start=10**12
+                )
+            )
+    return out
+
+
+@pytest.mark.parametrize("interval", [0.1, 1.0])
+def test_alone_slow_is_silent_on_a_slow_ring(interval: float) -> None:
+    # rail 2's whole ring 20 % slow: one pace, the ring waits for someone (with four rails the
+    # ring is a quarter of the job: only the ring check tells it from a straggler)
+    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
+    ring = {f"{n}/mlx5_2" for n in RAILS4}
+    r = cadence.run(TOPO4, four_rails(interval, (onset, until), ring), seconds, only=("straggler",))
+    assert r.named("Straggler") == [], [a.annotations for a in r.named("Straggler")]
+
+
+@pytest.mark.parametrize("interval", [0.1, 1.0])
+def test_alone_slow_in_a_ring_that_keeps_its_pace(interval: float) -> None:
+    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
+    one = {"node-3/mlx5_2"}
+    r = cadence.run(TOPO4, four_rails(interval, (onset, until), one), seconds, only=("straggler",))
+    (a,) = r.named("Straggler")
+    assert (a.labels["node"], a.labels["nic"]) == ("node-3", "mlx5_2")
+    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+    assert "rail 2, 3 other NICs" in a.annotations["evidence"]
+
+
+FLAPPER = "node-1/mlx5_2"
+RING2 = {f"{n}/mlx5_2" for n in RAILS4}
+ALL16 = {f"{n}/mlx5_{r}" for n in RAILS4 for r in range(4)}
+
+
+@pytest.mark.parametrize("interval", [0.1, 1.0, 2.0, 5.0])
+@pytest.mark.parametrize("stalled", ["ring", "job"])
+def test_alone_slow_is_silent_when_another_link_of_its_job_flaps(
+    stalled: str, interval: float
+) -> None:
+    # node-1/mlx5_2's cable flaps (down ~1.1 s every 3-4 s): its ring (or, waiting at the
+    # step's barrier, the whole job) stalls with it. Each NIC's samples catch a stall whole or
+    # split over two, as its sampling phase falls, so some NICs dip more, sample after sample,
+    # than the ring peers they are compared with: victims, not stragglers (the matrix's false
+    # Stragglers at 1 s NIC cadence)
+    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
+    dips = [onset + x for x in (0.5, 4.0, 7.5, 10.5, 13.6, 16.9)]
+    series = four_rails(interval, (onset, until), RING2 if stalled == "ring" else ALL16, dips)
+    r = cadence.run(TOPO4, series, seconds, only=("straggler",))
+    assert r.named("Straggler") == [], [a.annotations for a in r.named("Straggler")]
+
+
+@pytest.mark.parametrize("interval", [1.0, 5.0])
+def test_a_straggler_is_found_after_its_ring_stalled(interval: float) -> None:
+    # the victim check looks back a few windows only (2.5 sampling intervals at least): a NIC
+    # that stays slow once its ring's stall (a flap that ended) is over is a straggler again
+    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
+    stall = onset + 0.5
+    until, seconds = until + 3 * interval, seconds + 3 * interval  # the look back, then 2 samples
+    series = [
+        dataclasses.replace(
+            s,
+            rate=cadence.Rate(
+                s.rate.base,
+                [*s.rate.extra, (stall, stall + 1.1, -s.rate.base)]
+                if f"{s.device}/{s.port}" in RING2 and s.metric == "nic_tx_rdma_bytes"
+                else s.rate.extra,
+            ),
+        )
+        if s.rate is not None
+        else s
+        for s in four_rails(interval, (onset, until), {"node-3/mlx5_2"})
+    ]
+    (a,) = cadence.run(TOPO4, series, seconds, only=("straggler",)).named("Straggler")
+    assert (a.labels["node"], a.labels["nic"]) == ("node-3", "mlx5_2")
+    assert "rule=alone_slow" in a.annotations["evidence"]
+
+
+def test_alone_slow_is_silent_when_the_whole_job_is_idle() -> None:
+    # a job between steps (every NIC near zero, one at half of that): nobody waits for anyone
+    onset, until, seconds = cadence.timeline(1.0, learn_s=2.0)
+
+    def slow(n: str, c: str) -> float:
+        return 0.9995 if (n, c) == CULPRIT else (0.999 if n in JOB else 0.0)
+
+    r = cadence.run(TOPO, alone_series(1.0, (onset, until), slow), seconds, only=("straggler",))
+    assert r.named("Straggler") == []
+
+
+def test_alone_slow_can_be_turned_off() -> None:
+    onset, until, seconds = cadence.timeline(1.0, learn_s=2.0)
+    series = alone_series(1.0, (onset, until), lambda n, c: 0.2 * ((n, c) == CULPRIT))
+    cfg = Config(detectors={"straggler": StragglerConfig(alone_slow=False)})
+    r = cadence.run(TOPO, series, seconds, config=cfg, only=("straggler",))
+    assert r.named("Straggler") == []
+
+
+@pytest.mark.parametrize("interval", [0.1, 2.0])
+def test_a_ten_percent_straggler_without_pause_is_found(interval: float) -> None:
+    # the mildest thermal straggler worth finding, alone, on a fabric without PFC
+    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
+    series = alone_series(interval, (onset, until), lambda n, c: 0.1 * ((n, c) == CULPRIT))
+    (a,) = cadence.run(TOPO, series, seconds, only=("straggler",)).named("Straggler")
+    assert (a.labels["node"], a.labels["nic"]) == CULPRIT
+    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+    assert "rule=alone_slow" in a.annotations["evidence"]
