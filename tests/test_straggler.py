@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from detectors.straggler import StragglerConfig
+from rocewatch import checkpoint
 from rocewatch.config import Config
 from rocewatch.errors import ConfigError
 from rocewatch.model import Alert, conform
@@ -524,3 +525,29 @@ def test_a_ten_percent_straggler_without_pause_is_found(interval: float) -> None
     assert (a.labels["node"], a.labels["nic"]) == CULPRIT
     assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
     assert "rule=alone_slow" in a.annotations["evidence"]
+
+
+@pytest.mark.parametrize("older", [False, True])
+def test_alone_slow_survives_a_checkpoint(older: bool) -> None:
+    # the service's state file is taken mid-fault (rocewatch.checkpoint, as the detect stage
+    # writes it); one of a build from before alone_slow has no look back: it is rebuilt
+    interval = 1.0
+    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
+    series = alone_series(interval, (onset, until), lambda n, c: 0.2 * ((n, c) == CULPRIT))
+    p = Pipeline(TOPO, Config(), rollup_s=None)
+    p.detectors = [d for d in p.detectors if d.name == "straggler"]
+    cut = cadence.T0 + round((onset + 1.5) * cadence.S)
+    for f in cadence.frames(series, seconds):
+        if cut is not None and int(f["ts"].min()) >= cut:  # type: ignore[arg-type]
+            cut = None
+            st = p.detectors[0].__dict__
+            if older:
+                for name in ("roll", "roll_med", "roll_at"):
+                    del st[name]
+            p = checkpoint.loads(checkpoint.dumps(p, "test"), "test")
+        p.ingest(f)
+        p.advance(int(f["ts"].max()) - p.engine.lateness_ns())  # type: ignore[arg-type]
+    p.finish()
+    (a,) = [a for a in p.all_alerts() if a.name == "Straggler"]
+    assert (a.labels["node"], a.labels["nic"]) == CULPRIT
+    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
