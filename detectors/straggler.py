@@ -35,7 +35,10 @@ steadily slow. In a window it
   other, so 8 % short is several times any healthy member's spread, while the mildest straggler
   worth finding (10 % slow) clears the line by more than a window's noise; the z-score keeps a
   group whose windows scatter (bursty traffic read at different phases) from electing its low
-  end. The median, not the upper quartile of the first rule: a NIC alone slow drags no one;
+  end. The z-score is of its share in the window or, if lower, of its median share over its
+  look back (below): each NIC's own noise widens one window's spread but averages out over
+  several, while a straggler's shortfall stays. The median, not the upper quartile of the first
+  rule: a NIC alone slow drags no one;
 - sends at most ``alone_throughput_ratio`` of the median of its **ring peers** (the other NICs
   of its rail in the job; for NICs in no job, its rail): if they are as slow, the ring's pace is
   shared and nothing singles the NIC out (the ring waits for someone), so the rule is silent; a
@@ -540,18 +543,23 @@ class StragglerDetector:
 
     def _stalled(self, rows: np.ndarray, k: int) -> bool:
         """Whether half of the NICs ``rows`` (or more) sent, in one of the last ``k`` windows
-        at least, below ``alone_throughput_ratio`` of their own median rate over them: a
-        stall or a dip they shared. A straggler is steadily slow (its own pace is its median);
-        its healthy peers keep theirs."""
+        or the next, below ``alone_throughput_ratio`` of their own median rate over them: a
+        stall or a dip they shared (its phase in each NIC's samples puts it in one window or
+        the next). A straggler is steadily slow (its own pace is its median); its healthy peers
+        keep theirs, and their noise, each NIC's own, does not line up in one window."""
         share, med = self._recent(rows, k)
         rate = share * med
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a NIC with no window: NaN
             ref = np.nanmedian(rate, axis=1)
-            low = np.nanmin(rate, axis=1)
         ok = np.isfinite(ref) & (ref > 0)
-        dipped = low[ok] <= self.config.alone_throughput_ratio * ref[ok]
-        return bool(2 * int(dipped.sum()) >= max(int(ok.sum()), 1))
+        if not ok.any():
+            return False
+        with np.errstate(invalid="ignore"):
+            dip = rate[ok] <= self.config.alone_throughput_ratio * ref[ok][:, None]
+        if dip.shape[1] > 1:
+            dip = dip[:, 1:] | dip[:, :-1]
+        return bool((2 * dip.sum(axis=0) >= int(ok.sum())).any())
 
     def _alone(
         self,
@@ -581,10 +589,21 @@ class StragglerDetector:
             return out  # the job moves next to nothing: no collective runs, nobody waits
         t = share[m]
         pause = np.nan_to_num(own_pause[m])
+        # the z-score of its share in this window, or of its median share over its look back:
+        # per-NIC noise (a collective's chunks, host jitter) widens one window's spread but
+        # averages out over several, while a straggler's shortfall does not
+        h = ROLL_WINDOWS
+        ks = np.array([self._span(int(i)) for i in m])
+        age = (self.roll_at - 1 - np.arange(h)) % h
+        recent = np.where(age[None, :] < ks[:, None], self.roll[m], np.nan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a NIC with no window yet: NaN
+            z_span, _ = _robust_z(np.nanmedian(recent, axis=1), cfg.throughput_mad_floor, True)
+        zt = np.fmin(np.nan_to_num(z[:, 2], nan=0.0), np.nan_to_num(z_span, nan=0.0))
         with np.errstate(invalid="ignore"):
             cand = (
                 (t <= lim)
-                & (np.nan_to_num(z[:, 2]) <= -cfg.z_threshold)
+                & (zt <= -cfg.z_threshold)
                 & (t >= cfg.alone_min_busy_ratio)
                 # held by its leaf beyond what it asks for: a storm's victim, an incast's sender
                 & (np.nan_to_num(rx_pause[m]) <= pause + cfg.alone_max_held_share)
@@ -616,7 +635,7 @@ class StragglerDetector:
             if self._stalled(ring, k) or self._stalled(m[m != i], k):
                 continue
             out[j] = True
-            found[i] = (float(t[j]), float(z[j, 2]), ring_now, k)
+            found[i] = (float(t[j]), float(zt[j]), ring_now, k)
         return out
 
     def _pcie(self, ctx: StepContext, node: str, nic: str) -> str:

@@ -551,3 +551,32 @@ def test_alone_slow_survives_a_checkpoint(older: bool) -> None:
     (a,) = [a for a in p.all_alerts() if a.name == "Straggler"]
     assert (a.labels["node"], a.labels["nic"]) == CULPRIT
     assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+
+
+def noisy(series: list[cadence.Series], seconds: float, spread: float) -> list[cadence.Series]:
+    """Each NIC's transmit rate varies on its own by up to +-``spread``, second by second (a
+    collective's chunks, PCIe and host jitter), in segments offset from its samples."""
+    rng = np.random.default_rng(7)
+    out = []
+    for s in series:
+        if s.metric == "nic_tx_rdma_bytes" and s.rate is not None:
+            base = s.rate.base
+            wobble = [
+                (t + 0.37, t + 1.37, float(rng.uniform(-spread, spread)) * base)
+                for t in range(int(seconds) + 1)
+            ]
+            s = dataclasses.replace(s, rate=cadence.Rate(base, [*s.rate.extra, *wobble]))
+        out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("interval", [0.1, 1.0])
+def test_alone_slow_among_noisy_peers(interval: float) -> None:
+    # every NIC's rate wobbles by +-4 % on its own: no stall (the wobbles do not line up), so
+    # a NIC 20 % slow is still found, and the healthy ones stay silent
+    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
+    series = alone_series(interval, (onset, until), lambda n, c: 0.2 * ((n, c) == CULPRIT))
+    r = cadence.run(TOPO, noisy(series, seconds, 0.08), seconds, only=("straggler",))
+    (a,) = r.named("Straggler")
+    assert (a.labels["node"], a.labels["nic"]) == CULPRIT
+    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
