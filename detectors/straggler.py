@@ -40,9 +40,10 @@ steadily slow. In a window it
   several, while a straggler's shortfall stays. The median, not the upper quartile of the first
   rule: a NIC alone slow drags no one;
 - sends at most ``alone_throughput_ratio`` of the median of its **ring peers** (the other NICs
-  of its rail in the job; for NICs in no job, its rail): if they are as slow, the ring's pace is
-  shared and nothing singles the NIC out (the ring waits for someone), so the rule is silent; a
-  NIC with no ring peer is not judged by it;
+  of its rail in the job): if they are as slow, the ring's pace is shared and nothing singles
+  the NIC out (the ring waits for someone), so the rule is silent; a NIC with no ring peer is
+  not judged by it, nor is a NIC in no job (a rail's NICs outside jobs need not run one
+  collective: hosts at other work send at other steady rates, and nothing waits for them);
 - is no **victim of a stall**: over its last ``min_windows`` x 2 windows, and at least 2.5 of
   its sampling intervals, its ring peers' median share never fell to the line, and neither half
   of its ring peers nor half of its job's NICs sent, in any window, below 92 % of their own
@@ -426,6 +427,10 @@ class StragglerDetector:
         if cfg.alone_slow:
             self._remember(share, gmed)
             for g in np.unique(self.group[judged]).tolist():
+                if not self.group_names[g].startswith("job:"):
+                    # a rail's NICs in no job need not run one collective: hosts at other
+                    # work send at other steady rates, and nothing waits for the slower ones
+                    continue
                 m = np.flatnonzero((self.group == g) & judged)
                 alone[m] = self._alone(m, share, zs[m], pause, rx_pause, stats[g][2], alone_ev)
             cond |= alone

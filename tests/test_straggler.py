@@ -381,22 +381,21 @@ def test_alone_slow_is_silent_on_look_alikes(case: str, interval: float) -> None
 
 # four rails: a slow ring is a quarter of the job, so only the ring check can tell it apart
 RAILS4 = [f"node-{i}" for i in range(1, 5)]
-TOPO4 = Topology.from_dict(
-    {
-        "switches": [{"name": f"leaf-{r}", "role": "leaf", "rail": r} for r in range(4)],
-        "nodes": [
-            {
-                "name": n,
-                "nics": [
-                    {"nic": f"mlx5_{r}", "rail": r, "switch_port": f"leaf-{r}/swp{i + 1}"}
-                    for r in range(4)
-                ],
-            }
-            for i, n in enumerate(RAILS4)
-        ],
-        "jobs": [{"name": "moe", "tenant": "b", "nodes": RAILS4}],
-    }
-)
+TOPO4_SPEC: dict[str, object] = {
+    "switches": [{"name": f"leaf-{r}", "role": "leaf", "rail": r} for r in range(4)],
+    "nodes": [
+        {
+            "name": n,
+            "nics": [
+                {"nic": f"mlx5_{r}", "rail": r, "switch_port": f"leaf-{r}/swp{i + 1}"}
+                for r in range(4)
+            ],
+        }
+        for i, n in enumerate(RAILS4)
+    ],
+    "jobs": [{"name": "moe", "tenant": "b", "nodes": RAILS4}],
+}
+TOPO4 = Topology.from_dict(TOPO4_SPEC)
 
 
 def four_rails(
@@ -580,3 +579,16 @@ def test_alone_slow_among_noisy_peers(interval: float) -> None:
     (a,) = r.named("Straggler")
     assert (a.labels["node"], a.labels["nic"]) == CULPRIT
     assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+
+
+def test_alone_slow_judges_no_nic_outside_jobs() -> None:
+    # no jobs known: a rail's NICs are peers for the backpressure rule, but hosts at other work
+    # send at other steady rates (here one of rail 1's four NICs at 80 %), nothing waits for them
+    onset, until, seconds = cadence.timeline(1.0, learn_s=2.0)
+    topo = Topology.from_dict({k: v for k, v in TOPO4_SPEC.items() if k != "jobs"})
+    slow = {f"{n}/mlx5_1" for n in RAILS4[:1]}
+    r = cadence.run(topo, four_rails(1.0, (onset, until), slow), seconds, only=("straggler",))
+    assert r.named("Straggler") == [], [a.annotations for a in r.named("Straggler")]
+    # the same with the job known: found
+    r = cadence.run(TOPO4, four_rails(1.0, (onset, until), slow), seconds, only=("straggler",))
+    assert [a.labels["node"] for a in r.named("Straggler")] == ["node-1"]
