@@ -584,7 +584,8 @@ class StragglerDetector:
         stall (a flap, a storm) shorter than a sample interval lands in one NIC's sample, or is
         split over two, as its sampling phase falls, and a ring peer whose sample straddles it
         less looks normal. So the NIC's ring (its other members' median share, window by
-        window) and its job (its median rate) must have kept their pace over the NIC's last
+        window, and half of them against their own pace) and its job (half its other NICs
+        against their own pace, ``_stalled``) must have kept their pace over the NIC's last
         windows (``_span``): a straggler is slow against a steady ring; a NIC whose dip
         coincides with its ring's or its job's is a victim of whatever stalled them."""
         cfg = self.config
