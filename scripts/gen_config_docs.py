@@ -439,6 +439,7 @@ def sections() -> tuple[Section, ...]:
         ),
         Section("membership", "membership", tuple(walk(_cls(Config, "membership"), "membership"))),
         Section("api", "api", tuple(walk(_cls(Config, "api"), "api"))),
+        Section("sink", "sink", tuple(walk(_cls(Config, "sink"), "sink"))),
         Section(
             "notify",
             "notify",
