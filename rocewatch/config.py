@@ -54,9 +54,9 @@ class TopicsConfig:
     alerts: str = "rocewatch.alerts"
     actions: str = "rocewatch.actions"
     dead_letter: str = "rocewatch.dlq"
-    steps: str = "rocewatch.steps"  # scale-out: closed steps per telemetry partition
-    state: str = "rocewatch.state"  # scale-out: compacted per-partition and detect state
-    rollups: str = "rocewatch.rollups"  # scale-out with storage: metric rollups for the sink
+    steps: str = "rocewatch.steps"  # detect: closed steps per telemetry partition
+    state: str = "rocewatch.state"  # detect: compacted per-partition and detect-stage state
+    rollups: str = "rocewatch.rollups"  # detect with storage: metric rollups for the sink
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class KafkaConfig:
     # accepted for old config files, without effect: `rocewatch detect` is always the two-stage
     # service (one instance is a group of one)
     scale_out: bool = False
-    # scale-out: the detect stage writes its alerts, actions and state in Kafka transactions
+    # the detect stage writes its alerts, actions and state in Kafka transactions
     # (transactional.id <group_id>-detect), so an instance that stalled past its session and
     # lost the stage is fenced: nothing it writes afterwards becomes visible, and it drains no
     # node. Needs the broker's transaction state log (and, with ACLs, Write on that id).

@@ -85,7 +85,7 @@ class EventSink:
         k = cfg.kafka
         self.topics = [k.topics.alerts, k.topics.actions]
         extra = []
-        if cfg.storage_url:  # scale-out instances with storage send their metric rollups
+        if cfg.storage_url:  # detect instances with storage send their metric rollups
             self.topics.append(k.topics.rollups)
             extra.append(rollups_topic(k))
         self.stats = Stats()
@@ -110,7 +110,7 @@ class EventSink:
             **k.client_kwargs(),
             group_id=k.group_id + "-sink",
             enable_auto_commit=False,
-            # a fenced scale-out detect stage's aborted events are not events (DetectWriter)
+            # a fenced detect stage's aborted events are not events (DetectWriter)
             isolation_level="read_committed",
             auto_offset_reset="earliest",
             max_poll_records=2000,
@@ -257,8 +257,9 @@ class EventSink:
                 if self.finishing.is_set():
                     if had_partitions and not assigned:  # another replica's sink holds them
                         break
-                    if ends is None:
+                    if deadline == float("inf"):
                         deadline = time.monotonic() + FINISH_S
+                    if ends is None:
                         ends = self._ends()
                     if self._read_to(ends) or time.monotonic() >= deadline:
                         break

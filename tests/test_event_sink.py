@@ -268,3 +268,22 @@ def test_detect_stores_what_replay_stores_through_its_own_sink(
             got_rollups = s.rollups().sort(ROLLUP_KEY)
         assert got_rollups.select(ROLLUP_KEY).equals(want_rollups.select(ROLLUP_KEY))
         assert_frame_equal(got_rollups, want_rollups, check_exact=False, rel_tol=1e-9)
+
+
+def test_detect_runs_the_sink_itself_when_it_has_somewhere_to_write() -> None:
+    """`rocewatch detect` stores and notifies in its own process with storage or notify sinks
+    (as the single detector always did), unless `sink.embedded: false` leaves it to a separate
+    `rocewatch sink`; `--scale-out` and `kafka.scale_out` are still accepted."""
+    from rocewatch.cli import build_parser
+    from rocewatch.config import config_from_dict
+    from rocewatch.event_sink import wanted
+
+    hook = {"webhooks": [{"name": "ops", "url": "http://127.0.0.1:1/", "secret": "s" * 16}]}
+    assert wanted(config_from_dict({"storage": {"url": "sqlite:///x.db"}}))
+    assert wanted(config_from_dict({"notify": hook}))
+    assert not wanted(config_from_dict({}))  # nowhere to write: no sink
+    off = {"storage": {"url": "sqlite:///x.db"}, "sink": {"embedded": False}}
+    assert not wanted(config_from_dict(off))
+    assert config_from_dict({"kafka": {"scale_out": True}}).kafka.scale_out
+    args = build_parser().parse_args(["detect", "--config", "c.yaml", "--scale-out"])
+    assert args.command == "detect" and args.scale_out
