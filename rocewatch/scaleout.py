@@ -2568,10 +2568,10 @@ class ScaleOutService:
                 ):
                     break
             self._stop_detect(detect)
-            if self.sink_error is not None:
-                raise self.sink_error
             self.agg_cpu_s = time.thread_time() - cpu0
             self.checkpoint()
+            if self.sink_error is not None:  # detection's state is saved: the restart goes on
+                raise self.sink_error
             if self.metrics is not None:
                 self.metrics.update_scaleout(self)
                 self.metrics.update_detect_stage(self.det)
