@@ -921,8 +921,7 @@ class DetectWriter:
     record to the state partition: a stalled instance that lost the stage learns it before it
     touches the scheduler, not after.
 
-    Unfenced, writes go through the instance's shared producer, as in the single-instance
-    service.
+    Unfenced, writes go through the instance's shared producer.
     """
 
     def __init__(
@@ -1202,8 +1201,8 @@ class Aggregator:
         return WindowEngine(self.cfg.window, self.stats)
 
     def _new_rollups(self) -> list[Rollups]:
-        """Rollup levels as the single-instance service keeps them, when storage is set: each
-        partition's series are its own, so a partition's rollups are whole."""
+        """Rollup levels as replay keeps them, when storage is set: each partition's series are
+        its own, so a partition's rollups are whole."""
         if not self.cfg.storage_url:
             return []
         return [Rollups(ROLLUP_S), Rollups(COARSE_ROLLUP_S)]
