@@ -103,45 +103,53 @@ def detect(
     timeout_s: float,
     on_ready: object = None,
 ) -> dict[str, float]:
-    from rocewatch.config import Config, KafkaConfig, TopicsConfig
-    from rocewatch.kafka_io import DetectService
+    """One `rocewatch detect` instance (both stages in this process) on ``topic``: its drain
+    wall and CPU time, and the publish -> evaluated latencies of what it read."""
+    import threading
 
+    from rocewatch.config import Config, KafkaConfig, TopicsConfig
+    from rocewatch.scaleout import ScaleOutService
+
+    names = ("alerts", "actions", "dead_letter", "steps", "state", "rollups")
     k = KafkaConfig(
         bootstrap_servers=bootstrap,
         group_id=f"bench-{topic}",
-        topics=TopicsConfig(
-            telemetry=topic,
-            alerts=topic + ".alerts",
-            actions=topic + ".actions",
-            dead_letter=topic + ".dlq",
-        ),
+        topics=TopicsConfig(telemetry=topic, **{n: f"{topic}.{n}" for n in names}),
     )
-    svc = DetectService(Config(kafka=k, state_dir=str(state)), topology=topology)  # type: ignore[arg-type]
-    svc.consumer.subscribe([topic])
+    svc = ScaleOutService(Config(kafka=k, state_dir=str(state)), topology=topology)  # type: ignore[arg-type]
+    svc.subscribe()
     join_deadline = time.monotonic() + 60
-    while not svc.consumer.assignment() and time.monotonic() < join_deadline:
-        svc.poll_once(100)  # join the group before the fabric starts talking
+    while time.monotonic() < join_deadline and not (
+        svc.agg.consumer.assignment() and svc.det.active
+    ):
+        svc.agg.poll_once(100)  # join both groups before the fabric starts talking
+        svc.det.poll_once(100)
     if callable(on_ready):
         on_ready()
-    first: float | None = time.monotonic()  # the clock starts once the detector is ready
+    worker = threading.Thread(target=svc.run, daemon=True)
+    first = time.monotonic()  # the clock starts once the detector is ready
     c0 = time.process_time()
+    worker.start()
     deadline = time.monotonic() + timeout_s
-    last_cp = time.monotonic()
-    while svc.pipeline.samples_in < total and time.monotonic() < deadline:
-        svc.poll_once(200)
-        if time.monotonic() - last_cp > 1.0:
-            svc.checkpoint()
-            last_cp = time.monotonic()
-    svc.flush_idle()
-    svc.checkpoint()
+
+    def steps_behind() -> int:
+        held = [d for d in svc.det.shards if d.active and d.state is not None]
+        return sum(max(0, (d.consumer.highwater(d.tp) or 0) - d.state.offset) for d in held)
+
+    # drained: every sample aggregated, and the detect stage no more than a round of
+    # heartbeats behind the steps they made (the last lateness window waits for idleness)
+    while time.monotonic() < deadline and worker.is_alive():
+        if svc.agg.samples >= total and steps_behind() <= 2 * svc.n_parts:
+            break
+        time.sleep(0.05)
     end = time.monotonic()
     cpu = time.process_time() - c0
-    lat = sorted(svc.latencies)
-    svc.close()
-    wall = end - (first or end)
+    svc.stop_event.set()
+    worker.join(120)
+    lat = sorted(x for _, x in svc.det.latencies())
     return {
-        "samples": svc.pipeline.samples_in,
-        "wall_s": wall,
+        "samples": svc.agg.samples,
+        "wall_s": end - first,
         "cpu_s": cpu,
         "p50": lat[len(lat) // 2] if lat else float("nan"),
         "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan"),

@@ -297,8 +297,7 @@ def run_soak(
     det = subprocess.Popen(det_cmd, env=env, stdout=det_log.open("wb"), stderr=subprocess.STDOUT)
     pub: subprocess.Popen[bytes] | None = None
     try:
-        ready = "aggregating telemetry partitions [" if scale_out else "assigned partitions ["
-        _wait_log(det_log, ready, det, 120)
+        _wait_log(det_log, "aggregating telemetry partitions [", det, 120)
         log(f"detector ready (pid {det.pid}); publishing {seconds:.0f} s of {nodes * 8} GPUs")
         pub = subprocess.Popen(
             pub_cmd, env=env, stdout=pub_log.open("wb"), stderr=subprocess.STDOUT

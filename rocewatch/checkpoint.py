@@ -1,7 +1,7 @@
 """rocewatch's checkpoint format: state as data, never as code (docs/formats/checkpoint.md).
 
-A checkpoint (the detect service's state file, a record of the scale-out state topic, the
-isolation forest's model file) is::
+A checkpoint (a record of the detect service's state topic, the isolation forest's model
+file) is::
 
     b"RWCKPT" | major u8 | minor u8 | sha256(body) 32 bytes | body
     body = u32 LE length of the JSON header | JSON header (UTF-8) | blobs, back to back

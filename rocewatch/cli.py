@@ -68,7 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="pace at this many times telemetry speed (0: as fast as possible)",
     )
 
-    det = sub.add_parser("detect", help="the detector service: consume telemetry from Kafka")
+    det = sub.add_parser(
+        "detect",
+        help="the detector service: consume telemetry from Kafka (run several to split the work)",
+    )
     det.add_argument("--config", type=Path, required=True)
     det.add_argument(
         "--max-idle",
@@ -79,8 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     det.add_argument(
         "--scale-out",
         action="store_true",
-        help="two-stage consumer groups, so several instances split the work "
-        "(same as kafka.scale_out: true)",
+        help="accepted for old scripts, without effect: every instance joins the same groups",
     )
 
     nt = sub.add_parser(
@@ -97,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sk = sub.add_parser(
         "sink",
-        help="store the alerts and actions topics (scale-out) and queue their notifications",
+        help="store the alerts and actions topics and queue their notifications "
+        "(detect does it itself unless sink.embedded: false)",
     )
     sk.add_argument("--config", type=Path, required=True)
     sk.add_argument(
@@ -301,16 +304,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"published {n} samples to {cfg.kafka.topics.telemetry}")
         return 0
     if args.command == "detect":
+        from rocewatch.scaleout import ScaleOutService
+
         cfg = load_config(args.config)
         tune_gc()
-        if args.scale_out or cfg.kafka.scale_out:
-            from rocewatch.scaleout import ScaleOutService
-
-            ScaleOutService(cfg).run(max_idle_s=args.max_idle)
-            return 0
-        from rocewatch.kafka_io import DetectService
-
-        DetectService(cfg).run(max_idle_s=args.max_idle)
+        ScaleOutService(cfg).run(max_idle_s=args.max_idle)
         return 0
     if args.command == "notify":
         from rocewatch.notify.service import run_notify

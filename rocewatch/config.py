@@ -54,9 +54,9 @@ class TopicsConfig:
     alerts: str = "rocewatch.alerts"
     actions: str = "rocewatch.actions"
     dead_letter: str = "rocewatch.dlq"
-    steps: str = "rocewatch.steps"  # scale-out: closed steps per telemetry partition
-    state: str = "rocewatch.state"  # scale-out: compacted per-partition and detect state
-    rollups: str = "rocewatch.rollups"  # scale-out with storage: metric rollups for the sink
+    steps: str = "rocewatch.steps"  # detect: closed steps per telemetry partition
+    state: str = "rocewatch.state"  # detect: compacted per-partition and detect-stage state
+    rollups: str = "rocewatch.rollups"  # detect with storage: metric rollups for the sink
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,10 @@ class KafkaConfig:
     # when it is full: block (slow the collector down) or drop (count and skip new telemetry)
     publish_buffer_bytes: int = 64 << 20
     publish_when_full: str = "block"
-    scale_out: bool = False  # two-stage consumer groups (rocewatch/scaleout.py)
-    # scale-out: the detect stage writes its alerts, actions and state in Kafka transactions
+    # accepted for old config files, without effect: `rocewatch detect` is always the two-stage
+    # service (one instance is a group of one)
+    scale_out: bool = False
+    # the detect stage writes its alerts, actions and state in Kafka transactions
     # (transactional.id <group_id>-detect), so an instance that stalled past its session and
     # lost the stage is fenced: nothing it writes afterwards becomes visible, and it drains no
     # node. Needs the broker's transaction state log (and, with ACLs, Write on that id).
@@ -180,6 +182,13 @@ class KafkaConfig:
             raise ConfigError(f"kafka.compression_type: {self.compression_type!r} is not valid")
 
 
+@dataclass(frozen=True)
+class SinkConfig:
+    # `rocewatch detect` stores and notifies what it publishes itself, in a thread (with
+    # storage.url or notify sinks); false: a separate `rocewatch sink` does it
+    embedded: bool = True
+
+
 def _section(module: str, name: str) -> Callable[[], Any]:
     """A default_factory that imports the section's dataclass only when a default is made."""
 
@@ -209,6 +218,7 @@ class Config:
         default_factory=_section("actions.membership", "MembershipConfig")
     )
     api: ApiConfig = field(default_factory=_section("actions.api", "ApiConfig"))
+    sink: SinkConfig = field(default_factory=SinkConfig)
     detectors: dict[str, Any] = field(default_factory=dict)
     agent: AgentConfig = field(default_factory=AgentConfig)
     notify: NotifyConfig = field(default_factory=_section("rocewatch.notify.base", "NotifyConfig"))
@@ -322,6 +332,7 @@ def _scalar(v: Any, ftype: Any, where: str) -> Any:
 _SECTION_MODULES: dict[str, str] = {
     "TopicsConfig": __name__,
     "KafkaConfig": __name__,
+    "SinkConfig": __name__,
     "WindowConfig": "detectors.windows",
     "LifecycleConfig": "detectors.lifecycle",
     "PolicyConfig": "actions.policy",

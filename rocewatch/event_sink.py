@@ -1,9 +1,11 @@
 """`rocewatch sink`: the alerts and actions topics into storage and the notify outbox.
 
-The single-instance ``detect`` writes its alerts and actions to storage and queues them for
-notification itself. Scale-out instances (``detect --scale-out``) only publish them to Kafka;
+The detect stage only publishes alerts and actions to Kafka (in transactions, exactly once);
 this consumer group (``<group_id>-sink`` on ``kafka.topics.alerts`` and ``kafka.topics.actions``)
-does the rest, so Grafana and the webhooks see what a single instance would give them:
+stores them and queues their notifications. ``rocewatch detect`` runs it in a thread of its own
+when storage or notify is configured (``sink.embedded``, the default: one process does it all,
+and several detect replicas split the sink's partitions as they split the rest); with
+``sink.embedded: false`` run ``rocewatch sink`` beside the detectors instead:
 
 - alert events are upserted by (fingerprint, startsAt) and a resolved event stays resolved;
   actions are inserted once per (time, action, node, fingerprint); each alert event is queued
@@ -17,8 +19,9 @@ does the rest, so Grafana and the webhooks see what a single instance would give
 - when the database is unreachable the batch is kept, the partitions are paused (the group
   membership stays alive, nothing more is read) and the write is retried with capped backoff;
   nothing read is lost and the consumer lag shows the backlog.
-- with ``notify`` configured, a sender thread delivers the outbox as in ``detect`` (or run
-  ``rocewatch notify`` beside it).
+- with ``notify`` configured, a sender thread delivers the outbox (or run ``rocewatch notify``
+  beside it).
+- with ``storage.retention_days``, rows older than that are pruned once an hour.
 
 Run one or several (they split the partitions); the alerts topic is keyed by fingerprint, so an
 alert's firing and resolved events stay in order on one partition.
@@ -51,6 +54,8 @@ log = logging.getLogger(__name__)
 
 RETRY_MIN_S = 0.5
 RETRY_MAX_S = 30.0
+RETENTION_EVERY_S = 3600.0  # how often storage is pruned by age
+FINISH_S = 30.0  # an embedded sink's longest wait, once detect stops, for what it published
 
 
 @dataclass
@@ -64,15 +69,23 @@ class Batch:
         return bool(self.offsets)
 
 
+def wanted(cfg: Config) -> bool:
+    """True when ``rocewatch detect`` runs the sink in a thread of its own."""
+    return cfg.sink.embedded and bool(cfg.storage_url or cfg.notify.enabled)
+
+
 class EventSink:
-    def __init__(self, cfg: Config) -> None:
+    """``metrics``: the detect service's endpoint when embedded in it (one port for both);
+    without it, ``metrics_port`` gets an endpoint of the sink's own."""
+
+    def __init__(self, cfg: Config, metrics: Any = None) -> None:
         if not cfg.storage_url and not cfg.notify.enabled:
             raise ConfigError("sink: set storage.url or notify sinks: it has nowhere to write")
         self.cfg = cfg
         k = cfg.kafka
         self.topics = [k.topics.alerts, k.topics.actions]
         extra = []
-        if cfg.storage_url:  # scale-out instances with storage send their metric rollups
+        if cfg.storage_url:  # detect instances with storage send their metric rollups
             self.topics.append(k.topics.rollups)
             extra.append(rollups_topic(k))
         self.stats = Stats()
@@ -86,8 +99,9 @@ class EventSink:
         from rocewatch.notify.service import open_dispatcher
 
         self.notifier = open_dispatcher(cfg, self.store)
-        self.metrics: Any = None
-        if cfg.metrics_port:
+        self.own_metrics = metrics is None
+        self.metrics: Any = metrics
+        if metrics is None and cfg.metrics_port:
             from rocewatch.metrics import ServiceMetrics
 
             self.metrics = ServiceMetrics(cfg.metrics_port)
@@ -96,7 +110,7 @@ class EventSink:
             **k.client_kwargs(),
             group_id=k.group_id + "-sink",
             enable_auto_commit=False,
-            # a fenced scale-out detect stage's aborted events are not events (DetectWriter)
+            # a fenced detect stage's aborted events are not events (DetectWriter)
             isolation_level="read_committed",
             auto_offset_reset="earliest",
             max_poll_records=2000,
@@ -115,6 +129,8 @@ class EventSink:
         self.rollups_written = 0
         self.storage_retries = 0  # failed writes, each retried later
         self.queued = 0
+        self.pruned_at = -float("inf")
+        self.finishing = threading.Event()  # stop once read to the end (``finish``)
 
     # --- input -----------------------------------------------------------------------------------
     def _parse(self, m: Any) -> Alert | Action | pl.DataFrame | None:
@@ -224,16 +240,69 @@ class EventSink:
             self.notifier.start()
         log.info("sink: %s -> %s", ", ".join(self.topics), self._where())
         last = time.monotonic()
+        ends: dict[TopicPartition, int] | None = None
+        deadline = float("inf")
+        had_partitions = False
         try:
             while not self.stop_event.is_set():
                 if self.poll_once() or self.pending or not self.consumer.assignment():
                     last = time.monotonic()
                 if self.metrics is not None:
                     self.metrics.update_sink(self)
+                self._prune()
                 if max_idle_s and time.monotonic() - last >= max_idle_s:
                     break
+                assigned = bool(self.consumer.assignment())
+                had_partitions = had_partitions or assigned
+                if self.finishing.is_set():
+                    if had_partitions and not assigned:  # another replica's sink holds them
+                        break
+                    if deadline == float("inf"):
+                        deadline = time.monotonic() + FINISH_S
+                    if ends is None:
+                        ends = self._ends()
+                    if self._read_to(ends) or time.monotonic() >= deadline:
+                        break
         finally:
             self.close()
+
+    def finish(self) -> None:
+        """Stop once what the topics hold now is read, stored and committed (at most
+        ``FINISH_S``): the detect service calls it after its final checkpoint, so a stopped
+        ``rocewatch detect`` has stored everything it published."""
+        self.finishing.set()
+
+    def _ends(self) -> dict[TopicPartition, int] | None:
+        """The topics' end offsets now (read_committed: the last stable offsets); None while
+        the group has not assigned this member its partitions or the broker does not answer."""
+        tps = list(self.consumer.assignment())
+        if not tps:
+            return None
+        try:
+            return dict(self.consumer.end_offsets(tps))
+        except KafkaError as e:
+            log.warning("sink: end offsets unknown (%s)", e)
+            return None
+
+    def _read_to(self, ends: dict[TopicPartition, int] | None) -> bool:
+        if ends is None or self.pending:
+            return False
+        mine = self.consumer.assignment()
+        for tp, end in ends.items():
+            if tp in mine and self.consumer.position(tp) < end:
+                return False
+        return True
+
+    def _prune(self) -> None:
+        days = self.cfg.storage_retention_days
+        now = time.monotonic()
+        if self.store is None or not days or now - self.pruned_at < RETENTION_EVERY_S:
+            return
+        self.pruned_at = now
+        try:
+            self.store.apply_retention(days)
+        except RetryableError as e:
+            log.warning("retention: %s; trying again later", e)
 
     def _where(self) -> str:
         out = []
@@ -257,7 +326,8 @@ class EventSink:
         try:
             if self.metrics is not None:
                 self.metrics.update_sink(self)
-                self.metrics.close()
+                if self.own_metrics:
+                    self.metrics.close()
             if self.notifier is not None:
                 self.notifier.stop()
                 try:

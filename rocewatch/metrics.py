@@ -13,11 +13,11 @@ serve them on ``metrics_port``. What they export:
   (failed requests, e.g. webhook failures), ``rocewatch_notify_dead_total{sink}`` (events a
   receiver refused for good), ``rocewatch_notify_outbox_depth{sink}`` (events waiting).
 
-Scale-out instances (``detect --scale-out``) serve the same ingest and detection metrics, lag
-per telemetry partition they aggregate, and ``rocewatch_steps_lag_records``; ``rocewatch sink``
-serves ``rocewatch_sink_written_rows{kind}``, ``rocewatch_sink_held_events``,
-``rocewatch_sink_storage_retries``, ``rocewatch_sink_lag_records{topic,partition}`` and, with
-notify, the delivery metrics.
+Each detect instance reports the lag of the telemetry partitions it aggregates and
+``rocewatch_steps_lag_records`` (its detect stage's). The sink (in ``detect``'s process by
+default, on the same port, or ``rocewatch sink``) serves ``rocewatch_sink_written_rows{kind}``,
+``rocewatch_sink_held_events``, ``rocewatch_sink_storage_retries``,
+``rocewatch_sink_lag_records{topic,partition}`` and, with notify, the delivery metrics.
 
 The collectors that are not Kafka consumers serve theirs through :class:`ReadingsEndpoint`,
 read at scrape time: ``rocewatch agent`` (``rocewatch_agent_*``: snapshots taken and sent, spool
@@ -148,30 +148,6 @@ class ServiceMetrics:
         if rejected > self._ckpt_seen:
             self.ckpt_rejected.inc(rejected - self._ckpt_seen)
             self._ckpt_seen = rejected
-
-    def update(self, svc: Any) -> None:
-        """Refresh from a DetectService after one poll."""
-        p = svc.pipeline
-        self._count(p.samples_in, svc.stats)
-        spent = p.detector_seconds - self._detector_seen
-        if spent > 0:
-            self.batch_s.observe(spent)
-            self._detector_seen = p.detector_seconds
-        self.detector_s.set(p.detector_seconds)
-        self.firing.set(len(p.lifecycle.firing))
-        if getattr(svc, "consumer", None) is not None:
-            from kafka.structs import TopicPartition
-
-            total = 0
-            for (topic, part), off in svc.offsets.items():
-                # the log end as of the last fetch response: no request to the broker here
-                hw = svc.consumer.highwater(TopicPartition(topic, part))
-                if hw is not None:
-                    self.lag.labels(partition=str(part)).set(max(0, hw - off))
-                    total += max(0, hw - off)
-            self.lag_total.set(total)
-        if getattr(svc, "notifier", None) is not None:
-            self.update_notify(svc.notifier)
 
     def update_scaleout(self, svc: Any) -> None:
         """Refresh from a ScaleOutService, in its aggregate stage's thread: lag on the

@@ -1,4 +1,5 @@
-"""The detector service scaled out over Kafka consumer groups: two stages in every instance.
+"""The detector service (`rocewatch detect`) over Kafka consumer groups: two stages in every
+instance. One instance is a group of one; more split the work.
 
 Stage 1, *aggregate* (group ``<group_id>-agg`` on the telemetry topic): one window engine per
 assigned telemetry partition (rates, pending samples, steps), closed by that partition's own
@@ -19,7 +20,7 @@ evaluates a step once every live partition has closed past it, runs the detector
 lifecycle and policy, and publishes alerts and actions. Its state (the pipeline, per-partition
 progress, partial steps, the steps-topic offset, the output topics' end offsets) is checkpointed
 to the last partition of the state topic; after a takeover, events already published after that
-checkpoint are read back and not sent again, as in :class:`rocewatch.kafka_io.DetectService`.
+checkpoint are read back and not sent again.
 With ``kafka.fence_detect`` those writes are Kafka transactions (:class:`DetectWriter`), so an
 instance that stalled past its session and lost the stage can write nothing more, and a fence
 before each drain or resume keeps it off the scheduler too (:class:`FencedExecutor`).
@@ -68,7 +69,7 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from actions.api import OperatorApi
 from actions.membership import LiveJobs, build_live_jobs
-from actions.operator import apply_pending, pending_approvals
+from actions.operator import MemoryCommands, apply_pending, pending_approvals
 from actions.routing import RoutingExecutor
 from detectors.clock_guard import ClockGuard
 from detectors.isolation_forest import (
@@ -83,6 +84,7 @@ from detectors.windows import AGG_SCHEMA, SeriesTable, Step, WindowEngine
 from rocewatch import checkpoint, wire
 from rocewatch.checkpoint import CheckpointError
 from rocewatch.config import Config, KafkaConfig
+from rocewatch.delivery import Published, output_partitions, send_events
 from rocewatch.errors import (
     BadInput,
     ConfigError,
@@ -90,26 +92,23 @@ from rocewatch.errors import (
     RetryableError,
     RocewatchError,
 )
-from rocewatch.kafka_io import (
-    GROUP_METADATA_MAX_AGE_MS,
-    Published,
+from rocewatch.intake import (
     SendTimes,
-    WatchedProducer,
-    _frame_from_ipc,
     admit_record,
-    ensure_topics,
-    kube_api,
-    make_producer,
-    output_partitions,
     parse_record,
     partition_guard,
     send_dead_letter,
-    send_events,
+)
+from rocewatch.kafka_io import (
+    GROUP_METADATA_MAX_AGE_MS,
+    WatchedProducer,
+    ensure_topics,
+    make_producer,
     wait_for_partitions,
 )
 from rocewatch.kafka_poll import poll_group
 from rocewatch.keys import KEYS, KeyTable, is_coded, mix
-from rocewatch.model import SERIES_KEY
+from rocewatch.model import SERIES_KEY, Alert
 from rocewatch.pipeline import (
     COARSE_ROLLUP_S,
     ROLLUP_S,
@@ -276,6 +275,10 @@ def rollups_topic(k: KafkaConfig) -> NewTopic:
         1,
         topic_configs={"max.message.bytes": str(MAX_MESSAGE_BYTES), "retention.ms": "86400000"},
     )
+
+
+def _frame_from_ipc(data: bytes) -> pl.DataFrame:
+    return pl.read_ipc(io.BytesIO(data))
 
 
 def _ipc(df: pl.DataFrame) -> bytes:
@@ -717,6 +720,22 @@ def coded_step(
     return Step(start, end, frame=agg, by_metric=by_metric, positions=(series.epoch, positions))
 
 
+def kube_api(cfg: Config) -> Any:
+    """A CoreV1Api factory when Kubernetes is configured (built only when first needed)."""
+    kcfg = cfg.executors.kubernetes
+    if kcfg is None:
+        return None
+
+    def make() -> Any:
+        from kubernetes import client
+
+        from actions.kubernetes import api_client
+
+        return client.CoreV1Api(api_client(kcfg))
+
+    return make
+
+
 def tell_domain(pipe: Pipeline, domain: str | None) -> None:
     """PFCStorm learns the fabric domain its pipeline runs for (a restored one too, whatever
     its record says): a switch of another domain, heard there only on the cable ends facing the
@@ -902,8 +921,7 @@ class DetectWriter:
     record to the state partition: a stalled instance that lost the stage learns it before it
     touches the scheduler, not after.
 
-    Unfenced, writes go through the instance's shared producer, as in the single-instance
-    service.
+    Unfenced, writes go through the instance's shared producer.
     """
 
     def __init__(
@@ -1183,8 +1201,8 @@ class Aggregator:
         return WindowEngine(self.cfg.window, self.stats)
 
     def _new_rollups(self) -> list[Rollups]:
-        """Rollup levels as the single-instance service keeps them, when storage is set: each
-        partition's series are its own, so a partition's rollups are whole."""
+        """Rollup levels as replay keeps them, when storage is set: each partition's series are
+        its own, so a partition's rollups are whole."""
         if not self.cfg.storage_url:
             return []
         return [Rollups(ROLLUP_S), Rollups(COARSE_ROLLUP_S)]
@@ -1721,6 +1739,7 @@ class Detector:
         # operators' commands (`rocewatch approve`, `undrain`) arrive in the storage database;
         # the instance running the node's domain's detect stage carries them out
         self.db = db
+        self.alert_db: Any = None  # the storage database, for the inhibited alerts
         self.steps_evaluated = 0
         self.alerts_sent = 0
         self.actions_sent = 0
@@ -2144,6 +2163,15 @@ class Detector:
         n_alerts, n_actions = send_events(self.writer, self.cfg, out, self.published)
         if n_alerts or n_actions:
             self.writer.commit()  # visible now (read committed), not at the next checkpoint
+        if out.inhibited and self.alert_db is not None:
+            # inhibited alerts are stored, never published (docs/alerting.md): straight to the
+            # database, an idempotent upsert, so a step evaluated again after a takeover is no
+            # harm; with the published events' times (as JSON keeps them), as the sink stores
+            try:
+                self.alert_db.write_alerts([Alert.from_json(a.to_json()) for a in out.inhibited])
+            except RetryableError as e:
+                self.stats.inc("inhibited_not_stored", len(out.inhibited))
+                log.warning("inhibited alerts not stored: %s", e)
         self.alerts_sent += n_alerts
         self.actions_sent += n_actions
 
@@ -2261,6 +2289,9 @@ class DetectStage:
 
             self.db = Store(cfg.storage_url)
             self.db.create_schema()
+        # operators' commands: from the database (CLI, API of any instance) or, without one,
+        # from this instance's API (which then reaches only the domains it evaluates)
+        self.commands: Any = self.db if self.db is not None else MemoryCommands()
         self.consumer = KafkaConsumer(
             **k.client_kwargs(),
             group_id=k.group_id + "-detect",
@@ -2278,7 +2309,8 @@ class DetectStage:
             for i in range(routes.n)
         ]
         for det in self.shards:
-            det.db = self.db
+            det.db = self.commands
+            det.alert_db = self.db
 
     # --- assignment ------------------------------------------------------------------------------
     def _mine(self, tps: list[TopicPartition]) -> list[tuple[Detector, list[TopicPartition]]]:
@@ -2410,11 +2442,6 @@ class ScaleOutService:
             if not cfg.topology:
                 raise ConfigError("detect needs 'topology' (a topology file) in its config")
             topology = Topology.load(cfg.topology)
-        if cfg.api.listen and not cfg.storage_url:
-            raise ConfigError(
-                "api.listen with kafka.scale_out needs storage.url: operators' commands reach "
-                "the instance running the detect stage through the database"
-            )
         self.cfg = cfg
         k = cfg.kafka
         self.routes = DomainRoutes(topology)
@@ -2449,14 +2476,25 @@ class ScaleOutService:
         # instance running the detect stage picks them up (as `rocewatch approve` does)
         self.api: OperatorApi | None = None
         if cfg.api.listen:
-            self.api = OperatorApi(cfg.api, self.det.db, self.det.db, pending=self.pending).start()
+            self.api = OperatorApi(
+                cfg.api, self.det.commands, self.det.db, pending=self.pending
+            ).start()
+        # storage and notifications of what the detect stage publishes (rocewatch.event_sink):
+        # in a thread of this process unless a separate `rocewatch sink` is configured
+        from rocewatch import event_sink  # (which imports this module's rollups codec)
+
+        self.sink: Any = None
+        self.sink_error: BaseException | None = None
+        self.sink_started = False
+        if event_sink.wanted(cfg):
+            self.sink = event_sink.EventSink(cfg, metrics=self.metrics)
 
     def pending(self) -> list[str]:
         """Drains waiting for approval: live for the domains whose detect stage this
         instance runs, else from the actions stored in the database (the sink stores them)."""
         snap = self.det.pending_snapshot()
-        if snap is not None and all(d.active for d in self.det.shards):
-            return snap
+        if (snap is not None and all(d.active for d in self.det.shards)) or self.det.db is None:
+            return snap or []
         held = {d.domain for d in self.det.shards if d.active}
         topo = self.det.shards[0].topology
         stored = [
@@ -2479,6 +2517,11 @@ class ScaleOutService:
         log.info("scale-out detect on %s as groups %s-agg/-detect", k.topics.telemetry, k.group_id)
         self.detect_error = None
         detect = threading.Thread(target=self._detect_loop, name="rocewatch-detect", daemon=True)
+        sink: threading.Thread | None = None
+        if self.sink is not None:
+            self.sink_started = True
+            sink = threading.Thread(target=self._sink_loop, name="rocewatch-sink", daemon=True)
+            sink.start()
         last_input = time.monotonic()
         next_metrics = time.monotonic()
         next_save = next_metrics + k.commit_interval_s
@@ -2526,13 +2569,39 @@ class ScaleOutService:
             self._stop_detect(detect)
             self.agg_cpu_s = time.thread_time() - cpu0
             self.checkpoint()
+            if self.sink_error is not None:  # detection's state is saved: the restart goes on
+                raise self.sink_error
             if self.metrics is not None:
                 self.metrics.update_scaleout(self)
                 self.metrics.update_detect_stage(self.det)
         finally:
             self.stop_event.set()
             detect.join(DETECT_JOIN_S)
-            self.close()
+            try:
+                self.close()
+            finally:
+                if sink is not None:
+                    self._stop_sink(sink)
+
+    def _sink_loop(self) -> None:
+        """The embedded sink's thread. An error stops the instance (``run`` raises it): a
+        detector that goes on without storing or notifying would fail silently."""
+        try:
+            self.sink.run()
+        except BaseException as e:
+            self.sink_error = e
+            self.stop_event.set()
+
+    def _stop_sink(self, sink: threading.Thread) -> None:
+        """After the final checkpoint: the sink stores what was published, then stops."""
+        from rocewatch.event_sink import FINISH_S
+
+        self.sink.finish()
+        sink.join(FINISH_S + self.cfg.notify.drain_timeout_s + 10)
+        if sink.is_alive():
+            self.sink.stop_event.set()
+            log.warning("the sink did not finish in time: the next start stores the rest")
+            sink.join(10)
 
     def _detect_loop(self) -> None:
         """The detect stage's thread: steps in, alerts and actions out, the operators'
@@ -2625,3 +2694,5 @@ class ScaleOutService:
                 self.store.close()
                 if self.det.db is not None:
                     self.det.db.close()
+                if self.sink is not None and not self.sink_started:  # else run() stops it
+                    self.sink.close()

@@ -68,7 +68,8 @@ class Section:
 # shared section. A field's own comment always wins.
 NOTES: dict[str, str] = {
     "topology": "the topology file (docs/formats.md section 1); `replay` reads the scenario's own",
-    "state_dir": "the single-instance detector's checkpoint directory; keep it private",
+    "state_dir": "the detector's local files (each instance's run summary; the notify outbox "
+    "without storage.url); keep it private",
     "metrics_port": "serve Prometheus /metrics on this port (detect, notify, sink, collectors); "
     "null: none",
     "kafka.bootstrap_servers": "comma-separated host:port list",
@@ -85,7 +86,7 @@ NOTES: dict[str, str] = {
     "kafka.topics.actions": "action objects as JSON, keyed by node",
     "kafka.topics.dead_letter": "telemetry messages that could not be decoded, with the error "
     "in headers",
-    "kafka.group_id": "consumer group of the detector; scale-out adds -agg, -detect and -sink",
+    "kafka.group_id": "the detector's groups are this plus -agg, -detect and -sink",
     "kafka.client_id": "client.id of every Kafka client",
     "kafka.compression_type": "none | gzip | lz4 | zstd | snappy",
     "kafka.partitions": "partitions of the telemetry topic when rocewatch creates it",
@@ -439,6 +440,7 @@ def sections() -> tuple[Section, ...]:
         ),
         Section("membership", "membership", tuple(walk(_cls(Config, "membership"), "membership"))),
         Section("api", "api", tuple(walk(_cls(Config, "api"), "api"))),
+        Section("sink", "sink", tuple(walk(_cls(Config, "sink"), "sink"))),
         Section(
             "notify",
             "notify",

@@ -238,24 +238,6 @@ def test_another_major_version_gives_the_promised_error() -> None:
 # --- the services refuse, count and start from their committed offsets ----------------------------
 
 
-def test_the_detect_service_refuses_a_forged_state_file(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    from rocewatch.kafka_io import DetectService
-
-    marker = tmp_path / "ran"
-    path = tmp_path / "detect-state.ckpt"
-    path.write_bytes(forged_pickle(marker))
-    svc = DetectService.__new__(DetectService)  # its restore alone: no broker needed
-    svc.state_path, svc.stats = path, Stats()
-    with caplog.at_level(logging.ERROR):
-        assert svc._restore() is None  # the caller then reads from the committed offsets
-    assert not marker.exists()
-    assert svc.stats.get("checkpoint_rejected") == 1
-    lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
-    assert len(lines) == 1 and str(path) in lines[0] and "committed offsets" in lines[0]
-
-
 class _Store:
     """The state topic (a Kafka boundary): its last record, and where it is."""
 

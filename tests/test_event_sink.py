@@ -1,4 +1,4 @@
-"""`rocewatch sink` over a real Kafka broker: the alerts and actions a scale-out detect stage
+"""`rocewatch sink` over a real Kafka broker: the alerts and actions a detect stage
 publishes reach storage and the webhooks once each, bad records are skipped and counted, and a
 database outage holds the events until it is back (the test PostgreSQL)."""
 
@@ -20,8 +20,9 @@ from polars.testing import assert_frame_equal
 from sqlalchemy.engine import make_url
 
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
+from rocewatch.delivery import Published, send_events
 from rocewatch.event_sink import EventSink
-from rocewatch.kafka_io import Published, publish_scenario, send_events
+from rocewatch.kafka_io import publish_scenario
 from rocewatch.model import Action, Alert
 from rocewatch.notify.base import NotifyConfig, RetryConfig, WebhookConfig
 from rocewatch.pipeline import Output
@@ -229,11 +230,12 @@ def ms(ns: int) -> int:
 ROLLUP_KEY = ["bucket_start_ns", "resolution_s", "device", "port", "qual", "metric"]
 
 
-def test_scale_out_and_sink_store_what_replay_stores(
+def test_detect_stores_what_replay_stores_through_its_own_sink(
     kafka_bootstrap: str, kafka_topics: Any, postgres_url: str, tmp_path: Path, scenario: Path
 ) -> None:
     """Four telemetry partitions aggregated apart, their rollups, alerts and actions stored by
-    the sink: the database holds what a replay writes to its own."""
+    the sink that runs in the detect service (no `rocewatch sink` beside it): once the service
+    has stopped, the database holds what a replay writes to its own."""
     with database(postgres_url) as ref_db, database(postgres_url) as db:
         with Store(ref_db) as ref:
             ref.create_schema()
@@ -254,11 +256,10 @@ def test_scale_out_and_sink_store_what_replay_stores(
         kafka_topics.create("so.telemetry", partitions=PARTITIONS)
         n = publish_scenario(scenario, cfg)
         svc = ScaleOutService(cfg)
+        assert svc.sink is not None
         svc.run(max_idle_s=4.0)
         assert svc.agg.samples == n
-        sink = EventSink(cfg)
-        sink.run(max_idle_s=4.0)
-        assert not sink.stats.as_dict(), sink.stats.as_dict()
+        assert not svc.sink.stats.as_dict(), svc.sink.stats.as_dict()
 
         alerts, actions = stored(db)
         assert alerts == want_alerts
@@ -267,3 +268,22 @@ def test_scale_out_and_sink_store_what_replay_stores(
             got_rollups = s.rollups().sort(ROLLUP_KEY)
         assert got_rollups.select(ROLLUP_KEY).equals(want_rollups.select(ROLLUP_KEY))
         assert_frame_equal(got_rollups, want_rollups, check_exact=False, rel_tol=1e-9)
+
+
+def test_detect_runs_the_sink_itself_when_it_has_somewhere_to_write() -> None:
+    """`rocewatch detect` stores and notifies in its own process with storage or notify sinks
+    (as the single detector always did), unless `sink.embedded: false` leaves it to a separate
+    `rocewatch sink`; `--scale-out` and `kafka.scale_out` are still accepted."""
+    from rocewatch.cli import build_parser
+    from rocewatch.config import config_from_dict
+    from rocewatch.event_sink import wanted
+
+    hook = {"webhooks": [{"name": "ops", "url": "http://127.0.0.1:1/", "secret": "s" * 16}]}
+    assert wanted(config_from_dict({"storage": {"url": "sqlite:///x.db"}}))
+    assert wanted(config_from_dict({"notify": hook}))
+    assert not wanted(config_from_dict({}))  # nowhere to write: no sink
+    off = {"storage": {"url": "sqlite:///x.db"}, "sink": {"embedded": False}}
+    assert not wanted(config_from_dict(off))
+    assert config_from_dict({"kafka": {"scale_out": True}}).kafka.scale_out
+    args = build_parser().parse_args(["detect", "--config", "c.yaml", "--scale-out"])
+    assert args.command == "detect" and args.scale_out

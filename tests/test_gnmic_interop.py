@@ -299,7 +299,7 @@ def test_gnmic_kafka_output_through_collect_gnmic_topic(
     `rocewatch detect` on it raises the alerts that replaying our collector's events raises."""
     from rocewatch import wire
     from rocewatch.config import KafkaConfig, TopicsConfig
-    from rocewatch.kafka_io import DetectService
+    from rocewatch.scaleout import ScaleOutService
     from tests.support.kafka_read import read_to_end
 
     scen, cfg = scenario
@@ -334,12 +334,8 @@ def test_gnmic_kafka_output_through_collect_gnmic_topic(
             where.setdefault(ev["tags"]["source"], set()).add(part)
     assert sorted(where) == sorted(feed.switches)
     assert all(len(p) == 1 for p in where.values()), where
-    topics = TopicsConfig(
-        telemetry=kafka_topics("telemetry"),
-        alerts=kafka_topics("alerts"),
-        actions=kafka_topics("actions"),
-        dead_letter=kafka_topics("dlq"),
-    )
+    names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state", "rollups")
+    topics = TopicsConfig(**{n: kafka_topics(n) for n in names})
     conf = tmp_path / "rocewatch.yaml"
     conf.write_text(
         yaml.safe_dump(
@@ -391,9 +387,10 @@ def test_gnmic_kafka_output_through_collect_gnmic_topic(
     dcfg = dataclasses.replace(
         cfg_replay, topology=str(scen / "topology.yaml"), kafka=k, state_dir=str(tmp_path / "st")
     )
-    svc = DetectService(dcfg)
+    svc = ScaleOutService(dcfg)
     svc.run(max_idle_s=5.0)  # the group join counts as idle
-    assert not svc.stats.get("late_samples"), svc.stats.as_dict()
+    stats = svc.summary()["stats"]
+    assert not {k: v for k, v in stats.items() if k.startswith("late")}, stats
     events = [
         orjson.loads(m.value)
         for m in read_to_end(topics.alerts, 30, bootstrap_servers=[kafka_bootstrap])

@@ -1,4 +1,5 @@
-"""The live path over a real Kafka broker: same alerts as replay, crash safety, bad messages."""
+"""The live path over a real Kafka broker: one `rocewatch detect` killed -9 and restarted,
+bad messages, the publisher's keys. (Two instances against replay: tests/test_scaleout.py.)"""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import yaml
 from kafka import KafkaProducer
 
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
-from rocewatch.kafka_io import DetectService, TelemetryPublisher, ensure_topics, publish_scenario
+from rocewatch.kafka_io import TelemetryPublisher, ensure_topics, publish_scenario
+from rocewatch.scaleout import ScaleOutService
 from rocewatch.sources import merged, scenario_sources
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
@@ -36,12 +38,8 @@ def sorted_actions(actions: list[dict]) -> list[dict]:
 
 
 def kafka_cfg(bootstrap: str, kafka_topics, tmp_path: Path, scenario: Path) -> Config:
-    topics = TopicsConfig(
-        telemetry=kafka_topics("telemetry"),
-        alerts=kafka_topics("alerts"),
-        actions=kafka_topics("actions"),
-        dead_letter=kafka_topics("dlq"),
-    )
+    names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state", "rollups")
+    topics = TopicsConfig(**{n: kafka_topics(n) for n in names})
     k = KafkaConfig(
         bootstrap_servers=bootstrap,
         topics=topics,
@@ -96,6 +94,20 @@ def wait_for_outputs(
         time.sleep(0.5)
 
 
+def detect_state_end(bootstrap: str, topic: str) -> int:
+    """The end offset of the state topic's last partition (the detect stage's checkpoints)."""
+    from kafka import KafkaConsumer
+    from kafka.structs import TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=[bootstrap], group_id=None)
+    try:
+        parts = c.partitions_for_topic(topic) or {0}
+        tp = TopicPartition(topic, max(parts))
+        return int(c.end_offsets([tp])[tp])
+    finally:
+        c.close()
+
+
 def final_states(events: list[dict]) -> dict[tuple[str, str], dict]:
     """Alert events -> the final state of each alert instance (resolved wins over firing)."""
     out: dict[tuple[str, str], dict] = {}
@@ -111,23 +123,6 @@ def comparable(alerts: list[dict]) -> dict[tuple[str, str], tuple]:
         k: (v["status"], v["endsAt"], v["labels"]["alertname"])
         for k, v in final_states(alerts).items()
     }
-
-
-def test_kafka_gives_same_alerts_as_replay(
-    kafka_bootstrap, kafka_topics, tmp_path, scenario, replayed, replay_result
-):
-    cfg = kafka_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
-    n = publish_scenario(scenario, cfg)
-    assert n > 100_000
-    svc = DetectService(cfg)
-    svc.run(max_idle_s=8.0)  # the group join counts as idle time
-    events = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, cfg.kafka.topics.alerts)]
-    assert comparable(events) == comparable(replayed)
-    keys = Counter((e["fingerprint"], e["startsAt"], e["status"]) for e in events)
-    assert max(keys.values()) == 1, "an alert event was published twice"
-    acts = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, cfg.kafka.topics.actions)]
-    # the same drain decisions, at the same telemetry times, as replay
-    assert sorted_actions(acts) == sorted_actions(replay_result.actions)
 
 
 def test_detector_killed_mid_stream_loses_and_doubles_nothing(
@@ -161,19 +156,18 @@ def test_detector_killed_mid_stream_loses_and_doubles_nothing(
     # once it reads, publish at 1.5x telemetry speed (20 s) in the background, so the kill
     # lands mid-stream
     deadline = time.monotonic() + 120
-    while "assigned partitions [" not in first_log.read_text(errors="replace"):
+    while "detect stage active" not in first_log.read_text(errors="replace"):
         assert first.poll() is None and time.monotonic() < deadline, first_log.read_text()
         time.sleep(0.1)
     pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.5), daemon=True)
     pub.start()
     try:
-        # kill -9 once it has published some alerts and checkpointed since (it writes its
-        # checkpoint every commit interval: 0.5 s)
+        # kill -9 once it has published some alerts and checkpointed its detect stage since
+        # (every commit interval, 0.5 s, to the state topic's last partition)
         wait_for_records(kafka_bootstrap, k.topics.alerts, 2)
-        checkpoint = Path(cfg.state_dir) / "detect-state.ckpt"
-        published = time.time()
+        before = detect_state_end(kafka_bootstrap, k.topics.state)
         deadline = time.monotonic() + 60
-        while not (checkpoint.exists() and checkpoint.stat().st_mtime > published):
+        while detect_state_end(kafka_bootstrap, k.topics.state) <= before:
             assert time.monotonic() < deadline, "no checkpoint after the first alerts"
             assert first.poll() is None, first_log.read_text()[-3000:]
             time.sleep(0.1)
@@ -189,8 +183,10 @@ def test_detector_killed_mid_stream_loses_and_doubles_nothing(
     )
     pub.join(120)
     assert second.returncode == 0, second.stderr[-3000:]
-    # the restart began from the checkpoint the killed one left, not from the start
-    restored = re.search(r"restored checkpoint: (\d+) partitions", second.stderr)
+    # the restart began from the checkpoints the killed one left, not from the start
+    resumed = re.findall(r"partition \d+ resumes at offset (\d+)", second.stderr)
+    assert resumed and max(int(o) for o in resumed) > 0, second.stderr[-3000:]
+    restored = re.search(r"detect stage active \(steps offset (\d+)\)", second.stderr)
     assert restored and int(restored.group(1)) > 0, second.stderr[-3000:]
     events = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, k.topics.alerts)]
     keys = Counter((e["fingerprint"], e["startsAt"], e["status"]) for e in events)
@@ -214,9 +210,9 @@ def test_garbage_messages_go_to_dead_letter_and_the_stream_goes_on(
     garbage.flush()
     garbage.close()
     publish_scenario(scenario, cfg)
-    svc = DetectService(cfg)
+    svc = ScaleOutService(cfg)
     svc.run(max_idle_s=8.0)  # the group join counts as idle time
-    assert svc.stats.get("dead_letter") == 3
+    assert svc.summary()["stats"]["dead_letter"] == 3
     dlq = read_topic(kafka_bootstrap, cfg.kafka.topics.dead_letter)
     assert len(dlq) == 3
     assert all(dict(m.headers).get("rocewatch-error") for m in dlq)
@@ -252,7 +248,7 @@ def test_event_read_back_matches_the_event_made_in_memory():
     Telemetry times carry nanoseconds; the JSON keeps milliseconds. The ids must agree anyway,
     or a restarted detector publishes every event since its checkpoint a second time.
     """
-    from rocewatch.kafka_io import _action_id, _alert_id, _event_id
+    from rocewatch.delivery import _action_id, _alert_id, _event_id
     from rocewatch.model import Action, Alert
 
     cfg = Config()

@@ -23,7 +23,6 @@ from kafka.structs import TopicPartition
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
 from rocewatch.errors import ProducerFailed
 from rocewatch.kafka_io import (
-    DetectService,
     TelemetryPublisher,
     WatchedProducer,
     ensure_topics,
@@ -54,6 +53,9 @@ def make_cfg(
             alerts=kafka_topics("alerts"),
             actions=kafka_topics("actions"),
             dead_letter=kafka_topics("dlq"),
+            steps=kafka_topics("steps"),
+            state=kafka_topics("state"),
+            rollups=kafka_topics("rollups"),
         ),
         group_id=kafka_topics("group"),
         commit_interval_s=0.5,
@@ -157,30 +159,6 @@ def assert_replay_events_once(bootstrap: str, cfg: Config, replay_result: Any) -
     assert sorted_actions(acts) == sorted_actions(replay_result.actions)
 
 
-def test_broker_restart_mid_stream_loses_and_doubles_nothing(
-    restartable_kafka_broker, kafka_topics, tmp_path, scenario, replay_result
-):
-    broker = restartable_kafka_broker
-    cfg = make_cfg(broker.bootstrap, kafka_topics, tmp_path, scenario)
-    ensure_topics(cfg.kafka)
-    svc = DetectService(cfg)
-    published = restart_mid_stream(
-        broker,
-        cfg,
-        scenario,
-        lambda: svc.run(max_idle_s=60.0),  # (a safety net: stopped once done)
-        lambda: svc.pipeline.samples_in >= 50_000,
-        lambda: svc.pipeline.samples_in,
-        svc.stop_event.set,
-        replay_result,
-    )
-    assert_replay_events_once(broker.bootstrap, cfg, replay_result)
-    # every sample the publisher accepted reached the detector exactly once, and in time: none
-    # was dropped as late because the broker kept one partition's backlog back for a while
-    assert svc.pipeline.samples_in == published
-    assert svc.stats.get("late_samples") == 0
-
-
 def test_scale_out_broker_restart_mid_stream_loses_and_doubles_nothing(
     restartable_kafka_broker, kafka_topics, tmp_path, scenario, replay_result
 ):
@@ -189,11 +167,7 @@ def test_scale_out_broker_restart_mid_stream_loses_and_doubles_nothing(
     from rocewatch.scaleout import ScaleOutService
 
     broker = restartable_kafka_broker
-    cfg = make_cfg(broker.bootstrap, kafka_topics, tmp_path, scenario, scale_out=True)
-    t = dataclasses.replace(
-        cfg.kafka.topics, steps=kafka_topics("steps"), state=kafka_topics("state")
-    )
-    cfg = dataclasses.replace(cfg, kafka=dataclasses.replace(cfg.kafka, topics=t))
+    cfg = make_cfg(broker.bootstrap, kafka_topics, tmp_path, scenario)
     svc = ScaleOutService(cfg)
     published = restart_mid_stream(
         broker,
@@ -227,38 +201,6 @@ def set_topic_limit(bootstrap: str, topic: str, max_bytes: int) -> None:
         admin.close()
 
 
-def test_an_event_the_broker_refuses_stops_the_detector_and_its_restart_loses_nothing(
-    kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
-):
-    """The alerts topic's limit is lowered below an alert event while the detector runs. The
-    refusal is fatal to kafka-python's idempotent producer (every later send fails too), and
-    the detector's state is a local file: a checkpoint after the refusal would save offsets
-    past alerts that never reached Kafka. The detector stops with an error naming the topic
-    instead; restarted once the limit is back, it publishes the replay's events, once each."""
-    cfg = make_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
-    alerts = cfg.kafka.topics.alerts
-    svc = DetectService(cfg)
-    detect = Worker(lambda: svc.run(max_idle_s=8.0))
-    publish = Worker(lambda: publish_scenario(scenario, cfg, 1.5))
-    detect.start()
-    publish.start()
-    deadline = time.monotonic() + 60
-    while not read_topic(kafka_bootstrap, alerts, 0.5) and time.monotonic() < deadline:
-        time.sleep(0.2)  # the first alerts are out (the storm, 5 s in): later ones follow
-    assert publish.is_alive(), "the stream ended before the limit was lowered"
-    set_topic_limit(kafka_bootstrap, alerts, 64)  # below any record batch
-    detect.join(120)
-    assert not detect.is_alive(), "the detector went on with a producer that sends nothing"
-    assert isinstance(detect.error, ProducerFailed), repr(detect.error)
-    assert alerts in str(detect.error), detect.error
-    set_topic_limit(kafka_bootstrap, alerts, 1 << 20)
-    publish.join(120)
-    assert publish.error is None, repr(publish.error)
-    again = DetectService(cfg)
-    again.run(max_idle_s=8.0)
-    assert_replay_events_once(kafka_bootstrap, cfg, replay_result)
-
-
 def scrape(port: int) -> dict[str, float]:
     """The service's /metrics over HTTP, as {"name{labels}": value}."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -268,41 +210,6 @@ def scrape(port: int) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
-
-
-def test_consumer_lag_is_a_prometheus_metric(kafka_bootstrap, kafka_topics, tmp_path, scenario):
-    port = free_port()
-    cfg = make_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
-    cfg = dataclasses.replace(cfg, metrics_port=port)
-    publish_scenario(scenario, cfg)
-    svc = DetectService(cfg)
-    topic = cfg.kafka.topics.telemetry
-    svc.consumer.subscribe([topic])
-    deadline = time.monotonic() + 60
-    while not svc.offsets and time.monotonic() < deadline:
-        svc.poll_once(timeout_ms=1000)
-    assert svc.offsets, "the detector read nothing"
-    svc.metrics.update(svc)
-    got = scrape(port)
-    # the truth, from the broker: log end offsets less what the detector has read
-    probe = KafkaConsumer(bootstrap_servers=[kafka_bootstrap], group_id=None)
-    ends = probe.end_offsets([TopicPartition(topic, p) for p in range(cfg.kafka.partitions)])
-    probe.close()
-    behind = {
-        tp.partition: end - svc.offsets.get((topic, tp.partition), 0) for tp, end in ends.items()
-    }
-    read = {p for (_t, p) in svc.offsets}
-    assert sum(behind[p] for p in read) > 0, "one poll read everything: the test needs more data"
-    for p in read:
-        assert got[f'rocewatch_consumer_lag_records{{partition="{p}"}}'] == behind[p]
-    assert got["rocewatch_consumer_lag_records_total"] == sum(behind[p] for p in read)
-    # caught up at the end of the stream: no lag left
-    svc.run(max_idle_s=8.0)
-    reg = svc.metrics.registry
-    assert reg.get_sample_value("rocewatch_consumer_lag_records_total") == 0
-    assert len(svc.offsets) == cfg.kafka.partitions
-    for p in range(cfg.kafka.partitions):
-        assert reg.get_sample_value("rocewatch_consumer_lag_records", {"partition": str(p)}) == 0
 
 
 def scenario_frames(scenario: Path) -> list[pl.DataFrame]:
@@ -419,10 +326,11 @@ def test_a_detector_behind_its_topic_keeps_partitions_together_and_reads_everyth
     kafka_bootstrap, kafka_topics, tmp_path
 ):
     """A backlog: fetches fill by bytes per partition, so partitions whose devices send less run
-    ahead in telemetry time and what they deliver waits for the slowest one (memory). The
-    detector pauses the ones more than MAX_SKEW_S ahead and resumes them: every sample is still
-    read (kafka-python 3.0 stalled a resumed partition for good; kafka_poll.unpark_resumed)."""
-    from rocewatch.kafka_io import MAX_SKEW_S
+    ahead in telemetry time and what they deliver waits in the detect stage for the slowest one
+    (memory). The aggregate stage pauses the ones more than MAX_SKEW_S ahead of the slowest and
+    resumes them once it has caught up: every sample is still read (kafka-python 3.0 stalled a
+    resumed partition for good; see kafka_poll.unpark_resumed)."""
+    from rocewatch.scaleout import MAX_SKEW_S, ScaleOutService
     from rocewatch.sim import Simulator
 
     sim = Simulator(default_scenario(nodes=48, duration_s=40.0, seed=5))
@@ -434,27 +342,30 @@ def test_a_detector_behind_its_topic_keeps_partitions_together_and_reads_everyth
         pub.publish(frame)
     pub.close()
 
-    svc = DetectService(cfg, topology=sim.topology)
-    svc.consumer.subscribe([k.topics.telemetry])
+    svc = ScaleOutService(cfg, topology=sim.topology)
+    svc.subscribe()
+    agg = svc.agg
     paused_seen: set[int] = set()
-    worst_spread = 0.0
+    wrong: list[tuple[int, float, bool]] = []
     deadline = time.monotonic() + 240
     try:
-        while svc.pipeline.samples_in < pub.samples and time.monotonic() < deadline:
-            svc.poll_once(200)
-            paused_seen |= {tp.partition for tp in svc.consumer.paused()}
-            pending = svc.pipeline.engine.pending
-            if pending:  # telemetry time held in the engine, waiting for the slowest partition
-                spread = max(hi for _, _, hi in pending) - min(lo for _, lo, _ in pending)
-                worst_spread = max(worst_spread, spread / 1e9)
+        while agg.samples < pub.samples and time.monotonic() < deadline:
+            agg.poll_once(200)
+            paused = {tp.partition for tp in agg.consumer.paused()}
+            paused_seen |= paused
+            live = {p: part.hi for p, part in agg.parts.items() if part.hi >= 0 and not part.idle}
+            if not live:
+                continue
+            slowest = min(live.values())
+            for p, hi in live.items():  # paused exactly while far ahead of the slowest
+                ahead = (hi - slowest) / 1e9
+                if (ahead > MAX_SKEW_S) != (p in paused):
+                    wrong.append((p, ahead, p in paused))
     finally:
         svc.close()
-    assert svc.pipeline.samples_in == pub.samples  # every sample, none twice
+    assert agg.samples == pub.samples  # every sample, none twice
     assert paused_seen, "no partition ran ahead: the backlog did not exercise the balance"
-    # without the balance one partition delivers its whole 40 s before the next (the spread is
-    # the recording); with it, at most the allowed skew, the lateness and what one poll of one
-    # partition brings (1,000 records, about 7 s of a partition's ~14 devices here)
-    assert worst_spread < MAX_SKEW_S + 12.0, worst_spread
+    assert not wrong, f"(partition, seconds ahead, paused) against the balance: {wrong[:5]}"
 
 
 def test_a_batch_the_broker_splits_is_flushed_whole_and_a_record_too_large_stops(

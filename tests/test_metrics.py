@@ -48,7 +48,16 @@ def test_detector_metrics(tmp_path: Path) -> None:
     topo = Topology.load(scen / "topology.yaml")
     stats = Stats()
     pipe = Pipeline(topo, Config(), stats=stats, rollup_s=None)
-    svc = types.SimpleNamespace(pipeline=pipe, stats=stats, offsets={}, consumer=None)
+    # what the metrics read of a detect service (ScaleOutService) and of its detect stage
+    agg = types.SimpleNamespace(samples=0, stats=stats, parts={}, consumer=None)
+    svc = types.SimpleNamespace(agg=agg, det=types.SimpleNamespace(all_stats=list), cfg=Config())
+    shard = types.SimpleNamespace(
+        active=True,
+        state=types.SimpleNamespace(pipeline=pipe, offset=0),
+        consumer=types.SimpleNamespace(highwater=lambda tp: None),
+        tp=None,
+    )
+    stage = types.SimpleNamespace(shards=[shard])
     m = ServiceMetrics(0, addr="127.0.0.1")
     try:
         batches = 0
@@ -59,7 +68,9 @@ def test_detector_metrics(tmp_path: Path) -> None:
             if wm >= 0:
                 pipe.advance(wm)
                 batches += 1
-            m.update(svc)
+            agg.samples = pipe.samples_in
+            m.update_scaleout(svc)
+            m.update_detect_stage(stage)
         for s in sources:
             s.close()
         got = scrape(m.port)

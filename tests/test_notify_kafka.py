@@ -1,4 +1,5 @@
-"""The detector service over a real Kafka broker delivers its alerts by signed webhook."""
+"""`rocewatch detect` over a real Kafka broker delivers its alerts by signed webhook, once each:
+its detect stage publishes them, the sink in its process queues and sends them."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 import orjson
 
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
-from rocewatch.kafka_io import DetectService, publish_scenario
+from rocewatch.kafka_io import publish_scenario
 from rocewatch.notify.base import NotifyConfig, RetryConfig, WebhookConfig
+from rocewatch.scaleout import ScaleOutService
 from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import default_scenario
 from tests.notify_receiver import Receiver, free_port
@@ -23,12 +25,8 @@ def test_detect_service_sends_every_alert_event_once(
 ) -> None:
     scenario = tmp_path / "scenario"
     write_scenario(default_scenario(nodes=8, duration_s=15.0, seed=3), scenario)
-    topics = TopicsConfig(
-        telemetry=kafka_topics("telemetry"),
-        alerts=kafka_topics("alerts"),
-        actions=kafka_topics("actions"),
-        dead_letter=kafka_topics("dlq"),
-    )
+    names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state", "rollups")
+    topics = TopicsConfig(**{n: kafka_topics(n) for n in names})
     k = KafkaConfig(
         bootstrap_servers=kafka_bootstrap,
         topics=topics,
@@ -49,7 +47,8 @@ def test_detect_service_sends_every_alert_event_once(
     cfg = dataclasses.replace(cfg, notify=dataclasses.replace(cfg.notify, poll_s=0.2))
     try:
         assert publish_scenario(scenario, cfg) > 10_000
-        svc = DetectService(cfg)
+        svc = ScaleOutService(cfg)
+        assert svc.sink is not None  # storage and notify: the sink runs in the service
         svc.run(max_idle_s=8.0)  # the group join counts as idle time
     finally:
         rx.stop()

@@ -28,8 +28,9 @@ from kafka.structs import TopicPartition
 from detectors.registry import metrics_read
 from rocewatch import scaleout
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
+from rocewatch.delivery import Published, send_events
 from rocewatch.errors import ConfigError, Fenced, ProducerFailed
-from rocewatch.kafka_io import Published, make_producer, publish_scenario, send_events
+from rocewatch.kafka_io import make_producer, publish_scenario
 from rocewatch.model import Alert
 from rocewatch.pipeline import Output
 from rocewatch.replay import replay
