@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 ROLLUP_KEY = ["bucket_start_ns", "resolution_s", "device", "port", "qual", "metric"]
 ROLLUP_VALUES = ["mean", "max", "min", "last", "count"]
 ROLLUP_COLUMNS = ROLLUP_KEY + ROLLUP_VALUES
+PENDING = "pending-approval"  # the outcome of a drain that waits for approval (actions.policy)
 ROLLUP_KEY_DB = ["bucket_start", "resolution_s", "device", "port", "qual", "metric"]
 
 ALERTS: Table = AlertRow.__table__  # type: ignore[assignment]
@@ -192,7 +193,14 @@ class Store:
         return len(rows)
 
     def write_actions(self, actions: Sequence[Action]) -> int:
-        """Insert actions, ignoring any already stored (same time, action, node, fingerprint)."""
+        """Insert actions, ignoring any already stored (same time, action, node, fingerprint),
+        except that a drain waiting for approval takes the outcome of its approval.
+
+        An approved (or rejected) drain is decided again at the telemetry time the operator's
+        command is carried out; while telemetry time stands still (the stream ended, a quiet
+        fabric) that is the waiting drain's own time, so both share one row, and the outcome
+        that row shows must be the drain's, not "pending-approval". Any other outcome stays as
+        first stored (a replayed decision does not rewrite history)."""
         rows: dict[tuple[Any, ...], dict[str, Any]] = {}
         for a in actions:
             row = {
@@ -205,11 +213,20 @@ class Store:
                 "executed": a.executed,
                 "outcome": a.outcome,
             }
-            rows.setdefault((row["time"], a.action, a.node, a.alert_fingerprint), row)
+            key = (row["time"], a.action, a.node, a.alert_fingerprint)
+            if rows.setdefault(key, row)["outcome"] == PENDING and a.outcome != PENDING:
+                rows[key] = row
         if not rows:
             return 0
-        stmt = self._insert(ACTIONS).on_conflict_do_nothing(
-            index_elements=["time", "action", "node", "alert_fingerprint"]
+        ins = self._insert(ACTIONS)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["time", "action", "node", "alert_fingerprint"],
+            set_={
+                "executed": ins.excluded.executed,
+                "outcome": ins.excluded.outcome,
+                "reason": ins.excluded.reason,
+            },
+            where=(ACTIONS.c.outcome == PENDING) & (ins.excluded.outcome != PENDING),
         )
         self._execute_batches("write actions", stmt, list(rows.values()))
         return len(rows)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,6 +170,19 @@ def test_actions_round_trip_and_replays_are_ignored(store: Store) -> None:
     store.write_actions([drain(outcome="done")])  # same decision replayed: the first one stays
     assert [a.to_json() for a in store.actions()] == [a.to_json() for a in acts]
     assert store.actions() == acts
+
+
+def test_an_approved_drain_at_its_waiting_time_shows_the_approval_outcome(store: Store) -> None:
+    """Approved while telemetry time stands still, a drain is decided again at the waiting
+    drain's own time: its row takes the drain's outcome (the later event), in one batch or
+    two, and a replay of the waiting event does not put it back."""
+    done = dataclasses.replace(drain(outcome="done"), executed=True)
+    store.write_actions([drain(outcome="pending-approval")])
+    store.write_actions([done])
+    store.write_actions([drain(outcome="pending-approval")])  # a replay of the first event
+    assert [(a.outcome, a.executed) for a in store.actions()] == [("done", True)]
+    store.write_actions([drain(fp="other", outcome="pending-approval"), drain(fp="other")])
+    assert {a.alert_fingerprint: a.outcome for a in store.actions()}["other"] == "dry-run"
 
 
 def test_rollups_upsert(store: Store) -> None:
