@@ -198,8 +198,12 @@ def test_a_flaps_only_link_is_timed_from_its_second_link_down() -> None:
     truth = _truth()
     flaps = [{"down_ns": (30 + 13 * k) * S, "up_ns": (31 + 13 * k) * S} for k in range(3)]
     cable = {
-        "id": "FlakyLink-1", "alertname": "FlakyLink", "onset_ns": 30 * S, "end_ns": 70 * S,
-        "labels": {"node": "gpu-004", "nic": "mlx5_0"}, "match": [{"node": "gpu-004"}],
+        "id": "FlakyLink-1",
+        "alertname": "FlakyLink",
+        "onset_ns": 30 * S,
+        "end_ns": 70 * S,
+        "labels": {"node": "gpu-004", "nic": "mlx5_0"},
+        "match": [{"node": "gpu-004"}],
         "details": {"flaps": flaps, "errors": False},
     }
     truth["sampling"]["lost"] = {}
