@@ -56,6 +56,10 @@ steadily slow. In a window it
   ``alone_max_held_share`` (1 % of the time: pause that short explains at most 1 % of lost
   throughput, a tenth of the least shortfall), and its ECN marks are not above its peers'
   (robust z < ``z_threshold``): a congested victim is slow because of someone else;
+- is not retransmitting: fewer than ``alone_max_retx_per_s`` (1) retransmissions a second (NAK
+  sequence errors, ACK timeouts, RNR and implied NAKs): each go-back-N resends a window's worth,
+  so a NIC with a transport fault is slow because of it (TransportErrors finds it), while a
+  healthy one retransmits every few minutes;
 - is not idle: it sends at least ``alone_min_busy_ratio`` (10 %) of its peers' median, and the
   peers' median is at least ``alone_min_rate_gbps`` (1 Gb/s): a NIC whose job ended, or a job
   between steps, costs nobody time (an idle NIC's background traffic is not a collective).
@@ -99,7 +103,16 @@ from rocewatch.topology import Topology
 S = 1_000_000_000
 PAUSE, ECN, TPUT = "nic_tx_pause_us", "nic_ecn_marked_pkts", "nic_tx_rdma_bytes"
 HELD = "nic_rx_pause_us"  # pause the NIC received: its transmit held by its leaf
-SIGNALS = (PAUSE, ECN, TPUT, HELD)
+# retransmissions (go-back-N, timeouts): a NIC that retransmits loses throughput to its
+# transport, not to slow work of its own (TransportErrors' fault); alone_slow leaves it alone
+RETX = (
+    "nic_packet_seq_err",
+    "nic_local_ack_timeout",
+    "nic_rnr_nak_retry_err",
+    "nic_implied_nak_seq_err",
+)
+BASE = 4  # the signals both rules read; the retransmission counters follow them
+SIGNALS = (PAUSE, ECN, TPUT, HELD, *RETX)
 K = len(SIGNALS)
 ROLL_WINDOWS = 32  # windows of transmit rate kept per NIC for alone_slow (2.5 intervals of 12 s)
 
@@ -130,6 +143,10 @@ class StragglerConfig:
     alone_min_rate_gbps: float = 1.0  # peers' median below this: no collective is running
     # pause received beyond what it asks (share of time) that makes it held, not slow itself
     alone_max_held_share: float = 0.01
+    # retransmissions a second (NAK sequence errors, ACK timeouts, RNR and implied NAKs) from
+    # which a slow NIC is slow because its transport resends: a healthy NIC retransmits every
+    # few minutes, and each go-back-N resends a window's worth
+    alone_max_retx_per_s: float = 1.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -348,14 +365,16 @@ class StragglerDetector:
         ts = rows.get_column("ts").to_numpy()
         for acc, x in ((self.acc_delta, delta), (self.acc_dt, dt)):
             acc += np.bincount(k, x, minlength=K * n).reshape(n, K)
-        np.maximum.at(self.acc_ts, slot, ts)
+        # the time, cadence and newness of a NIC's window come from the signals both rules read
+        base = sig < BASE
+        np.maximum.at(self.acc_ts, slot[base], ts[base])
         has = dt > 0
         self.last_delta[slot[has], sig[has]] = delta[has]
         self.last_dt[slot[has], sig[has]] = dt[has]
         self.last_ts[slot[has], sig[has]] = ts[has]
         iv = np.zeros(n)
         cnt = np.maximum(np.nan_to_num(rows.get_column("n").to_numpy().astype(np.float64)), 1.0)
-        np.maximum.at(iv, slot[has], dt[has] / cnt[has])
+        np.maximum.at(iv, slot[has & base], dt[has & base] / cnt[has & base])
         seen = iv > 0
         old = self.interval[seen]
         self.interval[seen] = np.where(old > 0, old + 0.25 * (iv[seen] - old), iv[seen])
@@ -378,7 +397,7 @@ class StragglerDetector:
         ok = (use_acc | use_last) & (dt <= allowed) & (dt > 0)
         with np.errstate(divide="ignore", invalid="ignore"):
             val = np.where(ok, delta / dt, np.nan)
-        ts = np.maximum(self.acc_ts, self.last_ts.max(axis=1))
+        ts = np.maximum(self.acc_ts, self.last_ts[:, :BASE].max(axis=1))
         return val, ts
 
     def _window(self, ctx: StepContext, w: int) -> None:
@@ -390,6 +409,7 @@ class StragglerDetector:
         val, ts = self._values(ctx.end, w)
         covered = np.isfinite(val)
         pause, ecn, tput, rx_pause = val[:, 0] / 1e6, val[:, 1], val[:, 2], val[:, 3] / 1e6
+        retx = np.nansum(val[:, BASE:], axis=1)  # retransmissions a second (0: none read)
         judged = np.zeros(n, dtype=bool)
         cond = np.zeros(n, dtype=bool)
         backpressure = np.zeros(n, dtype=bool)  # the first rule (cond: either)
@@ -433,10 +453,13 @@ class StragglerDetector:
                     continue
                 m = np.flatnonzero((self.group == g) & judged)
                 alone[m] = self._alone(m, share, zs[m], pause, rx_pause, stats[g][2], alone_ev)
+                # retransmitting: slow because its transport resends (go-back-N), the
+                # TransportErrors' fault, not at its own work
+                alone[m] &= retx[m] < cfg.alone_max_retx_per_s
             cond |= alone
         # a window counts for a NIC only with a new sample of it: a NIC read every 5 s is
         # judged once per sample, and its streak counts the seconds its samples cover
-        span = self.acc_dt.max(axis=1)
+        span = self.acc_dt[:, :BASE].max(axis=1)
         new = span > 0
         # alone_slow judges throughput alone: a window counts for it only with a new transmit
         # sample (another signal's newer sample, read at another moment, says nothing of it)

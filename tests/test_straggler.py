@@ -592,3 +592,19 @@ def test_alone_slow_judges_no_nic_outside_jobs() -> None:
     # the same with the job known: found
     r = cadence.run(TOPO4, four_rails(1.0, (onset, until), slow), seconds, only=("straggler",))
     assert [a.labels["node"] for a in r.named("Straggler")] == ["node-1"]
+
+
+@pytest.mark.parametrize("interval", [0.1, 2.0])
+def test_alone_slow_leaves_a_retransmitting_nic_to_transport_errors(interval: float) -> None:
+    # 25 NAK sequence errors a second cost the NIC 13 % of its throughput (go-back-N resends):
+    # slow because of its transport (TransportErrors' fault), not at its own work; the same
+    # slowness without the errors is a straggler
+    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
+    series = alone_series(interval, (onset, until), lambda n, c: 0.13 * ((n, c) == CULPRIT))
+    naks = cadence.Series(
+        *CULPRIT, "nic_packet_seq_err", rate=cadence.Rate(0.02, [(onset - 1, until, 25.0)])
+    ).every(interval, phase=0.004)
+    r = cadence.run(TOPO, [*series, naks], seconds, only=("straggler",))
+    assert r.named("Straggler") == [], [a.annotations for a in r.named("Straggler")]
+    r = cadence.run(TOPO, series, seconds, only=("straggler",))
+    assert [(a.labels["node"], a.labels["nic"]) for a in r.named("Straggler")] == [CULPRIT]
