@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -340,15 +341,22 @@ def alone_series(
     return out
 
 
+def found_alone(interval: float, slower: float) -> tuple[Any, float, float]:
+    """The culprit alone ``slower`` (a fraction) than its peers: its one Straggler alert, found
+    in bound, with the fault's onset and end."""
+    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
+    series = alone_series(interval, (onset, until), lambda n, c: slower * ((n, c) == CULPRIT))
+    (a,) = cadence.run(TOPO, series, seconds, only=("straggler",)).named("Straggler")
+    assert (a.labels["node"], a.labels["nic"]) == CULPRIT
+    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+    return a, onset, until
+
+
 @pytest.mark.parametrize("interval", cadence.CADENCES)
 def test_a_nic_alone_slow_without_pause_is_found(interval: float) -> None:
     # a thermally throttled GPU on a fabric without PFC: 20 % slower than every peer, its ring
     # peers included, asking for no pause and marked no more than they are
-    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
-    series = alone_series(interval, (onset, until), lambda n, c: 0.2 * ((n, c) == CULPRIT))
-    (a,) = cadence.run(TOPO, series, seconds, only=("straggler",)).named("Straggler")
-    assert (a.labels["node"], a.labels["nic"]) == CULPRIT
-    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+    a, _, until = found_alone(interval, 0.2)
     assert cadence.still_firing_or_ended_after(a, until)
     assert a.ends_at, "resolved once it sped up again"
     ev = a.annotations["evidence"]
@@ -518,11 +526,7 @@ def test_alone_slow_can_be_turned_off() -> None:
 @pytest.mark.parametrize("interval", [0.1, 2.0])
 def test_a_ten_percent_straggler_without_pause_is_found(interval: float) -> None:
     # the mildest thermal straggler worth finding, alone, on a fabric without PFC
-    onset, until, seconds = cadence.timeline(interval, learn_s=2.0)
-    series = alone_series(interval, (onset, until), lambda n, c: 0.1 * ((n, c) == CULPRIT))
-    (a,) = cadence.run(TOPO, series, seconds, only=("straggler",)).named("Straggler")
-    assert (a.labels["node"], a.labels["nic"]) == CULPRIT
-    assert 0 < cadence.ttd(a, onset) <= cadence.bound(interval), cadence.ttd(a, onset)
+    a, _, _ = found_alone(interval, 0.1)
     assert "rule=alone_slow" in a.annotations["evidence"]
 
 
