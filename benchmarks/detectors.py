@@ -32,7 +32,7 @@ sys.path[:] = [str(ROOT)] + [
 
 
 def state_bytes(obj: object) -> int:
-    from rocewatch import checkpoint
+    from rocewatch.runtime import checkpoint
 
     return len(checkpoint.dumps(obj, "pipeline"))
 
@@ -67,7 +67,7 @@ def main() -> int:
     total = sum(f.height for f in frames)
     pipe = Pipeline(sim.topology, Config(), rollup_s=args.rollups or None, retain=False)
     if os.environ.get("ROCEWATCH_BENCH_DEFAULT_GC") != "1":  # to measure what tune_gc gives
-        from rocewatch.runtime import tune_gc
+        from rocewatch.runtime.memory import tune_gc
 
         tune_gc()  # as the CLI's detect, replay, evaluate and demo commands do
     lateness = pipe.engine.lateness_ns()

@@ -119,7 +119,7 @@ def collector_child(addr: str, switches: int, expected: int, variant: str) -> No
     targets = [TargetConfig(f"sw-{i:03d}", addr, target=f"sw-{i:03d}") for i in range(switches)]
     col = Collector(cfg, sink, targets)
     if variant == "collector-gc":
-        from rocewatch.runtime import tune_gc
+        from rocewatch.runtime.memory import tune_gc
 
         tune_gc()
     prof = None

@@ -108,7 +108,7 @@ def detect(
     import threading
 
     from rocewatch.config import Config, KafkaConfig, TopicsConfig
-    from rocewatch.scaleout import ScaleOutService
+    from rocewatch.runtime.service import DetectService
 
     names = ("alerts", "actions", "dead_letter", "steps", "state", "rollups")
     k = KafkaConfig(
@@ -116,7 +116,7 @@ def detect(
         group_id=f"bench-{topic}",
         topics=TopicsConfig(telemetry=topic, **{n: f"{topic}.{n}" for n in names}),
     )
-    svc = ScaleOutService(Config(kafka=k, state_dir=str(state)), topology=topology)  # type: ignore[arg-type]
+    svc = DetectService(Config(kafka=k, state_dir=str(state)), topology=topology)  # type: ignore[arg-type]
     svc.subscribe()
     join_deadline = time.monotonic() + 60
     while time.monotonic() < join_deadline and not (

@@ -109,8 +109,9 @@ def slope_per_min(ts: list[float], ys: list[float]) -> float:
 def publish_live(conf: Path, nodes: int, seconds: float, summary: Path) -> int:
     """Simulate the fabric and publish it tick by tick at the live rate, through the bounded
     ``TelemetryPublisher``; write what happened to ``summary`` (JSON)."""
+    from rocewatch.bus.publish import TelemetryPublisher
+    from rocewatch.bus.topics import ensure_topics
     from rocewatch.config import load_config
-    from rocewatch.kafka_io import TelemetryPublisher, ensure_topics
     from rocewatch.sim import Simulator
     from rocewatch.sim.scenarios import default_scenario
 

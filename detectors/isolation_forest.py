@@ -80,9 +80,9 @@ from sklearn.ensemble import IsolationForest
 
 from detectors.base import Finding, StepContext, node_labels, port_labels
 from detectors.windows import Step, sorted_lookup
-from rocewatch import checkpoint
-from rocewatch.checkpoint import CheckpointError
 from rocewatch.errors import ConfigError
+from rocewatch.runtime import checkpoint
+from rocewatch.runtime.checkpoint import CheckpointError
 from rocewatch.topology import NicEnd, PortEnd, Topology
 
 log = logging.getLogger(__name__)

@@ -162,7 +162,7 @@ class SeriesTable:
         self.metrics: list[str] = []
         self._codes: dict[str, int] = {}
         # the key as codes, one column per SERIES_KEY string, into that column's value table
-        # (``key_values``): what crosses a topic in place of the strings (rocewatch.scaleout)
+        # (``key_values``): what crosses a topic in place of the strings (rocewatch.runtime.steps)
         self.key_codes = np.empty((0, len(SERIES_KEY)), dtype=np.uint32)
         self.key_values: list[list[str]] = [[] for _ in SERIES_KEY]
         self._key_index: list[dict[str, int]] = [{} for _ in SERIES_KEY]

@@ -233,7 +233,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         command = "reject" if args.command == "approve" and args.reject else args.command
         return oc.cmd_command(args.config, args.db, command, args.node, args.wait)
     from rocewatch.config import load_config
-    from rocewatch.runtime import tune_gc  # for the long-running and bulk commands
+    from rocewatch.runtime.memory import tune_gc
 
     if args.command == "demo":
         from rocewatch.demo import run_demo
@@ -297,18 +297,18 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
         return 0
     if args.command == "publish":
-        from rocewatch.kafka_io import publish_scenario
+        from rocewatch.bus.publish import publish_scenario
 
         cfg = load_config(args.config)
         n = publish_scenario(args.scenario_dir, cfg, rate=args.rate)
         print(f"published {n} samples to {cfg.kafka.topics.telemetry}")
         return 0
     if args.command == "detect":
-        from rocewatch.scaleout import ScaleOutService
+        from rocewatch.runtime.service import DetectService
 
         cfg = load_config(args.config)
         tune_gc()
-        ScaleOutService(cfg).run(max_idle_s=args.max_idle)
+        DetectService(cfg).run(max_idle_s=args.max_idle)
         return 0
     if args.command == "notify":
         from rocewatch.notify.service import run_notify
@@ -407,7 +407,8 @@ def _int_listen(args: argparse.Namespace) -> int:
         close.append(fh)
         sink = JsonLinesSink(fh)
     else:
-        from rocewatch.kafka_io import TelemetryPublisher, ensure_topics
+        from rocewatch.bus.publish import TelemetryPublisher
+        from rocewatch.bus.topics import ensure_topics
 
         ensure_topics(cfg.kafka)
         pub = TelemetryPublisher(cfg.kafka, source=f"int-listen:{args.port}")

@@ -29,7 +29,7 @@ class PermanentError(RocewatchError):
 
 class Fenced(RocewatchError):
     """This process no longer holds the right to act: another instance has taken its work over
-    (rocewatch.scaleout.DetectWriter). Not an outcome to record: the work stops here."""
+    (rocewatch.bus.transactions.DetectWriter). Not an outcome to record: the work stops here."""
 
 
 class ProducerFailed(RocewatchError):

@@ -42,12 +42,17 @@ from kafka import KafkaConsumer
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from rocewatch.bus.poll import poll_group
+from rocewatch.bus.topics import (
+    GROUP_METADATA_MAX_AGE_MS,
+    ensure_topics,
+    rollups_topic,
+    wait_for_partitions,
+)
 from rocewatch.config import Config
 from rocewatch.errors import BadInput, ConfigError, PermanentError, RetryableError
-from rocewatch.kafka_io import GROUP_METADATA_MAX_AGE_MS, ensure_topics, wait_for_partitions
-from rocewatch.kafka_poll import poll_group
 from rocewatch.model import Action, Alert
-from rocewatch.scaleout import decode_rollups, rollups_topic
+from rocewatch.runtime.steps import decode_rollups
 from rocewatch.stats import Stats
 
 log = logging.getLogger(__name__)

@@ -66,7 +66,7 @@ class ServiceMetrics:
             registry=r,
         )
         self.firing = Gauge("rocewatch_alerts_firing", "alerts firing now", registry=r)
-        # state files and state-topic records refused (rocewatch.checkpoint): each one is a
+        # state files and state-topic records refused (rocewatch.runtime.checkpoint): each one is a
         # restart from committed offsets, and a forged one is someone writing to the topic
         self.ckpt_rejected = Counter(
             "rocewatch_checkpoint_rejected_total",
@@ -150,7 +150,7 @@ class ServiceMetrics:
             self._ckpt_seen = rejected
 
     def update_scaleout(self, svc: Any) -> None:
-        """Refresh from a ScaleOutService, in its aggregate stage's thread: lag on the
+        """Refresh from a DetectService, in its aggregate stage's thread: lag on the
         telemetry partitions this instance aggregates (partitions it no longer owns drop out)
         and the counts of both stages (``update_detect_stage`` does the rest)."""
         from kafka.structs import TopicPartition

@@ -1,4 +1,4 @@
-"""The checkpoint format (rocewatch/checkpoint.py, docs/formats/checkpoint.md): state as data.
+"""The checkpoint format (rocewatch/runtime/checkpoint.py, docs/formats/checkpoint.md): state as data.
 
 What a user relies on: a restored detector carries on as if it had never stopped; a state
 record or file that is damaged, foreign, of another version or forged is refused with one line,
@@ -23,10 +23,10 @@ import orjson
 import polars as pl
 import pytest
 
-from rocewatch import checkpoint
-from rocewatch.checkpoint import CheckpointError
 from rocewatch.config import Config
 from rocewatch.pipeline import Pipeline
+from rocewatch.runtime import checkpoint
+from rocewatch.runtime.checkpoint import CheckpointError
 from rocewatch.stats import Stats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,7 +253,8 @@ class _Store:
 def test_the_scale_out_stages_refuse_a_forged_state_record(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from rocewatch.scaleout import Aggregator, Detector
+    from rocewatch.runtime.aggregate import Aggregator
+    from rocewatch.runtime.detect import DomainStage
 
     marker = tmp_path / "ran"
     cfg = Config()
@@ -265,7 +266,7 @@ def test_the_scale_out_stages_refuse_a_forged_state_record(
     # fresh state, read from the group's committed offset (the consumer's own start)
     assert part.offset is None and part.from_committed
     assert agg.stats.get("checkpoint_rejected") == 1
-    det = Detector.__new__(Detector)
+    det = DomainStage.__new__(DomainStage)
     det.store = _Store(forged_pickle(marker)[:-9], 77)  # type: ignore[assignment]
     det.n_parts, det.state_key, det.name, det.holds = 4, "detect", "detect stage", Stats()
     with caplog.at_level(logging.ERROR):
@@ -331,8 +332,9 @@ def test_a_restored_partition_closes_the_steps_an_uninterrupted_one_closes() -> 
 
     from detectors.isolation_forest import FeatureFeed
     from detectors.windows import WindowEngine
-    from rocewatch import scaleout
+    from rocewatch.bus.state_store import StateSnapshot
     from rocewatch.pipeline import Rollups
+    from rocewatch.runtime.aggregate import AggState, load_agg_state
     from rocewatch.sim import Simulator
     from rocewatch.sim.scenarios import default_scenario
 
@@ -343,8 +345,8 @@ def test_a_restored_partition_closes_the_steps_an_uninterrupted_one_closes() -> 
         eng, feed, out = WindowEngine(Config().window, Stats()), FeatureFeed(1.0), []
         for i, f in enumerate(frames):
             if i == cut:
-                st = scaleout.AggState(1, 0, eng, i, 0, [Rollups(10)], feed)
-                back = scaleout.load_agg_state(scaleout.StateSnapshot(st).start().record())
+                st = AggState(1, 0, eng, i, 0, [Rollups(10)], feed)
+                back = load_agg_state(StateSnapshot(st).start().record())
                 assert back.offset == i and isinstance(back.rollups[0], Rollups)  # type: ignore[index]
                 eng, feed = back.engine, back.forest  # type: ignore[assignment]
             eng.add(f)
@@ -418,8 +420,9 @@ def test_a_running_scale_out_service_refuses_forged_state_records(
     stage. Each one is refused and counted; nothing runs; the service works from scratch."""
     from kafka import KafkaProducer
 
+    from rocewatch.bus.topics import ensure_detect_topics
     from rocewatch.config import KafkaConfig, TopicsConfig
-    from rocewatch.scaleout import ScaleOutService, ensure_scaleout_topics
+    from rocewatch.runtime.service import DetectService
 
     names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state", "rollups")
     k = KafkaConfig(
@@ -433,7 +436,7 @@ def test_a_running_scale_out_service_refuses_forged_state_records(
         scale_out=True,
     )
     cfg = Config(topology=str(scenario_8n / "topology.yaml"), kafka=k, state_dir=str(tmp_path))
-    n = ensure_scaleout_topics(k)
+    n = ensure_detect_topics(k)
     marker = tmp_path / "ran"
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
     for p in range(n):
@@ -443,7 +446,7 @@ def test_a_running_scale_out_service_refuses_forged_state_records(
     producer.send(k.topics.state, key=b"detect", value=forged_pickle(marker), partition=n)
     producer.flush()
     producer.close()
-    svc = ScaleOutService(cfg)
+    svc = DetectService(cfg)
     svc.run(max_idle_s=6.0)
     stats = svc.summary()["stats"]
     assert stats.get("checkpoint_rejected") == n + 1, stats

@@ -19,15 +19,15 @@ from kafka import KafkaProducer
 from polars.testing import assert_frame_equal
 from sqlalchemy.engine import make_url
 
+from rocewatch.bus.delivery import Published, send_events
+from rocewatch.bus.publish import publish_scenario
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
-from rocewatch.delivery import Published, send_events
 from rocewatch.event_sink import EventSink
-from rocewatch.kafka_io import publish_scenario
 from rocewatch.model import Action, Alert
 from rocewatch.notify.base import NotifyConfig, RetryConfig, WebhookConfig
 from rocewatch.pipeline import Output
 from rocewatch.replay import replay
-from rocewatch.scaleout import ScaleOutService
+from rocewatch.runtime.service import DetectService
 from storage.store import Store
 from tests.notify_receiver import Receiver, free_port
 from tests.pg_fresh import fresh_database
@@ -255,7 +255,7 @@ def test_detect_stores_what_replay_stores_through_its_own_sink(
         )
         kafka_topics.create("so.telemetry", partitions=PARTITIONS)
         n = publish_scenario(scenario, cfg)
-        svc = ScaleOutService(cfg)
+        svc = DetectService(cfg)
         assert svc.sink is not None
         svc.run(max_idle_s=4.0)
         assert svc.agg.samples == n

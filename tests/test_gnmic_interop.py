@@ -299,7 +299,7 @@ def test_gnmic_kafka_output_through_collect_gnmic_topic(
     `rocewatch detect` on it raises the alerts that replaying our collector's events raises."""
     from rocewatch import wire
     from rocewatch.config import KafkaConfig, TopicsConfig
-    from rocewatch.scaleout import ScaleOutService
+    from rocewatch.runtime.service import DetectService
     from tests.support.kafka_read import read_to_end
 
     scen, cfg = scenario
@@ -387,7 +387,7 @@ def test_gnmic_kafka_output_through_collect_gnmic_topic(
     dcfg = dataclasses.replace(
         cfg_replay, topology=str(scen / "topology.yaml"), kafka=k, state_dir=str(tmp_path / "st")
     )
-    svc = ScaleOutService(dcfg)
+    svc = DetectService(dcfg)
     svc.run(max_idle_s=5.0)  # the group join counts as idle
     stats = svc.summary()["stats"]
     assert not {k: v for k, v in stats.items() if k.startswith("late")}, stats

@@ -280,8 +280,8 @@ def test_live_udp_to_kafka(tmp_path: Path, kafka_bootstrap: str, kafka_topics: A
     from kafka import KafkaConsumer
 
     from rocewatch import wire
+    from rocewatch.bus.publish import TelemetryPublisher
     from rocewatch.config import KafkaConfig, TopicsConfig
-    from rocewatch.kafka_io import TelemetryPublisher
 
     topo = Topology.from_dict(topology())
     want, _ = _pcap_samples(tmp_path, topo)

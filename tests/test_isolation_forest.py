@@ -30,10 +30,10 @@ from detectors.isolation_forest import (
 )
 from detectors.transport_errors import TransportErrorsConfig
 from detectors.windows import Step, WindowEngine
-from rocewatch import checkpoint
 from rocewatch.cli import main
 from rocewatch.config import config_from_dict
 from rocewatch.errors import ConfigError
+from rocewatch.runtime import checkpoint
 from rocewatch.sim import (
     JobSpec,
     PcieDowngrade,

@@ -19,9 +19,10 @@ import pytest
 import yaml
 from kafka import KafkaProducer
 
+from rocewatch.bus.publish import TelemetryPublisher, publish_scenario
+from rocewatch.bus.topics import ensure_topics
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
-from rocewatch.kafka_io import TelemetryPublisher, ensure_topics, publish_scenario
-from rocewatch.scaleout import ScaleOutService
+from rocewatch.runtime.service import DetectService
 from rocewatch.sources import merged, scenario_sources
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
@@ -210,7 +211,7 @@ def test_garbage_messages_go_to_dead_letter_and_the_stream_goes_on(
     garbage.flush()
     garbage.close()
     publish_scenario(scenario, cfg)
-    svc = ScaleOutService(cfg)
+    svc = DetectService(cfg)
     svc.run(max_idle_s=8.0)  # the group join counts as idle time
     assert svc.summary()["stats"]["dead_letter"] == 3
     dlq = read_topic(kafka_bootstrap, cfg.kafka.topics.dead_letter)
@@ -248,7 +249,7 @@ def test_event_read_back_matches_the_event_made_in_memory():
     Telemetry times carry nanoseconds; the JSON keeps milliseconds. The ids must agree anyway,
     or a restarted detector publishes every event since its checkpoint a second time.
     """
-    from rocewatch.delivery import _action_id, _alert_id, _event_id
+    from rocewatch.bus.delivery import _action_id, _alert_id, _event_id
     from rocewatch.model import Action, Alert
 
     cfg = Config()

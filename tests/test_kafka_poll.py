@@ -1,4 +1,4 @@
-"""Group members polled with short timeouts stay in their group (rocewatch.kafka_poll).
+"""Group members polled with short timeouts stay in their group (rocewatch.bus.poll).
 
 kafka-python 3.0 lets a poll return while the group join it started is still in flight; a join
 that finishes after that may never be collected, and the member then sits in REBALANCING with
@@ -13,7 +13,7 @@ import time
 
 from kafka import KafkaConsumer, KafkaProducer
 
-from rocewatch.kafka_poll import poll_group
+from rocewatch.bus.poll import poll_group
 
 SESSION_MS = 6000  # the broker's smallest allowed session: the shortest test
 MEMBERS = 4  # independent groups, each its own chance of a late join

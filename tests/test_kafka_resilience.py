@@ -20,15 +20,15 @@ import pytest
 from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 
-from rocewatch.config import Config, KafkaConfig, TopicsConfig
-from rocewatch.errors import ProducerFailed
-from rocewatch.kafka_io import (
+from rocewatch.bus.publish import (
     TelemetryPublisher,
     WatchedProducer,
-    ensure_topics,
     make_producer,
     publish_scenario,
 )
+from rocewatch.bus.topics import ensure_topics
+from rocewatch.config import Config, KafkaConfig, TopicsConfig
+from rocewatch.errors import ProducerFailed
 from rocewatch.sim.scenarios import default_scenario
 from rocewatch.sources import merged, scenario_sources
 from rocewatch.stats import Stats
@@ -164,11 +164,11 @@ def test_scale_out_broker_restart_mid_stream_loses_and_doubles_nothing(
 ):
     """Both scale-out stages and the detect stage's transactions across a broker restart: the
     open transaction commits once the broker is back, the steps and state topics carry on."""
-    from rocewatch.scaleout import ScaleOutService
+    from rocewatch.runtime.service import DetectService
 
     broker = restartable_kafka_broker
     cfg = make_cfg(broker.bootstrap, kafka_topics, tmp_path, scenario)
-    svc = ScaleOutService(cfg)
+    svc = DetectService(cfg)
     published = restart_mid_stream(
         broker,
         cfg,
@@ -329,8 +329,9 @@ def test_a_detector_behind_its_topic_keeps_partitions_together_and_reads_everyth
     ahead in telemetry time and what they deliver waits in the detect stage for the slowest one
     (memory). The aggregate stage pauses the ones more than MAX_SKEW_S ahead of the slowest and
     resumes them once it has caught up: every sample is still read (kafka-python 3.0 stalled a
-    resumed partition for good; see kafka_poll.unpark_resumed)."""
-    from rocewatch.scaleout import MAX_SKEW_S, ScaleOutService
+    resumed partition for good; see rocewatch.bus.poll.unpark_resumed)."""
+    from rocewatch.runtime.service import DetectService
+    from rocewatch.runtime.timing import MAX_SKEW_S
     from rocewatch.sim import Simulator
 
     sim = Simulator(default_scenario(nodes=48, duration_s=40.0, seed=5))
@@ -342,7 +343,7 @@ def test_a_detector_behind_its_topic_keeps_partitions_together_and_reads_everyth
         pub.publish(frame)
     pub.close()
 
-    svc = ScaleOutService(cfg, topology=sim.topology)
+    svc = DetectService(cfg, topology=sim.topology)
     svc.subscribe()
     agg = svc.agg
     paused_seen: set[int] = set()

@@ -23,10 +23,11 @@ from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 from kafka_secure import make_pki
 
+from rocewatch.bus.preflight import KafkaAuthError, KafkaTlsError, preflight
+from rocewatch.bus.publish import TelemetryPublisher
+from rocewatch.bus.topics import ensure_topics
 from rocewatch.config import Config, KafkaConfig, TopicsConfig, load_config
 from rocewatch.errors import ConfigError
-from rocewatch.kafka_check import KafkaAuthError, KafkaTlsError, preflight
-from rocewatch.kafka_io import TelemetryPublisher, ensure_topics
 from rocewatch.sources import merged, scenario_sources
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology

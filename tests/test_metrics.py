@@ -48,7 +48,7 @@ def test_detector_metrics(tmp_path: Path) -> None:
     topo = Topology.load(scen / "topology.yaml")
     stats = Stats()
     pipe = Pipeline(topo, Config(), stats=stats, rollup_s=None)
-    # what the metrics read of a detect service (ScaleOutService) and of its detect stage
+    # what the metrics read of a detect service (DetectService) and of its detect stage
     agg = types.SimpleNamespace(samples=0, stats=stats, parts={}, consumer=None)
     svc = types.SimpleNamespace(agg=agg, det=types.SimpleNamespace(all_stats=list), cfg=Config())
     shard = types.SimpleNamespace(

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import orjson
 
+from rocewatch.bus.publish import publish_scenario
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
-from rocewatch.kafka_io import publish_scenario
 from rocewatch.notify.base import NotifyConfig, RetryConfig, WebhookConfig
-from rocewatch.scaleout import ScaleOutService
+from rocewatch.runtime.service import DetectService
 from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import default_scenario
 from tests.notify_receiver import Receiver, free_port
@@ -47,7 +47,7 @@ def test_detect_service_sends_every_alert_event_once(
     cfg = dataclasses.replace(cfg, notify=dataclasses.replace(cfg.notify, poll_s=0.2))
     try:
         assert publish_scenario(scenario, cfg) > 10_000
-        svc = ScaleOutService(cfg)
+        svc = DetectService(cfg)
         assert svc.sink is not None  # storage and notify: the sink runs in the service
         svc.run(max_idle_s=8.0)  # the group join counts as idle time
     finally:

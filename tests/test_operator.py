@@ -255,7 +255,7 @@ def test_without_a_database_the_api_takes_commands_for_the_instance_itself(
     import dataclasses
 
     from rocewatch.config import Config, KafkaConfig, TopicsConfig
-    from rocewatch.scaleout import ScaleOutService
+    from rocewatch.runtime.service import DetectService
 
     names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state", "rollups")
     k = KafkaConfig(
@@ -270,7 +270,7 @@ def test_without_a_database_the_api_takes_commands_for_the_instance_itself(
         policy=dataclasses.replace(PolicyConfig(), mode="approval"),
         api=ApiConfig(listen="127.0.0.1:0", token=TOKEN),
     )
-    svc = ScaleOutService(cfg, topo())
+    svc = DetectService(cfg, topo())
     try:
         svc.subscribe()
         deadline = time.monotonic() + 60
@@ -310,7 +310,7 @@ def test_scale_out_detect_stage_carries_out_cli_and_api_commands(
 
     from rocewatch.config import config_from_dict
     from rocewatch.pipeline import Output
-    from rocewatch.scaleout import ScaleOutService
+    from rocewatch.runtime.service import DetectService
     from tests.test_kafka_pipeline import read_topic
 
     topo_file = tmp_path / "topology.yaml"
@@ -333,7 +333,7 @@ def test_scale_out_detect_stage_carries_out_cli_and_api_commands(
             "api": {"listen": "127.0.0.1:0", "token": TOKEN},
         }
     )
-    svc = ScaleOutService(cfg)
+    svc = DetectService(cfg)
     svc.subscribe()
     deadline = time.monotonic() + 60
     while not svc.det.active and time.monotonic() < deadline:
@@ -356,7 +356,7 @@ def test_scale_out_detect_stage_carries_out_cli_and_api_commands(
     assert r.returncode == 0, r.stderr
     t = threading.Thread(target=svc.run, kwargs={"max_idle_s": 15.0})
     t.start()
-    other = ScaleOutService(cfg)  # another instance: it never joins, so never runs the stage
+    other = DetectService(cfg)  # another instance: it never joins, so never runs the stage
     try:
         deadline = time.monotonic() + 30
         while ex.calls == [] and time.monotonic() < deadline:
@@ -399,8 +399,8 @@ def test_a_fenced_detect_stage_drains_nothing() -> None:
     """The policy lets ``Fenced`` through (other executor errors become a failed outcome):
     a detect stage that lost its place to another instance records no outcome and acts on no
     scheduler (the scale-out FencedExecutor proves its place before each drain)."""
+    from rocewatch.bus.transactions import FencedExecutor
     from rocewatch.errors import Fenced
-    from rocewatch.scaleout import FencedExecutor
 
     def fence() -> None:
         raise Fenced("another instance took the detect stage over")

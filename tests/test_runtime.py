@@ -1,4 +1,4 @@
-"""rocewatch.runtime: the long-running services' GC tuning and the reclaim they run after each
+"""rocewatch.runtime.memory: the long-running services' GC tuning and the reclaim they run after each
 checkpoint (without which the soak's resident size crept up by 30-40 MB a minute)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from rocewatch.runtime import reclaim, trim_heap, tune_gc
+from rocewatch.runtime.memory import reclaim, trim_heap, tune_gc
 
 
 class Node:

@@ -26,28 +26,24 @@ from kafka.producer.transaction_manager import TransactionalRequestResult
 from kafka.structs import TopicPartition
 
 from detectors.registry import metrics_read
-from rocewatch import scaleout
+from rocewatch.bus import transactions
+from rocewatch.bus.delivery import Published, send_events
+from rocewatch.bus.publish import make_producer, publish_scenario
+from rocewatch.bus.state_store import StateSnapshot, StateStore
+from rocewatch.bus.topics import (
+    MAX_MESSAGE_BYTES,
+    RECORD_OVERHEAD,
+    ensure_detect_topics,
+    record_limits,
+)
+from rocewatch.bus.transactions import DetectWriter, FencedExecutor
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
-from rocewatch.delivery import Published, send_events
 from rocewatch.errors import ConfigError, Fenced, ProducerFailed
-from rocewatch.kafka_io import make_producer, publish_scenario
 from rocewatch.model import Alert
 from rocewatch.pipeline import Output
 from rocewatch.replay import replay
-from rocewatch.scaleout import (
-    MAX_MESSAGE_BYTES,
-    RECORD_OVERHEAD,
-    DetectWriter,
-    FencedExecutor,
-    ScaleOutService,
-    StateSnapshot,
-    StateStore,
-    StepsMessage,
-    decode_steps,
-    encode_steps,
-    ensure_scaleout_topics,
-    record_limits,
-)
+from rocewatch.runtime.service import DetectService
+from rocewatch.runtime.steps import StepsMessage, decode_steps, encode_steps
 from rocewatch.sim import write_scenario
 from rocewatch.sim.faults import FlakyLink
 from rocewatch.sim.scenarios import default_scenario
@@ -231,11 +227,11 @@ def test_idle_report_stops_counting_once_records_arrive(
     partitions' closed steps must not move the watermark past it (its owner may say so late)."""
     from kafka import KafkaProducer
 
-    from rocewatch.scaleout import END_EVERY_S
+    from rocewatch.runtime.timing import END_EVERY_S
 
     cfg = so_cfg(kafka_bootstrap, kafka_topics, "quiet", tmp_path, scenario)
     kafka_topics.create("quiet.telemetry", partitions=PARTITIONS)
-    svc = ScaleOutService(cfg)
+    svc = DetectService(cfg)
     producer = KafkaProducer(bootstrap_servers=[kafka_bootstrap])
     try:
         (det,) = svc.det.shards  # one fabric domain
@@ -364,7 +360,7 @@ def test_two_instances_produce_what_one_produces(
     one = so_cfg(kafka_bootstrap, kafka_topics, "one", tmp_path, scenario)
     kafka_topics.create("one.telemetry", partitions=PARTITIONS)
     n = publish_scenario(scenario, one)
-    svc = ScaleOutService(one)
+    svc = DetectService(one)
     svc.run(max_idle_s=4.0)
     assert svc.agg.samples == n
     alerts1, actions1 = outputs(kafka_bootstrap, one)
@@ -427,13 +423,13 @@ def wait_for_domains(a: Instance, b: Instance, names: list[str], timeout: float 
 
 def one_instance(
     bootstrap: str, kafka_topics: Any, tmp_path: Path, scenario: Path
-) -> tuple[ScaleOutService, int, list[dict], list[dict]]:
+) -> tuple[DetectService, int, list[dict], list[dict]]:
     """The scenario through one scale-out instance in this process: (the service, samples
     published, its alert events, its actions)."""
     cfg = so_cfg(bootstrap, kafka_topics, "dom1", tmp_path, scenario)
     kafka_topics.create("dom1.telemetry", partitions=PARTITIONS)
     n = publish_scenario(scenario, cfg)
-    svc = ScaleOutService(cfg)
+    svc = DetectService(cfg)
     svc.run(max_idle_s=4.0)
     alerts, actions = outputs(bootstrap, cfg)
     return svc, n, alerts, actions
@@ -501,7 +497,8 @@ def test_each_domains_pipeline_fed_its_routed_steps_raises_what_the_whole_fabric
     from detectors.windows import Step, WindowEngine
     from rocewatch.pipeline import Pipeline
     from rocewatch.replay import merged, scenario_sources
-    from rocewatch.scaleout import DomainRoutes, steps_coded, tell_domain
+    from rocewatch.runtime.detect import tell_domain
+    from rocewatch.runtime.steps import DomainRoutes, steps_coded
     from rocewatch.stats import Stats
     from rocewatch.topology import Topology
 
@@ -654,7 +651,7 @@ def test_a_stalled_instance_comes_back_fenced_and_nothing_doubles(
         assert not late, (f.name, late)
 
 
-def run_service(svc: ScaleOutService, max_idle_s: float) -> tuple[threading.Thread, list]:
+def run_service(svc: DetectService, max_idle_s: float) -> tuple[threading.Thread, list]:
     """Run ``svc`` in a thread until it has been idle ``max_idle_s``; its exceptions land in the
     list returned with the thread."""
     errors: list[BaseException] = []
@@ -685,7 +682,7 @@ def test_states_too_large_for_the_state_topic_are_not_sent_and_the_stream_goes_o
         partitions=PARTITIONS + 1,
         **{"cleanup.policy": "compact", "max.message.bytes": "20000"},
     )
-    svc = ScaleOutService(cfg)
+    svc = DetectService(cfg)
     assert svc.store.max_bytes == 20000 - RECORD_OVERHEAD
     worker, errors = run_service(svc, 8.0)
     publish_scenario(scenario, cfg, 2.0)
@@ -715,7 +712,7 @@ def test_steps_and_rollups_topics_with_a_small_record_limit_get_smaller_messages
     kafka_topics.create("small.steps", partitions=1, **{"max.message.bytes": str(limit)})
     kafka_topics.create("small.rollups", partitions=PARTITIONS, **{"max.message.bytes": "20000"})
     publish_scenario(scenario, cfg)  # all of it first: the first closes span many steps
-    svc = ScaleOutService(cfg)
+    svc = DetectService(cfg)
     assert svc.agg.steps_limit == limit - RECORD_OVERHEAD
     assert svc.agg.rollups_limit == 20000 - RECORD_OVERHEAD
     worker, errors = run_service(svc, 8.0)
@@ -761,9 +758,9 @@ def test_a_topology_with_more_domains_gets_a_steps_partition_for_each(
         return len(admin.describe_topics([cfg.kafka.topics.steps])[0]["partitions"])
 
     try:
-        assert ensure_scaleout_topics(cfg.kafka, 1) == PARTITIONS
+        assert ensure_detect_topics(cfg.kafka, 1) == PARTITIONS
         assert steps_partitions() == 1
-        assert ensure_scaleout_topics(cfg.kafka, 3) == PARTITIONS
+        assert ensure_detect_topics(cfg.kafka, 3) == PARTITIONS
         deadline = time.monotonic() + 30
         while steps_partitions() < 3 and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -784,7 +781,7 @@ def test_a_steps_topic_too_small_for_one_step_stops_the_instance_with_what_to_ch
     kafka_topics.create("tiny.telemetry", partitions=PARTITIONS)
     kafka_topics.create("tiny.steps", partitions=1, **{"max.message.bytes": "5000"})
     publish_scenario(scenario, cfg)
-    svc = ScaleOutService(cfg)
+    svc = DetectService(cfg)
     worker, errors = run_service(svc, 8.0)
     worker.join(120)
     assert not worker.is_alive()
@@ -824,7 +821,7 @@ def test_scale_out_forest_from_stage_one_raises_what_replay_raises(
     cfg = so_cfg(kafka_bootstrap, kafka_topics, "forest", tmp_path, scenario)
     cfg = dataclasses.replace(cfg, detectors=detectors)
     kafka_topics.create("forest.telemetry", partitions=PARTITIONS)
-    svc = ScaleOutService(cfg)
+    svc = DetectService(cfg)
     assert "nic_tx_bytes" not in svc.agg.detect_metrics  # read by the forest alone
     worker, errors = run_service(svc, 8.0)
     publish_scenario(scenario, cfg, 2.0)
@@ -836,7 +833,7 @@ def test_scale_out_forest_from_stage_one_raises_what_replay_raises(
 
 
 def start_mid_stream(
-    svc: ScaleOutService, cfg: Config, scenario: Path, max_idle_s: float
+    svc: DetectService, cfg: Config, scenario: Path, max_idle_s: float
 ) -> tuple[threading.Thread, list, threading.Thread]:
     """Run ``svc`` and publish the scenario at 1.5x (20 s), both in threads; return once the
     detect stage has evaluated 20 steps: the service's thread, its errors, the publisher's."""
@@ -850,7 +847,7 @@ def start_mid_stream(
     return worker, errors, pub
 
 
-def fence_from_elsewhere(svc: ScaleOutService, cfg: Config) -> None:
+def fence_from_elsewhere(svc: DetectService, cfg: Config) -> None:
     """Another producer takes the stage's transactional id: the instance's next write is
     fenced."""
     shared = make_producer(cfg.kafka)
@@ -860,7 +857,7 @@ def fence_from_elsewhere(svc: ScaleOutService, cfg: Config) -> None:
     shared.close()
 
 
-def fail_next_commit(svc: ScaleOutService, cfg: Config) -> None:
+def fail_next_commit(svc: DetectService, cfg: Config) -> None:
     """The instance's next transaction commit meets what a broker gave in CI to a commit
     fenced mid-flight: EndTxn answered UNKNOWN_SERVER_ERROR, not PRODUCER_FENCED, which puts
     the client's transaction manager in its fatal state (every later call fails, the abort
@@ -878,7 +875,7 @@ def fail_next_commit(svc: ScaleOutService, cfg: Config) -> None:
     manager.begin_commit = failing_once
 
 
-def stall_next_commit(svc: ScaleOutService, cfg: Config) -> None:
+def stall_next_commit(svc: DetectService, cfg: Config) -> None:
     """The instance's next transaction commit is never answered: what kafka-python 3.0's
     sender did in CI after a broker restart (stuck on its connection to the restarted broker,
     while every other client reconnected). Injected as a commit that is sent (it may well
@@ -904,11 +901,11 @@ def test_a_lone_instance_that_loses_its_hold_takes_its_stage_back(
     that is never answered: the group still gives this instance the detect stage, so after a
     session timeout it takes the stage back from its checkpoint, and the stream's alerts and
     actions come out once each, as replay gives them."""
-    monkeypatch.setattr(scaleout, "TXN_WAIT_S", 3.0)
+    monkeypatch.setattr(transactions, "TXN_WAIT_S", 3.0)
     run = {fence_from_elsewhere: "retake", fail_next_commit: "txfail"}.get(lose, "stall")
     cfg = so_cfg(kafka_bootstrap, kafka_topics, run, tmp_path, scenario)
     kafka_topics.create(f"{run}.telemetry", partitions=PARTITIONS)
-    svc = ScaleOutService(cfg)
+    svc = DetectService(cfg)
     worker, errors, pub = start_mid_stream(svc, cfg, scenario, 15.0)
     lose(svc, cfg)
     assert pub.is_alive(), "the stream ended before the hold was lost"
@@ -939,7 +936,7 @@ def test_a_record_the_broker_refuses_stops_the_instance_and_its_restart_loses_no
     checkpoints and the stream's alerts and actions come out once each, as replay gives them."""
     cfg = so_cfg(kafka_bootstrap, kafka_topics, "refuse", tmp_path, scenario)
     kafka_topics.create("refuse.telemetry", partitions=PARTITIONS)
-    svc = ScaleOutService(cfg)
+    svc = DetectService(cfg)
     worker, errors, pub = start_mid_stream(svc, cfg, scenario, 8.0)
     steps = cfg.kafka.topics.steps
     set_topic_limit(kafka_bootstrap, steps, 64)  # below any record batch
@@ -949,7 +946,7 @@ def test_a_record_the_broker_refuses_stops_the_instance_and_its_restart_loses_no
     assert steps in str(errors[0]), errors[0]
     assert pub.is_alive(), "the stream ended before the instance stopped"
     set_topic_limit(kafka_bootstrap, steps, MAX_MESSAGE_BYTES)
-    again = ScaleOutService(cfg)
+    again = DetectService(cfg)
     worker, errors = run_service(again, 8.0)
     pub.join(120)
     worker.join(300)
@@ -966,7 +963,7 @@ def test_steps_rows_order_is_canonical() -> None:
     import polars as pl
 
     from detectors.windows import WindowEngine
-    from rocewatch.scaleout import steps_coded, steps_rows
+    from rocewatch.runtime.steps import steps_coded, steps_rows
     from rocewatch.sim import Simulator
     from rocewatch.stats import Stats
 
@@ -1025,7 +1022,7 @@ def test_steps_rows_go_to_their_devices_domain_and_cable_ends_to_both_sides() ->
     (per entity) to the entity's domain only."""
     import polars as pl
 
-    from rocewatch.scaleout import STEP_SCHEMA, DomainRoutes, code_rows
+    from rocewatch.runtime.steps import STEP_SCHEMA, DomainRoutes, code_rows
     from rocewatch.topology import Topology
     from tests.test_topology import GOOD, pods
 
@@ -1086,7 +1083,7 @@ def test_detect_stage_assembles_coded_steps_as_the_strings_give_them() -> None:
     from detectors.rates import series_ids
     from detectors.windows import SeriesTable, Step, WindowEngine
     from rocewatch.keys import KEYS
-    from rocewatch.scaleout import coded_step, steps_coded
+    from rocewatch.runtime.steps import coded_step, steps_coded
     from rocewatch.sim import Simulator
     from rocewatch.stats import Stats
 
@@ -1137,7 +1134,7 @@ def test_detect_stage_buffers_each_step_of_a_message_and_counts_late_and_steples
 
     from detectors.windows import AGG_SCHEMA
     from rocewatch.keys import KEYS
-    from rocewatch.scaleout import Detector, DetectState
+    from rocewatch.runtime.detect import DetectState, DomainStage
     from rocewatch.stats import Stats
 
     def rows(steps: list[int | None]) -> pl.DataFrame:
@@ -1157,7 +1154,7 @@ def test_detect_stage_buffers_each_step_of_a_message_and_counts_late_and_steples
             }
         )
 
-    det = object.__new__(Detector)
+    det = object.__new__(DomainStage)
     det.cfg, det.n_parts, det.stats = Config(), 3, Stats()
     det.seen, det.lat_pending, det.moved_at, det.heard = {}, [], 0.0, 0.0
     step_ns = det.step_ns
@@ -1195,14 +1192,14 @@ def test_a_detect_stage_that_hears_no_partition_judges_none_without_an_owner() -
     machine), the stage is the one not hearing: it waits for every partition, and their silence
     counts from the first word after it. Else the ones behind had their steps dropped as late."""
     from rocewatch.keys import KEYS
-    from rocewatch.scaleout import Detector, DetectState
+    from rocewatch.runtime.detect import DetectState, DomainStage
     from rocewatch.stats import Stats
 
     class Consumer:
         def highwater(self, tp: object) -> int:
             return 0  # the stage has read everything there is
 
-    det = object.__new__(Detector)
+    det = object.__new__(DomainStage)
     det.cfg, det.n_parts, det.stats = Config(), 2, Stats()
     det.consumer, det.tp, det.stall_s = Consumer(), None, 20.0
     det.seen, det.started, det.heard = {0: 0.0, 1: 0.0}, 0.0, 0.0
@@ -1233,10 +1230,10 @@ def test_detect_checkpoint_keeps_buffered_coded_rows_as_strings() -> None:
     import polars as pl
 
     from detectors.windows import AGG_SCHEMA
-    from rocewatch import scaleout
+    from rocewatch.bus.state_store import state_record
     from rocewatch.keys import KEYS
     from rocewatch.pipeline import Pipeline
-    from rocewatch.scaleout import DetectState
+    from rocewatch.runtime.detect import DetectState, load_detect_state
     from rocewatch.topology import Topology
     from tests.test_topology import GOOD
 
@@ -1261,7 +1258,7 @@ def test_detect_checkpoint_keeps_buffered_coded_rows_as_strings() -> None:
 
     pipe = Pipeline(Topology.from_dict(GOOD))
     st = DetectState(1, pipe, {}, {}, {7: {0: coded("sw-a", 7, 0)}}, None, 0, {})
-    back = scaleout.load_detect_state(scaleout._dumps(st))
+    back = load_detect_state(state_record(st))
     kept = back.buffer[7][0]
     assert kept["device"].dtype == pl.String and "sid" not in kept.columns
     assert kept.select(list(rows("x", 7).columns)).equals(rows("sw-a", 7))
@@ -1280,7 +1277,8 @@ def test_a_state_snapshot_is_the_state_when_taken_though_its_frames_serialise_la
     import numpy as np
     import polars as pl
 
-    from rocewatch import checkpoint, scaleout
+    from rocewatch.bus import state_store
+    from rocewatch.runtime import checkpoint
 
     frame = pl.DataFrame({"device": ["leaf-0", "leaf-1"], "value": [1.0, 2.0]})
     last_raw = np.array([10, 20], dtype=np.uint64)
@@ -1293,7 +1291,7 @@ def test_a_state_snapshot_is_the_state_when_taken_though_its_frames_serialise_la
         "readings": readings,
     }
     gate = threading.Event()
-    scaleout._SERIALISER.submit(gate.wait, 30)  # the worker is busy: the stream moves on first
+    state_store._SERIALISER.submit(gate.wait, 30)  # the worker is busy: the stream moves on first
     snap = StateSnapshot(state).start()
     try:
         assert not snap.done()
@@ -1312,7 +1310,7 @@ def test_a_state_snapshot_is_the_state_when_taken_though_its_frames_serialise_la
     assert back["frames"][0] is back["frames"][1] is back["nested"]["f"]
     assert back["nested"].keys() == {"f"}
     assert back["readings"]["last_raw"].to_list() == [10, 20]
-    again = checkpoint.loads(scaleout._dumps(state), "state")
+    again = checkpoint.loads(state_store.state_record(state), "state")
     assert again["frames"][0]["device"].to_list() == ["spine-0"]
 
 
@@ -1331,7 +1329,7 @@ def test_detect_stage_follows_live_slurm_jobs(kafka_bootstrap, kafka_topics, tmp
     cfg = dataclasses.replace(
         cfg, membership=dataclasses.replace(cfg.membership, slurm=True, interval_s=0.5)
     )
-    svc = ScaleOutService(cfg)
+    svc = DetectService(cfg)
     t = threading.Thread(target=svc.run, daemon=True)
     t.start()
     jobid = ""
@@ -1377,7 +1375,7 @@ def test_scale_out_consumer_lag_is_a_prometheus_metric(
     )
     kafka_topics.create("lag.telemetry", partitions=PARTITIONS)
     n = publish_scenario(scenario, cfg)  # a backlog before the instance starts
-    svc = ScaleOutService(cfg)
+    svc = DetectService(cfg)
     svc.subscribe()
     topic = cfg.kafka.topics.telemetry
 
@@ -1422,7 +1420,7 @@ def test_a_holder_whose_sender_meets_the_fence_first_learns_it_was_fenced(
     failed transaction of unknown outcome: the stage is handed over (``Fenced``)."""
     cfg = so_cfg(kafka_bootstrap, kafka_topics, "sendfence", tmp_path, scenario)
     k = cfg.kafka
-    n_parts = ensure_scaleout_topics(k)
+    n_parts = ensure_detect_topics(k)
     shared = make_producer(k)
     old = DetectWriter(k, shared, n_parts)
     new = DetectWriter(k, shared, n_parts)
@@ -1453,7 +1451,7 @@ def test_a_stalled_detect_stage_is_fenced_out_of_kafka_and_the_scheduler(
     one can neither publish, checkpoint nor drain; readers see committed events only."""
     cfg = so_cfg(kafka_bootstrap, kafka_topics, "fence", tmp_path, scenario)
     k = cfg.kafka
-    n_parts = ensure_scaleout_topics(k)
+    n_parts = ensure_detect_topics(k)
     shared = make_producer(k)
     store = StateStore(k, shared)
     old = DetectWriter(k, shared, n_parts)

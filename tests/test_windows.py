@@ -5,8 +5,8 @@ import polars as pl
 
 from detectors.state import NS, counter_timing
 from detectors.windows import AGG_SCHEMA, WindowEngine, window_by_group_by
-from rocewatch import checkpoint
 from rocewatch.model import SAMPLE_SCHEMA, SERIES_KEY
+from rocewatch.runtime import checkpoint
 from rocewatch.sim import Simulator
 from rocewatch.sim.scenarios import SCENARIOS
 from tests import cadence

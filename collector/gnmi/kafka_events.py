@@ -17,10 +17,11 @@ from kafka import KafkaConsumer
 from kafka.errors import KafkaError
 
 from collector.decode import GnmicEventDecoder
+from rocewatch.bus.poll import poll_group
+from rocewatch.bus.publish import TelemetryPublisher
+from rocewatch.bus.topics import ensure_topics
 from rocewatch.config import Config
 from rocewatch.errors import RetryableError
-from rocewatch.kafka_io import TelemetryPublisher, ensure_topics
-from rocewatch.kafka_poll import poll_group
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
 

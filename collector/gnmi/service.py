@@ -82,7 +82,8 @@ def run_collect(
             pass
 
     else:
-        from rocewatch.kafka_io import TelemetryPublisher, ensure_topics
+        from rocewatch.bus.publish import TelemetryPublisher
+        from rocewatch.bus.topics import ensure_topics
 
         ensure_topics(cfg.kafka)
         publisher = TelemetryPublisher(cfg.kafka, source="gnmi")

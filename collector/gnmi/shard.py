@@ -22,9 +22,9 @@ from kafka.structs import TopicPartition
 
 from collector.gnmi.client import Collector
 from collector.gnmi.config import TargetConfig
+from rocewatch.bus.poll import poll_group
 from rocewatch.config import KafkaConfig
 from rocewatch.errors import RetryableError
-from rocewatch.kafka_poll import poll_group
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,4 @@
-"""Rocewatch's Kafka plumbing: topics created, producers made and watched, telemetry published.
-
-The detector service that consumes it is :mod:`rocewatch.scaleout`; what it publishes exactly
-once, :mod:`rocewatch.delivery`.
-"""
+"""Producers, and the publisher that sends telemetry to the telemetry topic."""
 
 from __future__ import annotations
 
@@ -11,20 +7,18 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 from kafka import KafkaProducer
-from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
+from kafka.errors import KafkaError, KafkaTimeoutError
 
 from rocewatch import wire
+from rocewatch.bus.topics import ensure_topics
 from rocewatch.config import Config, KafkaConfig
 from rocewatch.errors import ConfigError, ProducerFailed, RetryableError
-from rocewatch.kafka_check import preflight
 from rocewatch.sources import merged, scenario_sources
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
@@ -33,58 +27,6 @@ log = logging.getLogger(__name__)
 
 MAX_ROWS_PER_MESSAGE = 8192
 PUBLISH_SLICE_NS = 100_000_000  # a message holds one device's samples of at most this span
-
-
-# A group member learns of new partitions (and of a topic created after it joined) at the next
-# metadata refresh; kafka-python's default of 5 minutes would leave them unread that long.
-GROUP_METADATA_MAX_AGE_MS = 30_000
-
-
-def wait_for_partitions(consumer: Any, topic: str, timeout_s: float = 30.0) -> bool:
-    """Wait until the broker reports ``topic``'s partitions to ``consumer``.
-
-    A member that joins its group before then is assigned nothing (the range assignor has no
-    partition metadata) until the next metadata refresh. Returns False, with a warning, when the
-    partitions do not show up in time; joining then still works, only later."""
-    deadline = time.monotonic() + timeout_s
-    while not consumer.partitions_for_topic(topic):
-        if time.monotonic() >= deadline:
-            log.warning(
-                "no partition metadata for %s after %.0f s; joining anyway", topic, timeout_s
-            )
-            return False
-        time.sleep(0.2)
-    return True
-
-
-def ensure_topics(k: KafkaConfig, extra: Sequence[NewTopic] = ()) -> None:
-    """Create rocewatch's topics (and ``extra``) if the broker lacks them (telemetry with
-    k.partitions).
-
-    First checks TLS and SASL against the broker (kafka_check.preflight), so an untrusted
-    certificate or a refused password fails at once with a clear error.
-    """
-    preflight(k)
-    try:
-        admin = KafkaAdminClient(**k.client_kwargs(), request_timeout_ms=30000)
-    except KafkaError as e:
-        raise RetryableError(f"cannot reach Kafka at {k.bootstrap_servers}: {e}") from e
-    try:
-        existing = set(admin.list_topics())
-        t = k.topics
-        want = [
-            NewTopic(t.telemetry, k.partitions, 1),
-            NewTopic(t.alerts, 1, 1),
-            NewTopic(t.actions, 1, 1),
-            NewTopic(t.dead_letter, 1, 1),
-            *extra,
-        ]
-        missing = [n for n in want if n.name not in existing]
-        if missing:
-            with contextlib.suppress(TopicAlreadyExistsError):
-                admin.create_topics(missing)
-    finally:
-        admin.close()
 
 
 def make_producer(k: KafkaConfig, **extra: Any) -> KafkaProducer:

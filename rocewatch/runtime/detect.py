@@ -1,0 +1,872 @@
+"""Stage 2, detect: per fabric domain, assemble each step from every telemetry partition, run
+the detectors, alert lifecycle and policy, and publish alerts and actions once."""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, fields
+from typing import Any
+
+import polars as pl
+from kafka import KafkaConsumer
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+from actions.membership import LiveJobs, build_live_jobs
+from actions.operator import MemoryCommands, apply_pending
+from actions.routing import RoutingExecutor
+from detectors.isolation_forest import IsolationForestDetector
+from detectors.pfc_storm import PfcStormDetector
+from detectors.windows import Step
+from rocewatch.bus.delivery import Published, output_partitions, send_events
+from rocewatch.bus.poll import poll_group
+from rocewatch.bus.state_store import StateSnapshot, StateStore, state_record
+from rocewatch.bus.topics import (
+    GROUP_METADATA_MAX_AGE_MS,
+    MAX_MESSAGE_BYTES,
+)
+from rocewatch.bus.transactions import DetectWriter, FencedExecutor, TransactionFailed
+from rocewatch.config import Config
+from rocewatch.errors import (
+    BadInput,
+    Fenced,
+    RetryableError,
+    RocewatchError,
+)
+from rocewatch.keys import KEYS, is_coded
+from rocewatch.model import Alert
+from rocewatch.pipeline import (
+    Output,
+    Pipeline,
+)
+from rocewatch.runtime import checkpoint
+from rocewatch.runtime.aggregate import STATE_VERSION
+from rocewatch.runtime.checkpoint import CheckpointError
+from rocewatch.runtime.steps import DomainRoutes, StepsMessage, coded_step, decode_steps
+from rocewatch.runtime.timing import DEAF_S, END_EVERY_S, TAKEOVER_RETRY_S
+from rocewatch.stats import Stats
+from rocewatch.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+def kube_api(cfg: Config) -> Any:
+    """A CoreV1Api factory when Kubernetes is configured (built only when first needed)."""
+    kcfg = cfg.executors.kubernetes
+    if kcfg is None:
+        return None
+
+    def make() -> Any:
+        from kubernetes import client
+
+        from actions.kubernetes import api_client
+
+        return client.CoreV1Api(api_client(kcfg))
+
+    return make
+
+
+def tell_domain(pipe: Pipeline, domain: str | None) -> None:
+    """PFCStorm learns the fabric domain its pipeline runs for (a restored one too, whatever
+    its record says): a switch of another domain, heard there only on the cable ends facing the
+    domain, is where the pause enters, named at once as replay traces it (``unheard``)."""
+    for det in pipe.detectors:
+        if isinstance(det, PfcStormDetector):
+            det.domain = domain
+
+
+DETECT_STATE_KIND = "detect-state"  # a detect stage's
+
+
+def load_detect_state(raw: bytes) -> DetectState:
+    """A detect stage's state record read back, as ``load_agg_state``."""
+    return DetectState.restore(checkpoint.loads(raw, DETECT_STATE_KIND))
+
+
+# --- stage 2: detect ---------------------------------------------------------------------------
+
+
+@dataclass
+class DetectState:
+    version: int
+    pipeline: Pipeline
+    part_closed: dict[int, int]  # newest closed time reported per telemetry partition
+    part_idle: dict[int, bool]
+    buffer: dict[int, dict[int, pl.DataFrame]]  # step index -> telemetry partition -> rows
+    closed_ns: int | None  # every step ending at or before this has been evaluated
+    offset: int  # next steps-topic offset
+    out_ends: dict[tuple[str, int], int]  # end offsets of the output topics at checkpoint time
+
+    def state(self) -> dict[str, Any]:
+        """What its state record holds (``restore`` takes it back)."""
+        # the partial steps travel as one frame: many small frames cost more in headers
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        # (coded keys, which mean something only in this process, as their strings)
+        parts = [
+            KEYS.decode(f).with_columns(pl.lit(p, dtype=pl.Int32).alias("part"))
+            for _, slot in sorted(self.buffer.items())
+            for p, f in sorted(slot.items())
+        ]
+        d["buffer"] = pl.concat(parts, how="vertical") if parts else None
+        return d
+
+    def record_data(self) -> tuple[dict[str, Any], str]:
+        """What its state record holds, and the record's kind (``load_detect_state``)."""
+        return self.state(), DETECT_STATE_KIND
+
+    @classmethod
+    def restore(cls, d: Any) -> DetectState:
+        """The state ``state()`` gave; ``CheckpointError`` if it is not one of this version."""
+        if not isinstance(d, dict) or d.get("version") != STATE_VERSION:
+            v = d.get("version") if isinstance(d, dict) else None
+            raise CheckpointError(f"detect state version {v!r}, reads {STATE_VERSION}")
+        flat = d.get("buffer")
+        buffer: dict[int, dict[int, pl.DataFrame]] = {}
+        try:
+            if flat is not None and flat.height:
+                for (idx, p), f in flat.partition_by(
+                    ["step", "part"], as_dict=True, maintain_order=True
+                ).items():
+                    buffer.setdefault(int(idx), {})[int(p)] = f.drop("part")  # type: ignore[call-overload]
+            st = cls(**{**d, "buffer": buffer})
+        except (AttributeError, TypeError, ValueError, pl.exceptions.PolarsError) as e:
+            raise CheckpointError(f"not a detect stage's state: {e}") from e
+        if not (
+            isinstance(st.pipeline, Pipeline)
+            and isinstance(st.offset, int)
+            and all(isinstance(x, dict) for x in (st.part_closed, st.part_idle, st.out_ends))
+        ):
+            raise CheckpointError("a detect stage's state of the wrong shape")
+        return st
+
+
+class DomainStage:
+    """Stage 2 for one fabric domain (steps partition ``shard``): assemble its steps from
+    every telemetry partition and run the detectors on them. ``DetectStage`` holds the
+    consumer this reads through and one of these per domain."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        topology: Topology,
+        n_parts: int,
+        producer: Any,
+        store: StateStore,
+        batch_size: int,
+        consumer: Any,
+        routes: DomainRoutes,
+        shard: int = 0,
+        db: Any = None,
+    ) -> None:
+        self.cfg = cfg
+        self.k = cfg.kafka
+        self.topology = topology
+        self.n_parts = n_parts
+        self.store = store
+        self.consumer = consumer
+        self.routes = routes
+        self.shard = shard
+        self.tp = TopicPartition(self.k.topics.steps, shard)
+        # one domain keeps the names a single detect stage always had; with several, each
+        # domain's state, transactional id and pipeline are its own
+        self.domain: str | None = routes.names[shard] if routes.n > 1 else None
+        self.name = "detect stage" if self.domain is None else f"detect stage {self.domain!r}"
+        suffix = "" if self.domain is None else f"@{self.domain}"
+        self.state_key = "detect" + suffix
+        self.writer = DetectWriter(self.k, producer, n_parts, batch_size, suffix)
+        self.stats = Stats()  # the detect pipeline's (a restored stage brings its own)
+        # what happened to this instance's hold on the stage (lost, fenced, taken back): its
+        # own, kept across restores
+        self.holds = Stats()
+        self.active = False
+        self.closing = False
+        self.group_changed = time.monotonic()  # the last (re)assignment, for --max-idle
+        self.state: DetectState | None = None
+        self.seen: dict[int, float] = {}
+        self.idle_offset: dict[int, int] = {}  # the owner's read offset in its idle report
+        self.all_quiet = False  # every telemetry partition idle and read to its end
+        self.ends: dict[int, int] = {}  # telemetry end offsets, asked at most every END_EVERY_S
+        self.ends_at = -float("inf")
+        self.moved_at = -float("inf")  # when a steps message last moved a partition's close
+        self.started = time.monotonic()
+        self.heard = self.started  # when a steps message (any partition's) last came
+        self.stall_s = max(20.0, 3 * self.k.session_timeout_ms / 1000.0)
+        self.published = Published()
+        # (CreateTime ns, seconds to evaluation) of telemetry records, for the benchmark
+        self.latencies: deque[tuple[int, float]] = deque(maxlen=100_000)
+        self.lat_pending: list[tuple[int, list[int]]] = []  # a heap on closed time
+        # live job membership (squeue, pods) while this instance runs the detect stage; the
+        # topology file's jobs are the fallback
+        self.static_jobs = list(topology.jobs.values())
+        self.live_jobs: LiveJobs | None = None
+        # operators' commands (`rocewatch approve`, `undrain`) arrive in the storage database;
+        # the instance running the node's domain's detect stage carries them out
+        self.db = db
+        self.alert_db: Any = None  # the storage database, for the inhibited alerts
+        self.steps_evaluated = 0
+        self.alerts_sent = 0
+        self.actions_sent = 0
+        # the drains waiting for approval, as the policy left them after its last step (for
+        # the operator API's thread; None while this instance does not run the stage)
+        self.pending_snapshot: list[str] | None = None
+        # after a fence: when to take the stage back if the group still gives it to this
+        # instance (nobody else holds it: the fence came from a transaction timeout, say)
+        self.retake_at: float | None = None
+        # a checkpoint whose frames are being serialised: (state, steps offset, snapshot)
+        self.saving: tuple[DetectState, int, StateSnapshot] | None = None
+
+    @property
+    def step_ns(self) -> int:
+        return round(self.cfg.window.step_s * 1e9)
+
+    # --- assignment ------------------------------------------------------------------------------
+    def assigned(self, tps: list[TopicPartition]) -> None:
+        self.group_changed = time.monotonic()
+        self.retake_at = None
+        if not tps:
+            return
+        try:
+            self._take_over(tps)
+        except (RetryableError, TransactionFailed, KafkaError) as e:
+            # called in the group's rebalance (kafka-python turns a listener's error into an
+            # error of the poll, which would stop the instance) or in a retake; a broker
+            # restarting or a coordinator not yet loaded is worth waiting out: the group still
+            # gives this instance the stage, so it tries again while it does
+            self.holds.inc("detect_takeover_failed")
+            self._drop(f"{self.name} not taken over ({e}); trying again")
+            self.retake_at = time.monotonic() + TAKEOVER_RETRY_S
+
+    def _take_over(self, tps: list[TopicPartition]) -> None:
+        self.writer.start()  # fences the previous holder and aborts what it left open
+        st = self._restore()
+        executor = FencedExecutor(RoutingExecutor(self.cfg.executors), self.writer.fence)
+        if st is None:
+            pipe = Pipeline(
+                self.topology,
+                self.cfg,
+                executor=executor,
+                stats=self.stats,
+                rollup_s=None,  # the scale-out path stores no metrics: no rollups to compute
+                retain=False,
+                domain=self.domain,
+            )
+            # (a refused state too: the steps before its offset make the pipeline's state
+            # again, and what was published after its output offsets is not suppressed)
+            st = DetectState(STATE_VERSION, pipe, {}, {}, {}, None, 0, {})
+            self.consumer.seek_to_beginning(tps[0])
+        else:
+            st.pipeline.policy.executor = executor
+            self.stats = st.pipeline.stats
+            self.consumer.seek(tps[0], st.offset)
+            self._load_suppressions(st)
+        self._feed_forest(st.pipeline)
+        tell_domain(st.pipeline, self.domain)
+        resume = {tps[0]: OffsetAndMetadata(st.offset, "", -1)}
+        with contextlib.suppress(KafkaError, RocewatchError):  # the first write meets it again
+            self.writer.warm(resume)
+        self.state = st
+        self.pending_snapshot = st.pipeline.policy.pending()
+        self.live_jobs = build_live_jobs(
+            st.pipeline.topology, self.cfg.membership, kube_api(self.cfg), static=self.static_jobs
+        )
+        self.active = True
+        self.started = self.heard = time.monotonic()
+        self.seen = {p: self.started for p in st.part_closed}
+        log.info("%s active (steps offset %d)", self.name, st.offset)
+
+    def _feed_forest(self, pipe: Pipeline) -> None:
+        """The isolation forest takes its window values from stage 1 (``FeatureFeed``): the
+        steps do not carry its own metrics. A forest restored from a state written before it
+        was fed (it accumulated the steps itself) starts over: it learns its baseline again."""
+        for i, det in enumerate(pipe.detectors):
+            if (
+                not isinstance(det, IsolationForestDetector)
+                or getattr(det, "fed", None) is not None
+            ):
+                continue
+            if any(k.acc.n_entities for k in det.kinds.values()):
+                log.warning(
+                    "the isolation forest now takes stage 1's window values: it starts over"
+                )
+                det = pipe.detectors[i] = IsolationForestDetector(det.topology, det.config)
+            det.feed_from_stage1()
+
+    def _restore(self) -> DetectState | None:
+        rec = self.store.load_record(self.n_parts, key=self.state_key)
+        if rec is None:
+            return None
+        raw, at = rec
+        try:
+            return load_detect_state(raw)
+        except CheckpointError as e:  # damaged, foreign or forged: nothing of it is run
+            self.holds.inc("checkpoint_rejected")
+            log.error(
+                "state record %s/%d@%d rejected (%s); the %s starts afresh from the first step",
+                self.store.topic,
+                self.n_parts,
+                at,
+                e,
+                self.name,
+            )
+            return None
+
+    def revoked(self, tps: list[TopicPartition]) -> None:
+        if self.active and tps and not self.closing:
+            self.checkpoint(commit=False)
+            self._drop(f"{self.name} handed over")
+
+    def lost(self, tps: list[TopicPartition]) -> None:
+        """Evicted from the group (a stall past the session timeout): another instance may
+        hold the stage already, so nothing is written; it resumes from the last checkpoint."""
+        if self.active and tps and not self.closing:
+            self.holds.inc("detect_stage_lost")
+            self._drop(f"{self.name} lost (evicted from the group); its unsaved state is dropped")
+
+    def _drop(self, why: str) -> None:
+        self.active = False
+        self.state = None
+        self.saving = None
+        self.pending_snapshot = None
+        self.live_jobs = None
+        self.writer.close()
+        log.info(why)
+
+    def _fenced(self, e: Fenced) -> None:
+        self.holds.inc("detect_stage_fenced")
+        log.warning("%s: this instance's unsaved detect state is dropped", e)
+        self._drop(f"{self.name} handed over (fenced)")
+        self._retake_later()
+
+    def _retake_later(self) -> None:
+        # a stalled instance learns from the group within a session timeout that the stage is
+        # gone (and is assigned anew); if the group still gives it the stage after that, the
+        # fence came from elsewhere and nobody runs the stage: it takes the stage back
+        self.retake_at = time.monotonic() + self.k.session_timeout_ms / 1000.0 + 1.0
+
+    def _maybe_retake(self) -> None:
+        if self.retake_at is None or time.monotonic() < self.retake_at:
+            return
+        self.retake_at = None
+        tps = [tp for tp in self.consumer.assignment() if tp == self.tp]
+        if tps:
+            self.holds.inc("detect_stage_retaken")
+            log.warning(
+                "fenced, but the group still gives this instance the detect stage: "
+                "taking it back from its checkpoint"
+            )
+            self.assigned(tps)
+
+    def _guarded(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, the stage dropped if fenced, or started again from its checkpoint
+        if a transaction failed otherwise (what it held was aborted, so it is made again) or
+        the broker could not be asked (end offsets during a broker restart, say)."""
+        try:
+            return fn(*args)
+        except Fenced as e:
+            self._fenced(e)
+        except (TransactionFailed, KafkaError) as e:
+            # what the transaction held is aborted, and whether this instance still holds the
+            # stage is in doubt: a broker can answer a commit that another holder's epoch bump
+            # fenced with UNKNOWN_SERVER_ERROR instead of PRODUCER_FENCED. Taking the stage
+            # back at once would fence a rightful new holder, so the stage waits for the
+            # group, as after a fence, and starts again from its checkpoint if still assigned.
+            # (a broker that cannot be asked at all, restarting say, is waited out the same way)
+            failed = isinstance(e, TransactionFailed)
+            self.holds.inc("detect_transaction_failed" if failed else "detect_broker_unreachable")
+            log.error("%s: the %s starts again from its checkpoint", e, self.name)
+            self._drop(f"{self.name} stopped ({'transaction failed' if failed else 'broker'})")
+            self._retake_later()
+        return None
+
+    def _output_tps(self) -> list[TopicPartition]:
+        return output_partitions(self.cfg, self.store)
+
+    def _load_suppressions(self, st: DetectState) -> None:
+        """Read what was published after the checkpoint: it must not be published again."""
+        self.published = Published()
+        tps = self._output_tps()
+        ends = self.store.end_offsets(tps)
+        starts = {tp: st.out_ends.get((tp.topic, tp.partition), 0) for tp in tps}
+        if not any(start < ends.get(tp, 0) for tp, start in starts.items()):
+            return
+        if self.published.read_back(self.cfg, starts, ends):
+            raise RetryableError("could not read back the events published after the state")
+        log.info(
+            "after the takeover, %d already-published events will not be sent again",
+            self.published.total(),
+        )
+
+    # --- the loop --------------------------------------------------------------------------------
+    def handle(self, msgs: list[Any]) -> int:
+        """This domain's records of one poll (none: time has passed), then every step the
+        watermark now allows evaluated; how many moved a partition on."""
+        return int(self._guarded(self._handle, msgs) or 0)
+
+    def _handle(self, msgs: list[Any]) -> int:
+        st = self.state
+        if st is None or not self.active:
+            self._maybe_retake()
+            return 0
+        if self.live_jobs is not None:  # answers are applied here, in the stage's thread
+            self.live_jobs.maybe_refresh()
+        n = 0
+        now = time.monotonic()
+        if msgs:
+            for m in msgs:
+                st.offset = m.offset + 1
+                try:
+                    msg = decode_steps(m.value or b"", KEYS)
+                except BadInput as e:
+                    self.stats.inc("bad_steps_message", detail=str(e)[:80])
+                    continue
+                if msg.idle:
+                    self.idle_offset[msg.partition] = msg.offset
+                n += self._take(st, msg, now)
+        self._advance(st, now)
+        return n
+
+    def _take(self, st: DetectState, msg: StepsMessage, now: float) -> bool:
+        """Apply one steps message; True when it moved the partition on (not a heartbeat)."""
+        p = msg.partition
+        if not 0 <= p < self.n_parts:
+            self.stats.inc("bad_steps_message", detail=f"partition {p}")
+            return False
+        if now - self.heard >= DEAF_S:  # the first word after a deaf spell (``_target``)
+            self.seen = {q: now for q in self.seen}
+            self.started = now
+        self.seen[p] = self.heard = now
+        was_idle = st.part_idle.get(p)
+        st.part_idle[p] = msg.idle
+        prev = st.part_closed.get(p)
+        if msg.sent and msg.closed_to is not None:
+            heapq.heappush(self.lat_pending, (msg.closed_to, msg.sent))
+        if msg.forest is not None:
+            self._offer_forest(st, p, msg.forest)
+        if msg.closed_to is None or (prev is not None and msg.closed_to <= prev):
+            # nothing new: a heartbeat, a re-emission after a restart, an empty idle report
+            return bool(msg.idle and not was_idle)
+        st.part_closed[p] = msg.closed_to
+        self.moved_at = time.monotonic()
+        rows = msg.rows
+        if rows is None or rows.height == 0:
+            return True
+        assert isinstance(rows, pl.DataFrame)  # decode_steps gives a frame (codes or strings)
+        # the usual message is one step, none of it sent before or late: then nothing is
+        # filtered or split (each costs a query per message, more than the rows' own work)
+        step = pl.col("step")
+        steps = rows.get_column("step")
+        if steps.null_count():  # no owner sends these: a foreign or damaged message
+            self.stats.inc("bad_steps_message", detail="rows without a step")
+            rows = rows.filter(step.is_not_null())
+            if not rows.height:
+                return True
+            steps = rows.get_column("step")
+        first, last = int(steps.min()), int(steps.max())  # type: ignore[arg-type]
+        if prev is not None and first < prev // self.step_ns:
+            rows = rows.filter(step >= prev // self.step_ns)  # steps sent before a restart
+        if st.closed_ns is not None and first < st.closed_ns // self.step_ns:
+            late = rows.filter(step < st.closed_ns // self.step_ns)
+            if late.height:
+                self.stats.inc("late_step_rows", late.height, detail=f"partition {p}")
+                rows = rows.filter(step >= st.closed_ns // self.step_ns)
+        if first == last and rows.height:
+            by_step = {(first,): rows}
+        else:
+            by_step = rows.partition_by("step", as_dict=True, maintain_order=True)
+        for (idx,), frame in by_step.items():
+            slot = st.buffer.setdefault(int(idx), {})  # type: ignore[call-overload]
+            old = slot.get(p)
+            slot[p] = frame if old is None else KEYS.concat([old, frame])
+        return True
+
+    def _offer_forest(self, st: DetectState, p: int, frame: pl.DataFrame) -> None:
+        """A partition's isolation-forest window values to the forest (which drops a window
+        sent again after a restart: ``IsolationForestDetector.offer``)."""
+        for det in st.pipeline.detectors:
+            if isinstance(det, IsolationForestDetector) and getattr(det, "fed", None) is not None:
+                late = det.offer(p, frame)
+                if late:
+                    self.stats.inc("late_forest_rows", late, detail=f"partition {p}")
+
+    def _target(self, st: DetectState, now: float) -> int | None:
+        """How far every live partition has closed (None: wait for a partition to report)."""
+        live: list[int] = []
+        # silence means "no owner" only once this stage has read everything sent so far:
+        # a detect stage behind on the steps topic has simply not read the reports yet
+        hw = self.consumer.highwater(self.tp)
+        behind = hw is None or st.offset < hw
+        # nothing from any partition, though each owner reports every HEARTBEAT_S: the broker
+        # (or this stage's link to it) is away, and a partition's silence counts from its return
+        # (a broker restart longer than stall_s made every partition stalled, and the steps
+        # of the ones behind late: late_step_rows in test_scale_out_broker_restart_...)
+        if behind or now - self.heard >= DEAF_S:
+            self.seen = {p: now for p in self.seen}
+            self.started = now
+        idle = [p for p in range(self.n_parts) if st.part_idle.get(p)]
+        quiet = set(self._still_quiet(idle, now)) if idle else set()
+        self.all_quiet = len(quiet) == self.n_parts
+        for p in range(self.n_parts):
+            if p in quiet:
+                continue
+            if now - self.seen.get(p, self.started) >= self.stall_s:
+                if p in st.part_closed or p in self.seen:
+                    self.stats.inc("stalled_partition", detail=str(p))
+                continue  # nobody has owned it for longer than a failover takes
+            if p not in st.part_closed:
+                return None
+            live.append(st.part_closed[p])
+        if live:
+            return min(live)
+        return max(st.part_closed.values()) if st.part_closed else None
+
+    def _still_quiet(self, idle: list[int], now: float) -> list[int]:
+        """Of the partitions reported idle, those the broker holds nothing new for.
+
+        An idle report is old news once records arrive: the owner says so with its next
+        message, but that can come after other partitions have closed steps past the new
+        records (an owner busy with the detect stage reads late). So the telemetry end offsets
+        are asked for (at most every END_EVERY_S, one request): a partition with records past
+        the offset of its idle report holds the watermark again. Unknown ends trust no report.
+
+        They are asked again whenever a steps message has moved a partition's close since: a
+        burst (a publisher catching up) can close another partition's step within moments of
+        records reaching the idle one, and every record published before the samples that
+        closed that step is in the broker by the time its steps message is read.
+        """
+        if now - self.ends_at >= END_EVERY_S or self.ends_at <= self.moved_at:
+            tps = [TopicPartition(self.k.topics.telemetry, p) for p in range(self.n_parts)]
+            asked = time.monotonic()
+            try:
+                got = self.store.end_offsets(tps, timeout_ms=2000)
+            except KafkaError as e:
+                log.info("telemetry end offsets unknown (%s): idle reports not trusted", e)
+                return []
+            self.ends = {tp.partition: int(off) for tp, off in got.items()}
+            self.ends_at = asked
+        return [
+            p
+            for p in idle
+            if self.idle_offset.get(p, -1) >= 0 and self.ends.get(p, 1 << 62) <= self.idle_offset[p]
+        ]
+
+    def _advance(self, st: DetectState, now: float) -> None:
+        self.all_quiet = False
+        self._advance_steps(st, now)
+        if self.all_quiet:
+            # every partition read to its end and idle: telemetry time stands still, so alerts
+            # held for a late inhibiting source are decided now (as replay's end decides them)
+            out = st.pipeline.decide_held()
+            if out.alerts or out.inhibited or out.actions:
+                self._emit(out)
+
+    def _advance_steps(self, st: DetectState, now: float) -> None:
+        target = self._target(st, now)
+        if target is None:
+            return
+        boundary = (target // self.step_ns) * self.step_ns
+        if st.closed_ns is None:
+            if not st.buffer:
+                return
+            st.closed_ns = min(st.buffer) * self.step_ns
+        if boundary <= st.closed_ns:
+            return
+        lo, hi = st.closed_ns // self.step_ns, boundary // self.step_ns
+        if hi - lo <= self.cfg.window.max_steps_per_close:
+            indices: list[int] = list(range(lo, hi))
+        else:  # a long silence: only the steps that hold data
+            indices = sorted(i for i in st.buffer if lo <= i < hi)
+        steps = []
+        for idx in indices:
+            slot = st.buffer.pop(idx, None)
+            start, end = idx * self.step_ns, (idx + 1) * self.step_ns
+            if not slot:
+                steps.append(Step(start, end))
+                continue
+            # merged in partition order: the same step whoever aggregated what
+            frame = KEYS.concat([slot[p] for p in sorted(slot)]).drop("step")
+            if is_coded(frame):
+                steps.append(coded_step(st.pipeline.engine.series, start, end, frame))
+            else:  # rows restored from a checkpoint, or with a null key: strings
+                steps.append(Step(start, end, frame=frame))
+        st.closed_ns = boundary
+        self._emit(st.pipeline.evaluate(steps))
+        self.steps_evaluated += len(steps)
+        t = time.time_ns()
+        while self.lat_pending and self.lat_pending[0][0] <= boundary:
+            for sent in heapq.heappop(self.lat_pending)[1]:
+                self.latencies.append((sent, (t - sent) / 1e9))
+
+    def apply_operator_commands(self) -> int:
+        """Carry out the operators' pending commands (while this instance runs the detect
+        stage), publish what they decided, and checkpoint at once: a takeover then finds the
+        policy as the commands, already marked done, left it."""
+        return int(self._guarded(self._apply_operator_commands) or 0)
+
+    def _apply_operator_commands(self) -> int:
+        st = self.state
+        if st is None or not self.active or self.db is None:
+            return 0
+        try:
+            n = apply_pending(st.pipeline.policy, [self.db], accept=self._owns_node)
+            if n:
+                self._emit(st.pipeline.operator_tick())
+                self._checkpoint(True)
+        except RetryableError as e:
+            log.warning("operator commands: %s; trying again later", e)
+            return 0
+        return n
+
+    def _owns_node(self, node: str) -> bool:
+        """Commands about a node go to its domain's policy."""
+        return self.domain is None or self.topology.domain_of(node) == self.domain
+
+    def _emit(self, out: Output) -> None:
+        if self.state is not None and out.actions:
+            self.pending_snapshot = self.state.pipeline.policy.pending()
+        n_alerts, n_actions = send_events(self.writer, self.cfg, out, self.published)
+        if n_alerts or n_actions:
+            self.writer.commit()  # visible now (read committed), not at the next checkpoint
+        if out.inhibited and self.alert_db is not None:
+            # inhibited alerts are stored, never published (docs/alerting.md): straight to the
+            # database, an idempotent upsert, so a step evaluated again after a takeover is no
+            # harm; with the published events' times (as JSON keeps them), as the sink stores
+            try:
+                self.alert_db.write_alerts([Alert.from_json(a.to_json()) for a in out.inhibited])
+            except RetryableError as e:
+                self.stats.inc("inhibited_not_stored", len(out.inhibited))
+                log.warning("inhibited alerts not stored: %s", e)
+        self.alerts_sent += n_alerts
+        self.actions_sent += n_actions
+
+    def checkpoint(self, commit: bool = True) -> None:
+        """Alerts and actions flushed, then the state written, then the steps offset committed
+        (fenced: the state and the offset in one transaction). At once: for a handover, a
+        final checkpoint and the operators' commands (``begin_checkpoint`` is the stream's)."""
+        self._guarded(self._checkpoint, commit)
+
+    def _checkpoint(self, commit: bool) -> None:
+        self.saving = None  # superseded by this one
+        st = self.state
+        if st is None or not self.active:
+            return
+        self._mark_outputs(st)
+        self._write_state(state_record(st), st.offset, commit)
+
+    def begin_checkpoint(self) -> None:
+        """The stream's periodic checkpoint, in two halves so the stream does not wait for the
+        state's serialisation: the state is copied now (its outputs flushed first, as for
+        ``checkpoint``), its frames serialised on a worker thread, and ``finish_checkpoint``
+        writes it once they are. The steps evaluated meanwhile are after its offset: a
+        restart from it evaluates them again, and what they published is suppressed, as for
+        any step after a checkpoint."""
+        self._guarded(self._begin_checkpoint)
+
+    def _begin_checkpoint(self) -> None:
+        st = self.state
+        if st is None or not self.active or self.saving is not None:
+            return
+        self._mark_outputs(st)
+        self.saving = (st, st.offset, StateSnapshot(st).start())
+
+    def finish_checkpoint(self) -> None:
+        """Write the state ``begin_checkpoint`` copied, once serialised."""
+        if self.saving is not None and self.saving[2].done():
+            self._guarded(self._finish_checkpoint)
+
+    def _finish_checkpoint(self) -> None:
+        assert self.saving is not None
+        st, offset, snap = self.saving
+        self.saving = None
+        if st is not self.state or not self.active:  # handed over or taken again since
+            return
+        blob = snap.record()
+        self.writer.commit()  # the events of the steps since: the state's transaction holds none
+        self._write_state(blob, offset, True)
+
+    def _mark_outputs(self, st: DetectState) -> None:
+        """Flush what was published and note where the output topics end: a restart from
+        this state suppresses what was published after it."""
+        self.writer.commit()
+        st.out_ends = {
+            (tp.topic, tp.partition): int(off)
+            for tp, off in self.store.end_offsets(self._output_tps()).items()
+        }
+
+    def _write_state(self, blob: bytes, offset: int, commit: bool) -> None:
+        if len(blob) > self.store.max_bytes:  # the stream goes on; a restart re-reads more
+            self.stats.inc("state_too_large", detail=self.state_key)
+            log.error(
+                "%s state is %d bytes, above %d: not checkpointed",
+                self.name,
+                len(blob),
+                self.store.max_bytes,
+            )
+            return
+        offsets = {self.tp: OffsetAndMetadata(offset, "", -1)}
+        fut = self.writer.send(
+            self.store.topic, key=self.state_key.encode(), value=blob, partition=self.n_parts
+        )
+        # the transaction holds only the state and the offset (the events went before it), so
+        # a broker that refuses the state (a record too large for the topic, say) costs this
+        # checkpoint and nothing else: it is aborted and counted, and the stream goes on
+        try:
+            if self.writer.fenced:
+                self.writer.commit(offsets if commit else None)
+                self.store.confirm(self.n_parts, fut)
+                return
+            self.writer.commit()
+            self.store.confirm(self.n_parts, fut)
+        except (TransactionFailed, KafkaError) as e:
+            self.writer.abort()
+            self.stats.inc("state_write_failed", detail=self.state_key)
+            log.error("%s state not saved (%r); the stream goes on", self.name, e)
+            return
+        if not commit:
+            return
+        with contextlib.suppress(KafkaError):  # the state record holds the offset
+            self.consumer.commit(offsets)
+
+
+class DetectStage:
+    """Stage 2 of an instance: one consumer in the detect group (``<group_id>-detect``) on the
+    steps topic, and a ``DomainStage`` per steps partition, that is per fabric domain. The group
+    spreads the partitions over the instances, so a fabric of several domains runs its
+    detect stage on as many cores; each domain's stage fails over on its own."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        topology: Topology,
+        n_parts: int,
+        producer: Any,
+        store: StateStore,
+        batch_size: int,
+        routes: DomainRoutes,
+    ) -> None:
+        k = cfg.kafka
+        self.routes = routes
+        self.closing = False
+        self.db: Any = None
+        if cfg.storage_url:
+            from storage.store import Store
+
+            self.db = Store(cfg.storage_url)
+            self.db.create_schema()
+        # operators' commands: from the database (CLI, API of any instance) or, without one,
+        # from this instance's API (which then reaches only the domains it evaluates)
+        self.commands: Any = self.db if self.db is not None else MemoryCommands()
+        self.consumer = KafkaConsumer(
+            **k.client_kwargs(),
+            group_id=k.group_id + "-detect",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=200,
+            fetch_max_bytes=MAX_MESSAGE_BYTES,
+            max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+            session_timeout_ms=k.session_timeout_ms,
+            heartbeat_interval_ms=max(1000, k.session_timeout_ms // 4),
+            metadata_max_age_ms=GROUP_METADATA_MAX_AGE_MS,
+        )
+        self.shards = [
+            DomainStage(
+                cfg, topology, n_parts, producer, store, batch_size, self.consumer, routes, i
+            )
+            for i in range(routes.n)
+        ]
+        for det in self.shards:
+            det.db = self.commands
+            det.alert_db = self.db
+
+    # --- assignment ------------------------------------------------------------------------------
+    def _mine(self, tps: list[TopicPartition]) -> list[tuple[DomainStage, list[TopicPartition]]]:
+        # (a steps partition past the domains, from a topology that had more, is not read)
+        return [(d, [tp for tp in tps if tp == d.tp]) for d in self.shards]
+
+    def assigned(self, tps: list[TopicPartition]) -> None:
+        for det, mine in self._mine(tps):
+            det.assigned(mine)
+        if self.routes.n > 1:
+            held = sorted(d.name for d in self.shards if d.active)
+            log.info("detect stages held here: %s", ", ".join(held) or "none")
+
+    def revoked(self, tps: list[TopicPartition]) -> None:
+        for det, mine in self._mine(tps):
+            det.revoked(mine)
+
+    def lost(self, tps: list[TopicPartition]) -> None:
+        for det, mine in self._mine(tps):
+            det.lost(mine)
+
+    # --- the loop --------------------------------------------------------------------------------
+    def poll_once(self, timeout_ms: int) -> int:
+        """One poll of the steps topic; each domain takes its records (and evaluates what its
+        watermark allows, records or not)."""
+        recs = poll_group(self.consumer, timeout_ms)
+        return sum(det.handle(recs.get(det.tp, [])) for det in self.shards)
+
+    def apply_operator_commands(self) -> int:
+        return sum(det.apply_operator_commands() for det in self.shards)
+
+    def checkpoint(self, commit: bool = True) -> None:
+        for det in self.shards:
+            det.checkpoint(commit)
+
+    def begin_checkpoint(self) -> None:
+        for det in self.shards:
+            det.begin_checkpoint()
+
+    def finish_checkpoint(self) -> None:
+        for det in self.shards:
+            det.finish_checkpoint()
+
+    # --- what the service reads ------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return any(d.active for d in self.shards)
+
+    @property
+    def group_changed(self) -> float:
+        return max(d.group_changed for d in self.shards)
+
+    @property
+    def steps_evaluated(self) -> int:
+        return sum(d.steps_evaluated for d in self.shards)
+
+    def caught_up(self) -> bool:
+        """Every detect stage held here has evaluated its steps to where the telemetry ends
+        (every partition idle and read to its end): an idle stop loses none of them."""
+        return all(d.all_quiet for d in self.shards if d.active)
+
+    @property
+    def alerts_sent(self) -> int:
+        return sum(d.alerts_sent for d in self.shards)
+
+    @property
+    def actions_sent(self) -> int:
+        return sum(d.actions_sent for d in self.shards)
+
+    def latencies(self) -> list[tuple[int, float]]:
+        return sorted(x for d in self.shards for x in d.latencies)
+
+    def all_stats(self) -> list[Stats]:
+        return [s for d in self.shards for s in (d.stats, d.holds)]
+
+    def pending_snapshot(self) -> list[str] | None:
+        """Drains waiting for approval in the domains this instance runs (None: it runs none)."""
+        snaps = [d.pending_snapshot for d in self.shards if d.pending_snapshot is not None]
+        if not snaps:
+            return None
+        return sorted({n for snap in snaps for n in snap})
+
+    def close(self) -> None:
+        self.closing = True
+        for d in self.shards:
+            d.closing = True
+
+    def close_writers(self) -> None:
+        for d in self.shards:
+            d.writer.close()
