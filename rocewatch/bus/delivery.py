@@ -86,28 +86,23 @@ def output_partitions(cfg: Config, consumer: Any) -> list[TopicPartition]:
 def send_events(producer: Any, cfg: Config, out: Output, published: Published) -> tuple[int, int]:
     """Publish ``out``'s alerts and actions, less those already published; how many of each."""
     t = cfg.kafka.topics
-    n_alerts = n_actions = 0
-    for a in out.alerts:
-        if published.take(t.alerts, _alert_id(a)):
-            continue
-        n_alerts += 1
-        producer.send(
-            t.alerts,
-            key=a.fingerprint.encode(),
-            value=orjson.dumps(a.to_json()),
-            headers=[("rocewatch-schema", b"alert/v1")],
-        )
-    for act in out.actions:
-        if published.take(t.actions, _action_id(act)):
-            continue
-        n_actions += 1
-        producer.send(
-            t.actions,
-            key=act.node.encode(),
-            value=orjson.dumps(act.to_json()),
-            headers=[("rocewatch-schema", b"action/v1")],
-        )
-    return n_alerts, n_actions
+    alerts = [(t.alerts, _alert_id(a), a.fingerprint, a.to_json(), b"alert/v1") for a in out.alerts]
+    actions = [(t.actions, _action_id(a), a.node, a.to_json(), b"action/v1") for a in out.actions]
+    sent = []
+    for events in (alerts, actions):
+        n = 0
+        for topic, event_id, key, body, schema in events:
+            if published.take(topic, event_id):
+                continue
+            n += 1
+            producer.send(
+                topic,
+                key=key.encode(),
+                value=orjson.dumps(body),
+                headers=[("rocewatch-schema", schema)],
+            )
+        sent.append(n)
+    return sent[0], sent[1]
 
 
 # Event ids compare an event made in memory with the same event read back from its topic, so

@@ -73,7 +73,7 @@ def forest_window_s(cfg: Config) -> float | None:
     return None if forest.enabled is False else float(forest.feature_window_s)
 
 
-AGG_STATE_KIND = "aggregate-state"  # a stage-1 partition's state record (rocewatch.runtime.checkpoint)
+AGG_STATE_KIND = "aggregate-state"  # a stage-1 partition's state record (runtime.checkpoint)
 
 
 def load_agg_state(raw: bytes) -> AggState:

@@ -43,32 +43,21 @@ log = logging.getLogger(__name__)
 # --- the service ------------------------------------------------------------------------------
 
 
-class _AggListener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, agg: Aggregator) -> None:
-        self.agg = agg
+class _StageListener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Hands a stage's consumer group's rebalances to the stage (``Aggregator`` or
+    ``DetectStage``: each has ``lost``, ``revoked`` and ``assigned``)."""
+
+    def __init__(self, stage: Aggregator | DetectStage) -> None:
+        self.stage = stage
 
     def on_partitions_lost(self, lost: Any) -> None:
-        self.agg.lost(list(lost))
+        self.stage.lost(list(lost))
 
     def on_partitions_revoked(self, revoked: Any) -> None:
-        self.agg.revoked(list(revoked))
+        self.stage.revoked(list(revoked))
 
     def on_partitions_assigned(self, assigned: Any) -> None:
-        self.agg.assigned(list(assigned))
-
-
-class _DetectListener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, det: DetectStage) -> None:
-        self.det = det
-
-    def on_partitions_lost(self, lost: Any) -> None:
-        self.det.lost(list(lost))
-
-    def on_partitions_revoked(self, revoked: Any) -> None:
-        self.det.revoked(list(revoked))
-
-    def on_partitions_assigned(self, assigned: Any) -> None:
-        self.det.assigned(list(assigned))
+        self.stage.assigned(list(assigned))
 
 
 class DetectService:
@@ -284,8 +273,8 @@ class DetectService:
         self.subscribed = True
         wait_for_partitions(self.agg.consumer, k.topics.telemetry)
         wait_for_partitions(self.det.consumer, k.topics.steps)
-        self.agg.consumer.subscribe([k.topics.telemetry], listener=_AggListener(self.agg))
-        self.det.consumer.subscribe([k.topics.steps], listener=_DetectListener(self.det))
+        self.agg.consumer.subscribe([k.topics.telemetry], listener=_StageListener(self.agg))
+        self.det.consumer.subscribe([k.topics.steps], listener=_StageListener(self.det))
 
     def checkpoint(self) -> None:
         self.agg.checkpoint()
