@@ -1,4 +1,4 @@
-"""PortAnomaly (detectors/isolation_forest.py) on simulated telemetry.
+"""PortAnomaly (detectors/isolation_forest/) on simulated telemetry.
 
 A small fabric (8 nodes x 4 NICs, 2 spines) keeps the suite fast: each scenario is simulated
 and closed into window-engine steps once, then replayed into as many detectors as the tests

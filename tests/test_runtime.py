@@ -1,5 +1,5 @@
-"""rocewatch.runtime.memory: the long-running services' GC tuning and the reclaim they run after each
-checkpoint (without which the soak's resident size crept up by 30-40 MB a minute)."""
+"""rocewatch.runtime.memory: the long-running services' GC tuning and the reclaim they run after
+each checkpoint (without which the soak's resident size crept up by 30-40 MB a minute)."""
 
 from __future__ import annotations
 

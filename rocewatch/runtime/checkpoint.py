@@ -145,10 +145,24 @@ def _allowed_classes() -> list[type]:
             c
             for c in vars(mod).values()
             if isinstance(c, type)
-            and c.__module__ == mod.__name__
+            and _within(c.__module__, mod.__name__)
             and not issubclass(c, BaseException)
         ]
     return classes
+
+
+def _within(module: str, state_module: str) -> bool:
+    """Whether a class of ``module`` belongs to ``state_module``: it is that module, or one of
+    that package's modules (a package exports every class of its modules)."""
+    return module == state_module or module.startswith(state_module + ".")
+
+
+def _record_name(c: type) -> str:
+    """The name a checkpoint gives a class: its state module's (the package that exports it,
+    for a class of a package's module, so moving it between the package's modules changes no
+    record), then its qualified name."""
+    module = next((m for m in _STATE_MODULES if _within(c.__module__, m)), c.__module__)
+    return f"{module}:{c.__qualname__}"
 
 
 _LOCK = threading.Lock()
@@ -163,7 +177,7 @@ def _table() -> dict[str, type]:
         with _LOCK:
             t = {}
             for c in _allowed_classes():
-                t[f"{c.__module__}:{c.__qualname__}"] = c
+                t[_record_name(c)] = c
             _NAMES.clear()
             _NAMES.update({c: n for n, c in t.items()})
             _TABLE = t
