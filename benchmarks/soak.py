@@ -12,7 +12,7 @@ floor (``*_rss_floor_*``: the lowest RSS of each 10 s, which batches in flight m
 than they move the RSS itself), the lag at the end and at
 its peak, the samples published and consumed, and ``plot``: a PNG of RSS and lag over time.
 
-  python benchmarks/soak.py --json [--seconds 600] [--nodes 128] [--scale-out] [--plot FILE]
+  python benchmarks/soak.py --json [--seconds 600] [--nodes 128] [--plot FILE]
                              [--check]
 
 ``--seconds`` defaults to ``ROCEWATCH_SOAK_S`` or 600 (the issue's bound). ``--check`` judges
@@ -172,9 +172,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _write_config(
-    tmp: Path, bootstrap: str, topology_file: Path, prefix: str, scale_out: bool, port: int
-) -> Path:
+def _write_config(tmp: Path, bootstrap: str, topology_file: Path, prefix: str, port: int) -> Path:
     import yaml
 
     names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state", "rollups")
@@ -195,7 +193,6 @@ def _write_config(
                     # the collectors' side holds at most this much unacknowledged telemetry
                     "publish_buffer_bytes": 16 << 20,
                     "publish_when_full": "block",
-                    "scale_out": scale_out,
                     "topics": {n: f"{prefix}.{n}" for n in names},
                 },
             }
@@ -256,7 +253,6 @@ def run_soak(
     nodes: int,
     bootstrap: str,
     tmp: Path,
-    scale_out: bool = False,
     plot_path: Path | None = None,
     drain_s: float = 60.0,
 ) -> dict[str, Any]:
@@ -279,11 +275,10 @@ def run_soak(
     topology_file = tmp / "topology.yaml"
     topology_file.write_text(yaml.safe_dump(topology.to_dict()))
     port = _free_port()
-    conf = _write_config(tmp, bootstrap, topology_file, prefix, scale_out, port)
+    conf = _write_config(tmp, bootstrap, topology_file, prefix, port)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     det_log = tmp / "detect.log"
     det_cmd = [sys.executable, "-m", "rocewatch.cli", "detect", "--config", str(conf)]
-    det_cmd += ["--scale-out"] if scale_out else []
     pub_log = tmp / "publish.log"
     pub_summary = tmp / "publish.json"
     pub_cmd = [sys.executable, str(Path(__file__).resolve()), "--publish", str(conf)]
@@ -355,7 +350,7 @@ def run_soak(
     if det_rc != 0:
         raise RuntimeError(f"the detector failed ({det_rc}):\n{_tail(det_log)}")
     pubs = json.loads(pub_summary.read_text())
-    return _figures(samples, pubs, end, stopped_by, nodes, seconds, scale_out, plot_path)
+    return _figures(samples, pubs, end, stopped_by, nodes, seconds, plot_path)
 
 
 def _tail(path: Path, n: int = 3000) -> str:
@@ -369,7 +364,6 @@ def _figures(
     stopped_by: str,
     nodes: int,
     seconds: float,
-    scale_out: bool,
     plot_path: Path | None,
 ) -> dict[str, Any]:
     if len(samples) < 10:
@@ -419,17 +413,13 @@ def _figures(
             "gpus": nodes * 8,
             "telemetry_s": seconds,
             "sample_interval_s": 0.1,
-            "scale_out": scale_out,
             "telemetry_partitions": PARTITIONS,
             "cores": os.cpu_count(),
             "load_average_1m": round(os.getloadavg()[0], 2),
         }
     )
     if plot_path is not None:
-        title = (
-            f"soak: {nodes * 8} GPUs every 100 ms, {t_end:.0f} s "
-            f"({'scale-out' if scale_out else 'detect'})"
-        )
+        title = f"soak: {nodes * 8} GPUs every 100 ms, {t_end:.0f} s"
         plot(samples, plot_path, title)
         out["plot"] = str(plot_path)
     out["series"] = samples
@@ -479,7 +469,6 @@ def main() -> int:
         help="telemetry seconds streamed live (default $ROCEWATCH_SOAK_S or 600)",
     )
     ap.add_argument("--nodes", type=int, default=128, help="GPU nodes (8 NICs each)")
-    ap.add_argument("--scale-out", action="store_true", help="soak `rocewatch detect --scale-out`")
     ap.add_argument("--plot", type=Path, help="PNG to write (default: in the temp directory)")
     ap.add_argument("--bootstrap", help="use this broker instead of starting one")
     ap.add_argument("--series", action="store_true", help="include every sample in the JSON")
@@ -503,7 +492,7 @@ def main() -> int:
             kafka_broker.fetch(quiet=True)
             broker = kafka_broker.start(tmp / "kafka", port=0)
             bootstrap = broker.bootstrap
-        res = run_soak(args.seconds, args.nodes, bootstrap, tmp / "run", args.scale_out, plot_path)
+        res = run_soak(args.seconds, args.nodes, bootstrap, tmp / "run", plot_path)
         found = problems(res)
         res["problems"] = found
         if not args.series:
