@@ -20,6 +20,7 @@ MODULES = {
     "rocewatch.stats",
     "collector.__init__",
     "collector.mapping",
+    "collector.output",
     "collector.nic.__init__",
     "collector.nic.agent",
     "collector.nic.batch",

@@ -160,7 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     il.add_argument("--config", type=Path, help="rocewatch config (Kafka settings)")
     il.add_argument("--host", default="0.0.0.0")
     il.add_argument("--port", type=int, default=32766)
-    il.add_argument("--out", type=Path, help="write samples as JSON lines here instead of Kafka")
+    il.add_argument(
+        "--out", type=Path, help="write samples as JSON lines here (- for stdout), not Kafka"
+    )
     il.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: forever)")
     il.add_argument("--interval-ms", type=float, default=100.0, help="aggregation interval")
     il.add_argument("--metrics-port", type=int, help="serve /metrics here (else the config's)")
@@ -183,7 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("--config", type=Path, help="rocewatch config (gnmi: and kafka: sections)")
     col.add_argument("--topology", type=Path, help="topology (targets, cabling check)")
     col.add_argument("--target", action="append", default=[], help="NAME=HOST:PORT (repeatable)")
-    col.add_argument("--out", type=Path, help="append gnmic event JSON lines here, not Kafka")
+    col.add_argument(
+        "--out", type=Path, help="append gnmic event JSON lines here (- for stdout), not Kafka"
+    )
     col.add_argument("--duration", type=float, default=0.0, help="seconds (0: until stopped)")
     col.add_argument(
         "--shard-group",
@@ -387,8 +391,9 @@ def _int_listen(args: argparse.Namespace) -> int:
 
     import polars as pl
 
-    from collector.inband.live import IntCollector, JsonLinesSink
+    from collector.inband.live import IntCollector, sample_lines
     from collector.inband.udp import UdpListener, UdpListenerConfig
+    from collector.output import LinesOutput, Output
     from rocewatch.config import load_config
     from rocewatch.topology import Topology
 
@@ -401,19 +406,16 @@ def _int_listen(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     close: list[object] = []
-    sink: Callable[[pl.DataFrame], None]
+    sink: Output[pl.DataFrame]
     if args.out is not None:
-        fh = args.out.open("ab")
-        close.append(fh)
-        sink = JsonLinesSink(fh)
+        sink = LinesOutput(args.out, sample_lines)
     else:
         from rocewatch.bus.publish import TelemetryPublisher
         from rocewatch.bus.topics import ensure_topics
 
         ensure_topics(cfg.kafka)
-        pub = TelemetryPublisher(cfg.kafka, source=f"int-listen:{args.port}")
-        close.append(pub)
-        sink = pub.publish  # slices by time with its default slice
+        sink = pub = TelemetryPublisher(cfg.kafka, source=f"int-listen:{args.port}")
+    close.append(sink)
     coll = IntCollector(topology, listener, sink, interval_ns=int(args.interval_ms * 1e6))
     readings = coll.readings
     if args.out is None:

@@ -8,16 +8,17 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import orjson
 import polars as pl
 import yaml
 
 from collector.gnmi.client import Collector
 from collector.gnmi.config import GnmiConfig, SubscriptionConfig, TargetConfig, gnmi_config
 from collector.gnmi.lldp import cabling_problems, discover
+from collector.output import LinesOutput, json_lines
 from rocewatch.config import Config
 from rocewatch.errors import ConfigError
 from rocewatch.topology import Topology
@@ -51,6 +52,10 @@ def _targets(
     return gcfg, list(targets.values())
 
 
+def _discard(df: pl.DataFrame) -> None:
+    pass
+
+
 def run_collect(
     cfg: Config,
     topology: Topology | None,
@@ -66,30 +71,19 @@ def run_collect(
     other instances of the group through Kafka (collector/gnmi/shard.py).
     """
     gcfg, targets = _targets(cfg, topology, extra_targets)
-    fh: IO[bytes] | None = None
     publisher: Any = None
-    sink_events = None
+    events: LinesOutput[list[dict[str, Any]]] | None = None
+    sink: Callable[[pl.DataFrame], None]
     if out is not None:
-        fh = out.open("ab")
-
-        def write_events(evs: list[dict[str, Any]]) -> None:
-            assert fh is not None
-            fh.write(b"".join(orjson.dumps(e) + b"\n" for e in evs))
-
-        sink_events = write_events
-
-        def sink(df: pl.DataFrame) -> None:
-            pass
-
+        # gnmic's event format, which replay reads; the samples themselves go nowhere
+        events = LinesOutput(out, json_lines)
+        sink = _discard
     else:
         from rocewatch.bus.publish import TelemetryPublisher
         from rocewatch.bus.topics import ensure_topics
 
         ensure_topics(cfg.kafka)
-        publisher = TelemetryPublisher(cfg.kafka, source="gnmi")
-
-        def sink(df: pl.DataFrame) -> None:
-            publisher.publish(df)
+        sink = publisher = TelemetryPublisher(cfg.kafka, source="gnmi")
 
     registry = None
     if cfg.metrics_port:
@@ -105,10 +99,10 @@ def run_collect(
     if shard_group:
         from collector.gnmi.shard import KafkaSharding
 
-        col = Collector(gcfg, sink, [], event_sink=sink_events, registry=registry)
+        col = Collector(gcfg, sink, [], event_sink=events, registry=registry)
         shard = KafkaSharding(cfg.kafka, col, targets, shard_group)
     else:
-        col = Collector(gcfg, sink, targets, event_sink=sink_events, registry=registry)
+        col = Collector(gcfg, sink, targets, event_sink=events, registry=registry)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -138,8 +132,8 @@ def run_collect(
         col.stop()
         if publisher is not None:
             publisher.close()
-        if fh is not None:
-            fh.close()
+        if events is not None:
+            events.close()
     for name, h in sorted(col.health().items()):
         print(
             f"{name}: {h.state}, {h.updates} updates, {h.subscribes} subscribes, "

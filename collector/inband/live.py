@@ -1,7 +1,8 @@
-"""The live INT collector: UDP listener -> parser -> per-interval aggregates -> a sink.
+"""The live INT collector: UDP listener -> parser -> per-interval aggregates -> an output.
 
-The sink is any callable taking a sample frame (Kafka's ``TelemetryPublisher.publish``, a JSON
-lines file); the collector knows nothing of what consumes the samples. An interval is emitted
+The output is any callable taking a sample frame (collector.output: Kafka's
+``TelemetryPublisher``, JSON lines to a file or stdout); the collector knows nothing of what
+consumes the samples. An interval is emitted
 once a later one has been seen; when no report arrived for ``idle_flush_s`` the open intervals
 are emitted too, so a quiet switch does not hold its last samples back.
 """
@@ -12,14 +13,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import IO
 
-import orjson
 import polars as pl
 
 from collector.inband.aggregate import IntAggregator
 from collector.inband.report import empty_reports
 from collector.inband.udp import UdpListener
+from collector.output import json_lines
 from rocewatch.metrics import Reading, skipped_readings
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
@@ -143,13 +143,7 @@ class IntCollector:
         return out
 
 
-class JsonLinesSink:
-    """Samples as JSON lines (``ts, device, port, qual, metric, value``) to a file."""
-
-    def __init__(self, fh: IO[bytes]) -> None:
-        self.fh = fh
-
-    def __call__(self, df: pl.DataFrame) -> None:
-        rows = df.select("ts", "device", "port", "qual", "metric", "value").to_dicts()
-        self.fh.write(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-        self.fh.flush()
+def sample_lines(df: pl.DataFrame) -> bytes:
+    """Samples as JSON lines (``ts, device, port, qual, metric, value``): a ``LinesOutput``'s
+    format for a file or stdout (collector.output)."""
+    return json_lines(df.select("ts", "device", "port", "qual", "metric", "value").to_dicts())

@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     from rocewatch.metrics import Reading
 
 log = logging.getLogger(__name__)
-__all__ = ["AgentConfig", "FileSink", "NicAgent"]
+__all__ = ["AgentConfig", "NicAgent"]
 
-Sink = Callable[[list[bytes]], None]
+SendLines = Callable[[list[bytes]], None]  # an output (collector.output) or a test's list
 
 
 class _Nic:
@@ -153,7 +153,7 @@ class NicAgent:
     # --- shipping ------------------------------------------------------------------------------
     def run(
         self,
-        sink: Sink,
+        sink: SendLines,
         stop: threading.Event,
         duration_s: float = 0.0,
         drain_timeout_s: float = 10.0,
@@ -196,7 +196,7 @@ class NicAgent:
                 self.stats.inc("agent_spool_dropped", spool.dropped)
 
     def _send_loop(
-        self, spool: Spool, sink: Sink, done: threading.Event, drain_timeout_s: float
+        self, spool: Spool, sink: SendLines, done: threading.Event, drain_timeout_s: float
     ) -> None:
         backoff = 0.2
         drain_until: float | None = None
@@ -271,17 +271,3 @@ class NicAgent:
             if n.ethtool is not None:
                 n.ethtool.close()
         self.files.close()
-
-
-class FileSink:
-    """Snapshot lines appended to a file (debugging, or a log shipper picks them up)."""
-
-    def __init__(self, path: Path) -> None:
-        self.fh = path.open("ab")
-
-    def __call__(self, lines: list[bytes]) -> None:
-        self.fh.write(b"".join(lines))
-        self.fh.flush()
-
-    def close(self) -> None:
-        self.fh.close()

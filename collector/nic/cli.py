@@ -14,7 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
-from rocewatch.errors import ConfigError, run_command
+from rocewatch.errors import run_command
 
 log = logging.getLogger("rocewatch.agent")
 
@@ -32,7 +32,7 @@ def add_arguments(ag: argparse.ArgumentParser) -> None:
     ag.add_argument("--netdev", action="append", default=[], help="also sample this netdev")
     ag.add_argument("--spool-dir", help="where unsent snapshots wait")
     ag.add_argument(
-        "--out", type=Path, help="append snapshots to this file instead of Kafka (or stdout)"
+        "--out", type=Path, help="append snapshots to this file instead of Kafka (- for stdout)"
     )
     ag.add_argument(
         "--once",
@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from collector.nic.agent import FileSink, NicAgent
+    from collector.nic.agent import NicAgent
+    from collector.output import STDOUT, LinesOutput, Output, joined
     from rocewatch.config import load_agent_config
 
     cfg = load_agent_config(args.config)
@@ -75,19 +76,13 @@ def run(args: argparse.Namespace) -> int:
     agent = NicAgent(acfg)
     try:
         if args.once:
-            data = b"".join(agent.sample_lines())
-            if args.out is not None:
-                try:
-                    with args.out.open("ab") as fh:
-                        fh.write(data)
-                except OSError as e:
-                    raise ConfigError(f"--out {args.out}: {e.strerror}") from e
-            else:
-                sys.stdout.buffer.write(data)
-                sys.stdout.flush()
+            once = LinesOutput(args.out or STDOUT, joined)
+            once(agent.sample_lines())
+            once.close()
             return 0
+        sink: Output[list[bytes]]
         if args.out is not None:
-            sink: object = FileSink(args.out)
+            sink = LinesOutput(args.out, joined)
         else:
             from collector.nic.kafka_sink import KafkaSnapshotSink
 
@@ -106,9 +101,9 @@ def run(args: argparse.Namespace) -> int:
             metrics = ReadingsEndpoint(port, agent.readings)
             log.info("serving /metrics on port %d", metrics.port)
         try:
-            agent.run(sink, stop, duration_s=args.duration)  # type: ignore[arg-type]
+            agent.run(sink, stop, duration_s=args.duration)
         finally:
-            sink.close()  # type: ignore[attr-defined]
+            sink.close()
             if metrics is not None:
                 metrics.close()
         counts = dict(agent.stats.counts)

@@ -241,6 +241,10 @@ class TelemetryPublisher:
         fut = producer.send(self.k.topics.telemetry, key=key, value=value)
         fut.add_both(self._acked, size, producer)
 
+    def __call__(self, df: pl.DataFrame) -> None:
+        """A collector's output (collector.output): ``publish`` with the default slice."""
+        self.publish(df)
+
     def publish(self, df: pl.DataFrame, slice_ns: int = PUBLISH_SLICE_NS) -> None:
         """Send a frame as one message per device and time slice, in time order.
 
