@@ -71,4 +71,3 @@ def test_int_samples_as_lines_keep_the_sample_columns() -> None:
         "metric": "queue_depth_bytes",
         "value": 20.0,
     }
-
