@@ -27,7 +27,7 @@ MODULES = {
     "collector.nic.cli",
     "collector.nic.config",
     "collector.nic.ethtool",
-    "collector.nic.kafka_sink",
+    "collector.nic.kafka_output",
     "collector.nic.mlxlink",
     "collector.nic.samples",
     "collector.nic.spool",

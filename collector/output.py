@@ -4,7 +4,7 @@ agent) and each of its three places (Kafka, a file, stdout).
 An output is called with a batch (a sample frame from gNMI and INT, snapshot lines from the
 agent) and closed once, last, when its collector stops: ``close`` writes out everything it was
 given. Kafka outputs are ``rocewatch.bus.publish.TelemetryPublisher`` (sample frames, as
-protobuf batches) and ``collector.nic.kafka_sink.KafkaSnapshotSink`` (snapshots); a file or
+protobuf batches) and ``collector.nic.kafka_output.KafkaSnapshotOutput`` (snapshots); a file or
 stdout is a ``LinesOutput`` with the collector's own line format (gnmic events, sample JSON,
 NIC JSON: docs/formats.md), which ``rocewatch replay`` reads back.
 

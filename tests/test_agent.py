@@ -207,7 +207,7 @@ def wait_until(cond: Any, timeout: float, what: str) -> None:
 def test_broker_outage_loses_no_snapshot(
     restartable_kafka_broker: Any, kafka_topics: Any, tmp_path: Path
 ) -> None:
-    from collector.nic.kafka_sink import KafkaSnapshotSink
+    from collector.nic.kafka_output import KafkaSnapshotOutput
     from rocewatch import wire
     from rocewatch.config import KafkaConfig, TopicsConfig
 
@@ -232,7 +232,7 @@ def test_broker_outage_loses_no_snapshot(
         return snaps
 
     agent.sample = recording  # type: ignore[method-assign]
-    sink = KafkaSnapshotSink(k, agent.node)
+    sink = KafkaSnapshotOutput(k, agent.node)
     stop = threading.Event()
     runner = threading.Thread(target=agent.run, args=(sink, stop), kwargs={"drain_timeout_s": 60})
     runner.start()
@@ -342,10 +342,10 @@ from pathlib import Path
 from rocewatch.cli import main
 rc = main(sys.argv[1:])
 once = sorted(sys.modules)
-from collector.nic.kafka_sink import KafkaSnapshotSink
+from collector.nic.kafka_output import KafkaSnapshotOutput
 from rocewatch.config import load_agent_config
 cfg = load_agent_config(sys.argv[sys.argv.index("--config") + 1])
-sink = KafkaSnapshotSink(cfg.kafka, "n1")
+sink = KafkaSnapshotOutput(cfg.kafka, "n1")
 out = Path(sys.argv[sys.argv.index("--out") + 1])
 msgs = sink.encode(out.read_bytes().splitlines(keepends=True))
 print(json.dumps({"rc": rc, "once": once, "sending": sorted(sys.modules), "msgs": len(msgs)}))

@@ -16,7 +16,7 @@ import pytest
 
 from rocewatch.config import config_from_dict
 from rocewatch.model import Alert
-from rocewatch.notify.alertmanager import AlertmanagerSink
+from rocewatch.notify.alertmanager import AlertmanagerNotifier
 from rocewatch.notify.base import AlertmanagerConfig, RetryConfig
 from rocewatch.notify.dispatcher import Dispatcher
 from rocewatch.replay import replay
@@ -108,7 +108,7 @@ def test_firing_alerts_are_listed_and_resolved_ones_end(
     assert resolved and still
     store = Store(f"sqlite:///{tmp_path / 'outbox.db'}")
     store.create_schema()
-    sink = AlertmanagerSink(AlertmanagerConfig(name="am", url=alertmanager, max_alerts=25))
+    sink = AlertmanagerNotifier(AlertmanagerConfig(name="am", url=alertmanager, max_alerts=25))
     d = Dispatcher(Outbox(store), [sink], RetryConfig(initial_s=0.1, max_s=0.5), poll_s=0.1)
 
     # every alert fires first
@@ -194,7 +194,7 @@ def test_alertmanager_down_keeps_events_and_delivers_them_when_it_returns(tmp_pa
     now = [1_000.0]
     store = Store(f"sqlite:///{tmp_path / 'outbox.db'}")
     store.create_schema()
-    sink = AlertmanagerSink(
+    sink = AlertmanagerNotifier(
         AlertmanagerConfig(name="am", url=f"http://127.0.0.1:{port}", timeout_s=2, refresh_s=60)
     )
     retry = RetryConfig(initial_s=0.5, max_s=8.0, jitter=0.0)

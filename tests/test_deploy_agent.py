@@ -239,10 +239,10 @@ sys.meta_path.insert(0, Block())
 sys.path.insert(0, {str(site)!r})
 from collector.nic.cli import main
 rc = main(sys.argv[1:])
-from collector.nic.kafka_sink import KafkaSnapshotSink
+from collector.nic.kafka_output import KafkaSnapshotOutput
 from rocewatch.config import KafkaConfig
 out = sys.argv[sys.argv.index("--out") + 1]
-msgs = KafkaSnapshotSink(KafkaConfig(), "n1").encode(open(out, "rb").read().splitlines(True))
+msgs = KafkaSnapshotOutput(KafkaConfig(), "n1").encode(open(out, "rb").read().splitlines(True))
 ours = {{m: getattr(sys.modules[m], "__file__", None) for m in sys.modules
         if m.split(".")[0] in ("rocewatch", "collector")}}
 print(json.dumps({{"rc": rc, "msgs": len(msgs), "files": ours}}))

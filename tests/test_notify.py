@@ -26,7 +26,7 @@ from rocewatch.notify.base import (
 )
 from rocewatch.notify.dispatcher import Dispatcher
 from rocewatch.notify.signing import verify
-from rocewatch.notify.webhook import WebhookSink
+from rocewatch.notify.webhook import WebhookNotifier
 from storage.outbox import Outbox
 from storage.store import Store
 from tests.notify_receiver import Received, Receiver, free_port
@@ -63,7 +63,7 @@ def check_signed(req: Received, secret: str = SECRET) -> None:
 def make(tmp_path: Path, port: int, **retry: Any) -> tuple[Dispatcher, Store]:
     store = Store(f"sqlite:///{tmp_path / 'outbox.db'}")
     store.create_schema()
-    sink = WebhookSink(
+    sink = WebhookNotifier(
         WebhookConfig(name="ops", url=f"http://127.0.0.1:{port}/hook", secret=SECRET, timeout_s=2)
     )
     r = RetryConfig(**{"initial_s": 0.05, "max_s": 0.2, "jitter": 0.0, **retry})
@@ -151,7 +151,7 @@ def test_secret_is_required_and_never_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with pytest.raises(ConfigError, match="secret"):
-        WebhookSink(WebhookConfig(name="x", url="http://127.0.0.1:1/"))
+        WebhookNotifier(WebhookConfig(name="x", url="http://127.0.0.1:1/"))
     cfg = WebhookConfig(name="x", url="http://u:pw@127.0.0.1:1/?token=t", secret=SECRET)
     assert SECRET not in repr(cfg)
     caplog.set_level(logging.DEBUG)
@@ -177,7 +177,7 @@ def test_receiver_down_60s_on_the_outbox_clock_gets_every_event_once(tmp_path: P
     store = Store(f"sqlite:///{tmp_path / 'outbox.db'}")
     store.create_schema()
     port = free_port()  # nobody listens for the first 60 s
-    sink = WebhookSink(
+    sink = WebhookNotifier(
         WebhookConfig(name="ops", url=f"http://127.0.0.1:{port}/hook", secret=SECRET, timeout_s=2)
     )
     retry = RetryConfig(initial_s=0.5, max_s=4.0)
@@ -422,13 +422,13 @@ def test_https_receiver_with_private_ca(tmp_path: Path) -> None:
     r = RetryConfig(initial_s=0.05, max_s=0.1, jitter=0.0)
     try:
         # without the receiver's CA the certificate is not trusted: retried, never sent plain
-        untrusted = WebhookSink(WebhookConfig(name="ops", url=url, secret=SECRET, timeout_s=2))
+        untrusted = WebhookNotifier(WebhookConfig(name="ops", url=url, secret=SECRET, timeout_s=2))
         now = [1_000.0]  # the outbox's clock: retries fall due when the test moves it
         d = Dispatcher(Outbox(store, clock=lambda: now[0]), [untrusted], r, poll_s=0.05)
         d.enqueue([alert(1)])
         assert not d.drain(0.3)
         assert d.failures["ops"] >= 1 and rx.requests == []
-        trusted = WebhookSink(
+        trusted = WebhookNotifier(
             WebhookConfig(
                 name="ops", url=url, secret=SECRET, timeout_s=2, tls=TlsConfig(ca_file=str(crt))
             )
@@ -500,7 +500,7 @@ def clocked(
     now = [1_000.0]
     store = Store(f"sqlite:///{tmp_path / 'outbox.db'}")
     store.create_schema()
-    sink = WebhookSink(
+    sink = WebhookNotifier(
         WebhookConfig(
             name="ops", url=f"http://127.0.0.1:{port}/hook", secret=SECRET, timeout_s=timeout_s
         )

@@ -53,7 +53,7 @@ _LIST_MODE = {
     "poll": pb.SubscriptionList.POLL,
 }
 
-Sink = Callable[[pl.DataFrame], None]
+SendFrame = Callable[[pl.DataFrame], None]  # an output (collector.output) or a test's list
 EventSink = Callable[[list[dict[str, Any]]], None]
 
 
@@ -424,7 +424,7 @@ class Collector:
     def __init__(
         self,
         config: GnmiConfig,
-        sink: Sink,
+        sink: SendFrame,
         targets: list[TargetConfig] | None = None,
         *,
         stats: Stats | None = None,

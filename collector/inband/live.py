@@ -26,7 +26,7 @@ from rocewatch.topology import Topology
 
 log = logging.getLogger(__name__)
 
-Sink = Callable[[pl.DataFrame], None]
+SendFrame = Callable[[pl.DataFrame], None]  # an output (collector.output) or a test's list
 
 
 class IntCollector:
@@ -36,7 +36,7 @@ class IntCollector:
         self,
         topology: Topology,
         listener: UdpListener,
-        sink: Sink,
+        sink: SendFrame,
         stats: Stats | None = None,
         interval_ns: int = 100_000_000,
         idle_flush_s: float = 1.0,

@@ -84,9 +84,9 @@ def run(args: argparse.Namespace) -> int:
         if args.out is not None:
             sink = LinesOutput(args.out, joined)
         else:
-            from collector.nic.kafka_sink import KafkaSnapshotSink
+            from collector.nic.kafka_output import KafkaSnapshotOutput
 
-            sink = KafkaSnapshotSink(
+            sink = KafkaSnapshotOutput(
                 cfg.kafka, agent.node, acfg.kafka_format, acfg.kafka_topic or None
             )
         stop = threading.Event()

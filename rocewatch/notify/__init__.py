@@ -2,10 +2,10 @@
 
 from rocewatch.notify.base import (
     AlertmanagerConfig,
+    Notifier,
     NotifyConfig,
     RetryConfig,
-    Sink,
     WebhookConfig,
 )
 
-__all__ = ["AlertmanagerConfig", "NotifyConfig", "RetryConfig", "Sink", "WebhookConfig"]
+__all__ = ["AlertmanagerConfig", "Notifier", "NotifyConfig", "RetryConfig", "WebhookConfig"]

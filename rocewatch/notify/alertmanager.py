@@ -31,7 +31,7 @@ def postable(a: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class AlertmanagerSink:
+class AlertmanagerNotifier:
     collapse_resolved = True
 
     def __init__(self, cfg: AlertmanagerConfig) -> None:

@@ -1,6 +1,6 @@
-"""Notification settings and the contract every sink meets.
+"""Notification settings and the contract every notifier meets.
 
-A sink turns a batch of alert objects into one request to one receiver. It raises
+A notifier turns a batch of alert objects into one request to one receiver. It raises
 ``RetryableError`` when trying again later may work (connection refused, timeout, 5xx, 429) and
 ``PermanentError`` when the receiver refused the request for good (other 4xx).
 """
@@ -146,7 +146,7 @@ def redact_url(url: str) -> str:
     return urlunsplit((p.scheme, host, p.path, "", ""))
 
 
-class Sink(Protocol):
+class Notifier(Protocol):
     """A notification receiver (one per configured entry)."""
 
     name: str
@@ -158,7 +158,7 @@ class Sink(Protocol):
     collapse_resolved: bool
 
     def batches(self, alerts: list[dict[str, Any]]) -> list[list[int]]:
-        """Split alerts (by index) into the requests this sink makes, each sent on its own."""
+        """Split alerts (by index) into the requests this notifier makes, each sent on its own."""
         ...
 
     def send(self, alerts: list[dict[str, Any]]) -> None:

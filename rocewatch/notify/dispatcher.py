@@ -17,18 +17,18 @@ from typing import Any
 
 from rocewatch.errors import PermanentError, RetryableError
 from rocewatch.model import Alert
-from rocewatch.notify.alertmanager import AlertmanagerSink
-from rocewatch.notify.base import NotifyConfig, RetryConfig, Sink
+from rocewatch.notify.alertmanager import AlertmanagerNotifier
+from rocewatch.notify.base import Notifier, NotifyConfig, RetryConfig
 from rocewatch.notify.http import RetryLater
-from rocewatch.notify.webhook import WebhookSink
+from rocewatch.notify.webhook import WebhookNotifier
 from storage.outbox import Outbox, OutboxItem
 
 log = logging.getLogger(__name__)
 
 
-def build_sinks(cfg: NotifyConfig) -> list[Sink]:
-    sinks: list[Sink] = [WebhookSink(w) for w in cfg.webhooks]
-    sinks += [AlertmanagerSink(a) for a in cfg.alertmanagers]
+def build_notifiers(cfg: NotifyConfig) -> list[Notifier]:
+    sinks: list[Notifier] = [WebhookNotifier(w) for w in cfg.webhooks]
+    sinks += [AlertmanagerNotifier(a) for a in cfg.alertmanagers]
     return sinks
 
 
@@ -38,7 +38,7 @@ class Dispatcher:
     def __init__(
         self,
         outbox: Outbox,
-        sinks: Sequence[Sink],
+        sinks: Sequence[Notifier],
         retry: RetryConfig | None = None,
         poll_s: float = 0.5,
         seed: int = 0,
@@ -76,7 +76,7 @@ class Dispatcher:
                 log.warning("notify: %s: outbox unavailable: %s", sink.name, e)
         return done
 
-    def _pass(self, sink: Sink) -> int:
+    def _pass(self, sink: Notifier) -> int:
         done = 0
         while not self._stop.is_set():
             lease = sink.timeout_s * 2 + 5

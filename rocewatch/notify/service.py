@@ -11,7 +11,7 @@ from typing import Any
 
 from rocewatch.config import Config
 from rocewatch.errors import ConfigError
-from rocewatch.notify.dispatcher import Dispatcher, build_sinks
+from rocewatch.notify.dispatcher import Dispatcher, build_notifiers
 from storage.outbox import Outbox
 from storage.store import Store
 
@@ -40,7 +40,7 @@ def open_dispatcher(cfg: Config, store: Store | None = None) -> Dispatcher | Non
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         store = Store(url)
         store.create_schema()
-    sinks = build_sinks(cfg.notify)
+    sinks = build_notifiers(cfg.notify)
     log.info("notify: delivering to %s", ", ".join(s.name for s in sinks))
     n = cfg.notify
     return Dispatcher(Outbox(store), sinks, n.retry, poll_s=n.poll_s, seed=n.seed)

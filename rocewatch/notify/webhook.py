@@ -61,7 +61,7 @@ def delivery_id(alerts: list[dict[str, Any]]) -> str:
     return h.hexdigest()[:32]
 
 
-class WebhookSink:
+class WebhookNotifier:
     collapse_resolved = False
     refresh_s: float | None = None
 

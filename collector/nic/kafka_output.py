@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 MAX_ROWS_PER_MESSAGE = 8192
 
 
-class KafkaSnapshotSink:
+class KafkaSnapshotOutput:
     def __init__(
         self, k: KafkaConfig, node: str, fmt: str = "batch", topic: str | None = None
     ) -> None:
