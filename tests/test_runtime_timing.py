@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import signal
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -568,3 +569,133 @@ def test_the_detect_stage_checkpoints_once_per_commit_interval_not_per_step():
     # the operators' commands are looked at twice a second, not per poll
     assert 2 * 30 - 2 <= len(det.commands) <= 2 * 30 + 1
     assert svc.detect_input == pytest.approx(t0 + 30.0, abs=POLL_S + EPS)
+
+
+class Closable:
+    """A client the service only closes (or checks) at the end."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self, **_: Any) -> None:
+        self.closed = True
+
+    def check(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        self.closed = True
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition("telemetry", 0)}
+
+
+class StreamingAggregate:
+    """Stage 1 as the service's loop sees it: ``n_parts`` partitions whose records come with
+    every poll until ``quiet_from``, then none (each poll then waits out its timeout)."""
+
+    def __init__(
+        self, clock: FakeClock, stop: threading.Event, n_parts: int, quiet_from: float
+    ) -> None:
+        self.clock, self.stop, self.quiet_from = clock, stop, quiet_from
+        self.parts = dict.fromkeys(range(n_parts))
+        self.consumer = Closable()
+        self.group_changed = clock.monotonic()
+        self.stats, self.samples, self.closing = Stats(), 0, False
+        self.saves: list[tuple[float, int]] = []  # (when, partition) of each periodic checkpoint
+        self.final = False
+
+    def poll_once(self, timeout_ms: int) -> int:
+        if self.clock.monotonic() < self.quiet_from:
+            self.clock.advance(0.01)  # records: the poll returns at once, their work takes time
+            return 100
+        self.clock.advance(timeout_ms / 1000)
+        if self.clock.monotonic() > self.quiet_from + 120:  # the loop did not stop: fail, not hang
+            self.stop.set()
+        return 0
+
+    def finish_checkpoint(self) -> None:
+        pass
+
+    def begin_checkpoint(self, p: int) -> None:
+        self.saves.append((self.clock.monotonic(), p))
+
+    def all_idle(self) -> bool:
+        return self.clock.monotonic() >= self.quiet_from + 2.0  # idle_flush_s after the last
+
+    def checkpoint(self) -> None:
+        self.final = True
+
+
+class StandbyDetect:
+    """A detect stage that runs no domain here: its thread's polls wait on the stop event (real
+    time, not the fake clock the aggregate stage moves)."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.active, self.group_changed, self.shards, self.db = False, -float("inf"), [], None
+        self.consumer = Closable()
+        self.steps_evaluated = self.alerts_sent = self.actions_sent = 0
+
+    def poll_once(self, timeout_ms: int) -> int:
+        self.stop.wait(timeout_ms / 1000)
+        return 0
+
+    def caught_up(self) -> bool:
+        return True
+
+    def latencies(self) -> list[tuple[int, float]]:
+        return []
+
+    def all_stats(self) -> list[Stats]:
+        return []
+
+    def finish_checkpoint(self) -> None:
+        pass
+
+    def begin_checkpoint(self) -> None:
+        pass
+
+    def checkpoint(self) -> None:
+        pass
+
+    def apply_operator_commands(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+    def close_writers(self) -> None:
+        pass
+
+
+def test_the_aggregate_stage_saves_each_partition_once_per_interval_and_stops_when_idle(tmp_path):
+    """The service's loop spreads stage 1's checkpoints over the commit interval (one
+    partition at a time, each once per interval, while records stream), and with
+    ``--max-idle`` stops max_idle_s after the last record once every partition is idle."""
+    clock = FakeClock()
+    cfg = dataclasses.replace(config(commit_interval_s=4.0), state_dir=str(tmp_path))
+    svc = object.__new__(DetectService)
+    svc.cfg, svc.clock, svc.subscribed, svc.stop_event = cfg, clock, True, threading.Event()
+    svc.detect_error, svc.detect_input, svc.metrics, svc.api = None, -float("inf"), None, None
+    svc.sink, svc.sink_error, svc.sink_started = None, None, False
+    svc.producer, svc.store = Closable(), Closable()
+    svc.summary_path = tmp_path / "summary.json"
+    t0 = clock.monotonic()
+    svc.agg = agg = StreamingAggregate(clock, svc.stop_event, 4, quiet_from=t0 + 20.0)
+    svc.det = StandbyDetect(svc.stop_event)
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        svc.run(max_idle_s=3.0)
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    stopped = clock.monotonic() - t0
+    assert 20.0 + 3.0 - EPS <= stopped <= 20.0 + 3.0 + POLL_S + EPS, stopped
+    assert agg.final and svc.producer.closed
+    streaming = [(t - t0, p) for t, p in agg.saves if t - t0 < 20.0]
+    assert [p for _, p in streaming][:8] == [0, 1, 2, 3, 0, 1, 2, 3]
+    for p in range(4):
+        times = [t for t, q in streaming if q == p]
+        assert len(times) >= 4
+        # each partition once per interval (on the 0.01 s steps of the streaming polls)
+        assert all(4.0 - EPS <= b - a <= 4.0 + 0.05 for a, b in itertools.pairwise(times)), times
