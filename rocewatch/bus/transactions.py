@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from typing import Any
 
 import orjson
@@ -25,6 +24,7 @@ from rocewatch.errors import (
     RetryableError,
     RocewatchError,
 )
+from rocewatch.runtime.timing import SYSTEM_CLOCK, Clock
 
 # the longest a transaction's commit, abort or offsets may wait for the broker; kafka-python
 # waits for them without a bound, and its sender can stay stuck on a connection to a broker
@@ -56,8 +56,10 @@ class DetectWriter:
         state_partition: int,
         batch_size: int = 1 << 20,
         suffix: str = "",
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.k = k
+        self.clock = clock  # a fence record's time
         self.shared = shared
         self.batch_size = batch_size  # the shared producer's: sized to the topics' limits
         self.state_partition = state_partition
@@ -150,7 +152,9 @@ class DetectWriter:
         """Prove this instance still holds the stage (raises ``Fenced`` if not)."""
         if not self.fenced:
             return
-        value = orjson.dumps({"pid": os.getpid(), "host": os.uname().nodename, "ts": time.time()})
+        value = orjson.dumps(
+            {"pid": os.getpid(), "host": os.uname().nodename, "ts": self.clock.time()}
+        )
         self.send(
             self.k.topics.state, key=self.fence_key, value=value, partition=self.state_partition
         )

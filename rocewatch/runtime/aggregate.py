@@ -4,7 +4,6 @@ steps topic, its state to the state topic."""
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -58,7 +57,7 @@ from rocewatch.runtime.steps import (
     encode_steps,
     steps_coded,
 )
-from rocewatch.runtime.timing import HEARTBEAT_S, MAX_SKEW_S
+from rocewatch.runtime.timing import HEARTBEAT_S, MAX_SKEW_S, SYSTEM_CLOCK, Clock
 from rocewatch.stats import Stats
 
 log = logging.getLogger(__name__)
@@ -121,7 +120,7 @@ class _Part:
     engine: WindowEngine
     offset: int | None
     hi: int = -1
-    seen: float = field(default_factory=time.monotonic)
+    seen: float = 0.0  # when its last record came (set when it is assigned)
     idle: bool = False  # an idle report was sent since the last record
     reported: float = 0.0  # when the last steps message for it went out
     end_checked: float = 0.0  # when the broker was last asked for its end offset
@@ -167,8 +166,10 @@ class Aggregator:
         store: StateStore,
         limits: dict[str, int],
         routes: DomainRoutes | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.cfg = cfg
+        self.clock = clock  # idle release, heartbeats and end-offset checks run on it
         self.k = cfg.kafka
         self.n_parts = n_parts
         self.producer = producer
@@ -184,7 +185,7 @@ class Aggregator:
         # checkpoints whose frames are being serialised: partition -> (its part, snapshot)
         self.saving: dict[int, tuple[_Part, int, StateSnapshot]] = {}
         self.closing = False
-        self.group_changed = time.monotonic()  # the last (re)assignment, for --max-idle
+        self.group_changed = self.clock.monotonic()  # the last (re)assignment, for --max-idle
         # when a silent partition last turned out not to be read to its end (a broker outage,
         # a stalled fetch): no partition is reported idle within partition_idle_s of that
         self.disrupted_at = -float("inf")
@@ -218,13 +219,13 @@ class Aggregator:
 
     # --- assignment ------------------------------------------------------------------------------
     def assigned(self, tps: list[TopicPartition]) -> None:
-        self.group_changed = time.monotonic()
+        self.group_changed = self.clock.monotonic()
         for tp in tps:
             p = tp.partition
             part = self.retired.pop(p, None)
             if part is None or self.store.written_end.get(p) != self.store.end(p):
                 part = self._restore(p)
-            part.seen = time.monotonic()
+            part.seen = self.clock.monotonic()
             part.idle = False
             self.parts[p] = part
             if part.offset is not None:
@@ -307,7 +308,7 @@ class Aggregator:
     # --- the loop --------------------------------------------------------------------------------
     def poll_once(self, timeout_ms: int) -> int:
         recs = poll_group(self.consumer, timeout_ms, pauses=True)  # _balance pauses partitions
-        now = time.monotonic()
+        now = self.clock.monotonic()
         n = 0
         for tp, msgs in recs.items():
             part = self.parts.get(tp.partition)
@@ -393,7 +394,7 @@ class Aggregator:
             return False
         if part.offset is None:
             return True
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if part.offset < hw:  # silent with records to read: a stalled fetch
             self.disrupted_at = now
             return False
@@ -417,7 +418,7 @@ class Aggregator:
         to = part.engine.closed_ns
         if not steps and not idle and not heartbeat:
             return
-        part.reported = time.monotonic()
+        part.reported = self.clock.monotonic()
         if part.rollups and (steps or (idle and not heartbeat)):
             self._rollups(p, part, steps, idle and not heartbeat)
         step_ns = part.engine.step_ns

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import heapq
 import logging
-import time
 from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any
@@ -47,7 +46,13 @@ from rocewatch.runtime import checkpoint
 from rocewatch.runtime.aggregate import STATE_VERSION
 from rocewatch.runtime.checkpoint import CheckpointError
 from rocewatch.runtime.steps import DomainRoutes, StepsMessage, coded_step, decode_steps
-from rocewatch.runtime.timing import DEAF_S, END_EVERY_S, TAKEOVER_RETRY_S
+from rocewatch.runtime.timing import (
+    DEAF_S,
+    END_EVERY_S,
+    SYSTEM_CLOCK,
+    TAKEOVER_RETRY_S,
+    Clock,
+)
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
 
@@ -149,6 +154,9 @@ class DomainStage:
     every telemetry partition and run the detectors on them. ``DetectStage`` holds the
     consumer this reads through and one of these per domain."""
 
+    # (a stage a test builds without ``__init__`` runs on the system's)
+    clock: Clock = SYSTEM_CLOCK
+
     def __init__(
         self,
         cfg: Config,
@@ -161,8 +169,11 @@ class DomainStage:
         routes: DomainRoutes,
         shard: int = 0,
         db: Any = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.cfg = cfg
+        # stall and deaf rules, end-offset cadence, takeover retries and the fence's time
+        self.clock = clock
         self.k = cfg.kafka
         self.topology = topology
         self.n_parts = n_parts
@@ -177,14 +188,14 @@ class DomainStage:
         self.name = "detect stage" if self.domain is None else f"detect stage {self.domain!r}"
         suffix = "" if self.domain is None else f"@{self.domain}"
         self.state_key = "detect" + suffix
-        self.writer = DetectWriter(self.k, producer, n_parts, batch_size, suffix)
+        self.writer = DetectWriter(self.k, producer, n_parts, batch_size, suffix, clock)
         self.stats = Stats()  # the detect pipeline's (a restored stage brings its own)
         # what happened to this instance's hold on the stage (lost, fenced, taken back): its
         # own, kept across restores
         self.holds = Stats()
         self.active = False
         self.closing = False
-        self.group_changed = time.monotonic()  # the last (re)assignment, for --max-idle
+        self.group_changed = self.clock.monotonic()  # the last (re)assignment, for --max-idle
         self.state: DetectState | None = None
         self.seen: dict[int, float] = {}
         self.idle_offset: dict[int, int] = {}  # the owner's read offset in its idle report
@@ -192,7 +203,7 @@ class DomainStage:
         self.ends: dict[int, int] = {}  # telemetry end offsets, asked at most every END_EVERY_S
         self.ends_at = -float("inf")
         self.moved_at = -float("inf")  # when a steps message last moved a partition's close
-        self.started = time.monotonic()
+        self.started = self.clock.monotonic()
         self.heard = self.started  # when a steps message (any partition's) last came
         self.stall_s = max(20.0, 3 * self.k.session_timeout_ms / 1000.0)
         self.published = Published()
@@ -225,7 +236,7 @@ class DomainStage:
 
     # --- assignment ------------------------------------------------------------------------------
     def assigned(self, tps: list[TopicPartition]) -> None:
-        self.group_changed = time.monotonic()
+        self.group_changed = self.clock.monotonic()
         self.retake_at = None
         if not tps:
             return
@@ -238,7 +249,7 @@ class DomainStage:
             # gives this instance the stage, so it tries again while it does
             self.holds.inc("detect_takeover_failed")
             self._drop(f"{self.name} not taken over ({e}); trying again")
-            self.retake_at = time.monotonic() + TAKEOVER_RETRY_S
+            self.retake_at = self.clock.monotonic() + TAKEOVER_RETRY_S
 
     def _take_over(self, tps: list[TopicPartition]) -> None:
         self.writer.start()  # fences the previous holder and aborts what it left open
@@ -274,7 +285,7 @@ class DomainStage:
             st.pipeline.topology, self.cfg.membership, kube_api(self.cfg), static=self.static_jobs
         )
         self.active = True
-        self.started = self.heard = time.monotonic()
+        self.started = self.heard = self.clock.monotonic()
         self.seen = {p: self.started for p in st.part_closed}
         log.info("%s active (steps offset %d)", self.name, st.offset)
 
@@ -345,10 +356,10 @@ class DomainStage:
         # a stalled instance learns from the group within a session timeout that the stage is
         # gone (and is assigned anew); if the group still gives it the stage after that, the
         # fence came from elsewhere and nobody runs the stage: it takes the stage back
-        self.retake_at = time.monotonic() + self.k.session_timeout_ms / 1000.0 + 1.0
+        self.retake_at = self.clock.monotonic() + self.k.session_timeout_ms / 1000.0 + 1.0
 
     def _maybe_retake(self) -> None:
-        if self.retake_at is None or time.monotonic() < self.retake_at:
+        if self.retake_at is None or self.clock.monotonic() < self.retake_at:
             return
         self.retake_at = None
         tps = [tp for tp in self.consumer.assignment() if tp == self.tp]
@@ -414,7 +425,7 @@ class DomainStage:
         if self.live_jobs is not None:  # answers are applied here, in the stage's thread
             self.live_jobs.maybe_refresh()
         n = 0
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if msgs:
             for m in msgs:
                 st.offset = m.offset + 1
@@ -450,7 +461,7 @@ class DomainStage:
             # nothing new: a heartbeat, a re-emission after a restart, an empty idle report
             return bool(msg.idle and not was_idle)
         st.part_closed[p] = msg.closed_to
-        self.moved_at = time.monotonic()
+        self.moved_at = self.clock.monotonic()
         rows = msg.rows
         if rows is None or rows.height == 0:
             return True
@@ -539,7 +550,7 @@ class DomainStage:
         """
         if now - self.ends_at >= END_EVERY_S or self.ends_at <= self.moved_at:
             tps = [TopicPartition(self.k.topics.telemetry, p) for p in range(self.n_parts)]
-            asked = time.monotonic()
+            asked = self.clock.monotonic()
             try:
                 got = self.store.end_offsets(tps, timeout_ms=2000)
             except KafkaError as e:
@@ -595,7 +606,7 @@ class DomainStage:
         st.closed_ns = boundary
         self._emit(st.pipeline.evaluate(steps))
         self.steps_evaluated += len(steps)
-        t = time.time_ns()
+        t = round(self.clock.time() * 1e9)
         while self.lat_pending and self.lat_pending[0][0] <= boundary:
             for sent in heapq.heappop(self.lat_pending)[1]:
                 self.latencies.append((sent, (t - sent) / 1e9))
@@ -746,6 +757,7 @@ class DetectStage:
         store: StateStore,
         batch_size: int,
         routes: DomainRoutes,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         k = cfg.kafka
         self.routes = routes
@@ -773,7 +785,16 @@ class DetectStage:
         )
         self.shards = [
             DomainStage(
-                cfg, topology, n_parts, producer, store, batch_size, self.consumer, routes, i
+                cfg,
+                topology,
+                n_parts,
+                producer,
+                store,
+                batch_size,
+                self.consumer,
+                routes,
+                i,
+                clock=clock,
             )
             for i in range(routes.n)
         ]

@@ -33,7 +33,13 @@ from rocewatch.runtime.aggregate import Aggregator
 from rocewatch.runtime.detect import DetectStage
 from rocewatch.runtime.memory import reclaim
 from rocewatch.runtime.steps import DomainRoutes
-from rocewatch.runtime.timing import DETECT_JOIN_S, POLL_MS, STANDBY_POLL_MS
+from rocewatch.runtime.timing import (
+    DETECT_JOIN_S,
+    POLL_MS,
+    STANDBY_POLL_MS,
+    SYSTEM_CLOCK,
+    Clock,
+)
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
 
@@ -63,12 +69,17 @@ class _StageListener(ConsumerRebalanceListener):  # type: ignore[misc]
 class DetectService:
     """Both stages in one process: run as many instances as there are cores to spare."""
 
-    def __init__(self, cfg: Config, topology: Topology | None = None) -> None:
+    def __init__(
+        self, cfg: Config, topology: Topology | None = None, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         if topology is None:
             if not cfg.topology:
                 raise ConfigError("detect needs 'topology' (a topology file) in its config")
             topology = Topology.load(cfg.topology)
         self.cfg = cfg
+        # one clock for both stages and what they own: the service's timers (checkpoint and
+        # idle cadence) and theirs (heartbeats, idle release, stall, takeover retries)
+        self.clock = clock
         k = cfg.kafka
         self.routes = DomainRoutes(topology)
         self.n_parts = ensure_detect_topics(k, self.routes.n)
@@ -80,10 +91,12 @@ class DetectService:
         self.producer = WatchedProducer(
             make_producer(k, max_request_size=MAX_MESSAGE_BYTES, batch_size=batch)
         )
-        self.store = StateStore(k, self.producer, limits[t.state])
-        self.agg = Aggregator(cfg, self.n_parts, self.producer, self.store, limits, self.routes)
+        self.store = StateStore(k, self.producer, limits[t.state], clock)
+        self.agg = Aggregator(
+            cfg, self.n_parts, self.producer, self.store, limits, self.routes, clock
+        )
         self.det = DetectStage(
-            cfg, topology, self.n_parts, self.producer, self.store, batch, self.routes
+            cfg, topology, self.n_parts, self.producer, self.store, batch, self.routes, clock
         )
         self.stop_event = threading.Event()
         self.detect_error: BaseException | None = None
@@ -148,8 +161,8 @@ class DetectService:
             self.sink_started = True
             sink = threading.Thread(target=self._sink_loop, name="rocewatch-sink", daemon=True)
             sink.start()
-        last_input = time.monotonic()
-        next_metrics = time.monotonic()
+        last_input = self.clock.monotonic()
+        next_metrics = self.clock.monotonic()
         next_save = next_metrics + k.commit_interval_s
         turn = 0
         cpu0 = time.thread_time()
@@ -159,7 +172,7 @@ class DetectService:
                 self.producer.check()
                 n = self.agg.poll_once(POLL_MS)
                 self.agg.finish_checkpoint()
-                now = time.monotonic()
+                now = self.clock.monotonic()
                 if self.metrics is not None and now >= next_metrics:
                     next_metrics = now + 0.5
                     self.metrics.update_scaleout(self)
@@ -234,15 +247,15 @@ class DetectService:
         commands carried out, its state saved once per commit interval. An error stops the
         instance (``run`` raises it); the final checkpoint is ``run``'s, once this has ended."""
         k = self.cfg.kafka
-        next_commands = time.monotonic()
+        next_commands = self.clock.monotonic()
         next_save = next_commands + k.commit_interval_s
         cpu0 = time.thread_time()
         try:
             while not self.stop_event.is_set():
                 if self.det.poll_once(POLL_MS if self.det.active else STANDBY_POLL_MS):
-                    self.detect_input = time.monotonic()
+                    self.detect_input = self.clock.monotonic()
                 self.det.finish_checkpoint()
-                now = time.monotonic()
+                now = self.clock.monotonic()
                 if now >= next_commands:
                     next_commands = now + 0.5
                     self.det.apply_operator_commands()
