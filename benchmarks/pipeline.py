@@ -118,11 +118,14 @@ def detect(
     )
     svc = DetectService(Config(kafka=k, state_dir=str(state)), topology=topology)  # type: ignore[arg-type]
     svc.subscribe()
+    # join both groups before the clock starts (and before the fabric starts talking); stage 1
+    # is polled only until it has its partitions: a poll after that would aggregate records
+    # outside the measured time (a whole poll of the pre-filled topic while the detect group
+    # was still joining, which made the drain look up to twice as cheap as it is)
     join_deadline = time.monotonic() + 60
-    while time.monotonic() < join_deadline and not (
-        svc.agg.consumer.assignment() and svc.det.active
-    ):
-        svc.agg.poll_once(100)  # join both groups before the fabric starts talking
+    while time.monotonic() < join_deadline and not svc.agg.consumer.assignment():
+        svc.agg.poll_once(100)
+    while time.monotonic() < join_deadline and not svc.det.active:
         svc.det.poll_once(100)
     if callable(on_ready):
         on_ready()
@@ -132,14 +135,27 @@ def detect(
     worker.start()
     deadline = time.monotonic() + timeout_s
 
-    def steps_behind() -> int:
-        held = [d for d in svc.det.shards if d.active and d.state is not None]
-        return sum(max(0, (d.consumer.highwater(d.tp) or 0) - d.state.offset) for d in held)
+    def evaluated() -> bool:
+        """The detect stage has read every steps message stage 1 sent (the broker's end
+        offsets: the consumer's highwater is only as fresh as its last fetch, which may predate
+        the last closes) and evaluated every step all partitions have closed."""
+        if svc.producer.unanswered:  # steps still on their way to the broker
+            return False
+        held = [(d, d.state) for d in svc.det.shards if d.active and d.state is not None]
+        ends = svc.store.end_offsets([d.tp for d, _ in held])
+        for d, st in held:
+            closed = list(st.part_closed.values())
+            if st.offset < ends[d.tp] or len(closed) < svc.n_parts:
+                return False
+            edge = min(closed) // d.step_ns * d.step_ns
+            if st.closed_ns is None or st.closed_ns < edge:
+                return False
+        return bool(held)
 
-    # drained: every sample aggregated, and the detect stage no more than a round of
-    # heartbeats behind the steps they made (the last lateness window waits for idleness)
+    # drained: every sample aggregated, and every step closed by then evaluated (the last
+    # lateness window waits for idleness: the old service's flush_idle, left out here)
     while time.monotonic() < deadline and worker.is_alive():
-        if svc.agg.samples >= total and steps_behind() <= 2 * svc.n_parts:
+        if svc.agg.samples >= total and evaluated():
             break
         time.sleep(0.05)
     end = time.monotonic()

@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
 import polars as pl
 from kafka import KafkaConsumer
 from kafka.errors import KafkaError
@@ -110,13 +111,19 @@ class DetectState:
         """What its state record holds (``restore`` takes it back)."""
         # the partial steps travel as one frame: many small frames cost more in headers
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        # (coded keys, which mean something only in this process, as their strings)
-        parts = [
-            KEYS.decode(f).with_columns(pl.lit(p, dtype=pl.Int32).alias("part"))
-            for _, slot in sorted(self.buffer.items())
-            for p, f in sorted(slot.items())
-        ]
-        d["buffer"] = pl.concat(parts, how="vertical") if parts else None
+        # (coded keys, which mean something only in this process, as their strings: decoded
+        # once for the whole buffer, not per frame, which cost a gather per key column and
+        # frame: hundreds of frames while the stage is behind)
+        frames = [f for _, slot in sorted(self.buffer.items()) for _, f in sorted(slot.items())]
+        if not frames:
+            d["buffer"] = None
+            return d
+        part = np.repeat(
+            np.array([p for _, slot in sorted(self.buffer.items()) for p in sorted(slot)]),
+            [f.height for f in frames],
+        )
+        flat = KEYS.decode(KEYS.concat(frames))
+        d["buffer"] = flat.with_columns(pl.Series("part", part, dtype=pl.Int32))
         return d
 
     def record_data(self) -> tuple[dict[str, Any], str]:

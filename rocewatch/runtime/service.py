@@ -88,8 +88,13 @@ class DetectService:
         # a batch of several records must fit each topic's limit too (kafka-python splits a
         # refused batch, but its flush then fails); one larger record goes alone
         batch = max(16 << 10, min(1 << 20, *limits.values()))
+        # no codec of Kafka's: what this producer carries (steps, rollups, state records) is
+        # zstd-compressed Arrow already, and lz4 over it saved no bytes but cost CPU in the
+        # sender thread, the broker's validation and the consumers' fetch parsing
         self.producer = WatchedProducer(
-            make_producer(k, max_request_size=MAX_MESSAGE_BYTES, batch_size=batch)
+            make_producer(
+                k, max_request_size=MAX_MESSAGE_BYTES, batch_size=batch, compression_type=None
+            )
         )
         self.store = StateStore(k, self.producer, limits[t.state], clock)
         self.agg = Aggregator(
