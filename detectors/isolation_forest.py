@@ -70,13 +70,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from importlib import metadata
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import polars as pl
-import sklearn
-from sklearn.ensemble import IsolationForest
 
 from detectors.base import Finding, StepContext, node_labels, port_labels
 from detectors.windows import Step, sorted_lookup
@@ -84,6 +83,9 @@ from rocewatch import checkpoint
 from rocewatch.checkpoint import CheckpointError
 from rocewatch.errors import ConfigError
 from rocewatch.topology import NicEnd, PortEnd, Topology
+
+if TYPE_CHECKING:
+    from sklearn.ensemble import IsolationForest
 
 log = logging.getLogger(__name__)
 
@@ -470,7 +472,7 @@ class ForestModel:
                     "features": self.features,
                     "meta": self.meta,
                     "kinds": self.kinds,
-                    "sklearn": sklearn.__version__,
+                    "sklearn": _sklearn_version(),
                 },
                 MODEL_KIND,
             )
@@ -510,14 +512,24 @@ class ForestModel:
             for k, v in kinds.items()
         ):
             raise ConfigError(f"{path}: model holds no usable forest")
-        if doc.get("sklearn") != sklearn.__version__:
+        if doc.get("sklearn") != _sklearn_version():
             log.warning(
                 "%s: trained with scikit-learn %s, running %s",
                 path,
                 doc.get("sklearn"),
-                sklearn.__version__,
+                _sklearn_version(),
             )
         return cls(kinds=kinds, meta=dict(doc.get("meta") or {}), features=got)
+
+
+def _sklearn_version() -> str:
+    """The installed scikit-learn's version, read from its package metadata: scikit-learn
+    (with SciPy, about 1.3 s) is imported only when a forest is trained (``fit_kind``), so a
+    detector that scores a saved model, or has not trained yet, starts without it."""
+    try:
+        return metadata.version("scikit-learn")
+    except metadata.PackageNotFoundError:
+        return "none"
 
 
 def _feature_diff(got: Any, want: dict[str, list[str]]) -> str:
@@ -547,6 +559,8 @@ def fit_kind(
     random_state: int,
 ) -> KindModel:
     """Fit one kind's forest on raw training rows and learn its threshold from their scores."""
+    from sklearn.ensemble import IsolationForest  # here, not at import: see _sklearn_version
+
     x = _transform(kind, raw)
     med = np.nanmedian(np.where(np.isnan(x).all(axis=0), 0.0, x), axis=0)
     x = np.where(np.isnan(x), med, x)
