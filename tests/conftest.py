@@ -468,3 +468,18 @@ class SimCache:
 @pytest.fixture(scope="session")
 def recordings(tmp_path_factory: pytest.TempPathFactory) -> SimCache:
     return SimCache(tmp_path_factory)
+
+
+# ==================== Kafka topics for a shared run ===========================================
+#
+#   shared_kafka_topics session: label -> KafkaTopics on the session's broker, for a fixture
+#                       wider than one test (a module's run that several tests compare with)
+# ==============================================================================================
+
+
+@pytest.fixture(scope="session")
+def shared_kafka_topics(kafka_broker: Any) -> Any:
+    def make(label: str) -> KafkaTopics:
+        return KafkaTopics(str(kafka_broker.bootstrap), label)
+
+    return make

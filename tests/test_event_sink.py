@@ -31,6 +31,7 @@ from rocewatch.runtime.service import DetectService
 from storage.store import Store
 from tests.notify_receiver import Receiver, free_port
 from tests.pg_fresh import fresh_database
+from tests.support.until_done import run_service, stop_when_done
 from tests.test_kafka_resilience import scrape
 from tests.test_notify import SECRET, check_signed, events
 from tests.test_scaleout import PARTITIONS, so_cfg
@@ -257,7 +258,9 @@ def test_detect_stores_what_replay_stores_through_its_own_sink(
         n = publish_scenario(scenario, cfg)
         svc = DetectService(cfg)
         assert svc.sink is not None
-        svc.run(max_idle_s=4.0)
+        worker, errors = run_service(svc, 4.0)
+        stop_when_done(svc, worker)  # a graceful stop: the embedded sink finishes first
+        assert not errors, errors
         assert svc.agg.samples == n
         assert not svc.sink.stats.as_dict(), svc.sink.stats.as_dict()
 

@@ -27,6 +27,7 @@ from rocewatch.sources import merged, scenario_sources
 from rocewatch.stats import Stats
 from rocewatch.topology import Topology
 from tests.support.kafka_read import read_to_end
+from tests.support.until_done import run_service, stop_when_done
 
 
 @pytest.fixture
@@ -179,16 +180,27 @@ def test_detector_killed_mid_stream_loses_and_doubles_nothing(
         if first.poll() is None:
             first.kill()
     assert pub.is_alive(), "the stream ended before the kill: nothing was in flight"
-    second = subprocess.run(
-        [*cmd, "--max-idle", "8"], env=env, capture_output=True, text=True, timeout=240
-    )
-    pub.join(120)
-    assert second.returncode == 0, second.stderr[-3000:]
+    second_log = tmp_path / "second.log"
+    with second_log.open("wb") as fh:  # (--max-idle: a safety net; stopped once done)
+        second = subprocess.Popen(
+            [*cmd, "--max-idle", "60"], env=env, stdout=fh, stderr=subprocess.STDOUT
+        )
+    try:
+        pub.join(120)
+        # once the restart has brought every alert to its final state and made the drains,
+        # a graceful stop (SIGTERM: final checkpoint and transaction), not an idle one
+        wait_for_outputs(kafka_bootstrap, cfg, replayed, replay_result.actions)
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(120) == 0, second_log.read_text(errors="replace")[-3000:]
+    finally:
+        if second.poll() is None:
+            second.kill()
+    log = second_log.read_text(errors="replace")
     # the restart began from the checkpoints the killed one left, not from the start
-    resumed = re.findall(r"partition \d+ resumes at offset (\d+)", second.stderr)
-    assert resumed and max(int(o) for o in resumed) > 0, second.stderr[-3000:]
-    restored = re.search(r"detect stage active \(steps offset (\d+)\)", second.stderr)
-    assert restored and int(restored.group(1)) > 0, second.stderr[-3000:]
+    resumed = re.findall(r"partition \d+ resumes at offset (\d+)", log)
+    assert resumed and max(int(o) for o in resumed) > 0, log[-3000:]
+    restored = re.search(r"detect stage active \(steps offset (\d+)\)", log)
+    assert restored and int(restored.group(1)) > 0, log[-3000:]
     events = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, k.topics.alerts)]
     keys = Counter((e["fingerprint"], e["startsAt"], e["status"]) for e in events)
     doubled = [key for key, c in keys.items() if c > 1]
@@ -212,7 +224,9 @@ def test_garbage_messages_go_to_dead_letter_and_the_stream_goes_on(
     garbage.close()
     publish_scenario(scenario, cfg)
     svc = DetectService(cfg)
-    svc.run(max_idle_s=8.0)  # the group join counts as idle time
+    worker, errors = run_service(svc, 8.0)  # the group join counts as idle time
+    stop_when_done(svc, worker)
+    assert not errors, errors
     assert svc.summary()["stats"]["dead_letter"] == 3
     dlq = read_topic(kafka_bootstrap, cfg.kafka.topics.dead_letter)
     assert len(dlq) == 3

@@ -9,8 +9,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,24 @@ def write_cli_config(path: Path, scenario: Path, state: Path, kafka: dict[str, A
     return path
 
 
+def wait_for_replay_outputs(
+    k: KafkaConfig, replay_result: Any, proc: subprocess.Popen, timeout: float = 240
+) -> None:
+    """Until the alert events on ``k``'s topics bring every alert of the replay to its final
+    state, with at least as many actions: what is compared afterwards is compared exactly."""
+    deadline = time.monotonic() + timeout
+    while True:
+        events = [orjson.loads(m.value) for m in read_topic(k, k.topics.alerts)]
+        acts = read_topic(k, k.topics.actions)
+        if comparable(events) == comparable(replay_result.alerts) and len(acts) >= len(
+            replay_result.actions
+        ):
+            return
+        assert proc.poll() is None, f"detect exited with {proc.returncode}"
+        assert time.monotonic() < deadline, f"outputs incomplete after {timeout:.0f} s"
+        time.sleep(0.5)
+
+
 def test_cli_publish_and_detect_over_sasl_ssl_give_the_replay_alerts(
     secure_kafka_broker, scenario, replay_result, tmp_path
 ):
@@ -144,19 +164,30 @@ def test_cli_publish_and_detect_over_sasl_ssl_give_the_replay_alerts(
         timeout=300,
     )
     assert pub.returncode == 0, pub.stderr[-3000:]
-    det = subprocess.run(
-        [*cli, "detect", "--config", str(det_conf), "--max-idle", "8"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert det.returncode == 0, det.stderr[-3000:]
-    for out in (pub.stdout, pub.stderr, det.stdout, det.stderr):
-        assert secret not in out
-    assert "accepts this client (SASL_SSL)" in pub.stderr + det.stderr  # the preflight ran
-
     k = sasl_kafka(sb, prefix)
+    out, err = tmp_path / "detect.out", tmp_path / "detect.err"
+    with out.open("wb") as fo, err.open("wb") as fe:  # (--max-idle: a safety net)
+        proc = subprocess.Popen(
+            [*cli, "detect", "--config", str(det_conf), "--max-idle", "60"],
+            env=env,
+            stdout=fo,
+            stderr=fe,
+        )
+    try:
+        # once every alert is in its final state and the drains are made, a graceful stop
+        # (SIGTERM: the final checkpoint and transaction), not an idle one
+        wait_for_replay_outputs(k, replay_result, proc)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    det_stdout, det_stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+    assert code == 0, det_stderr[-3000:]
+    for text in (pub.stdout, pub.stderr, det_stdout, det_stderr):
+        assert secret not in text
+    assert "accepts this client (SASL_SSL)" in pub.stderr + det_stderr  # the preflight ran
+
     events = [orjson.loads(m.value) for m in read_topic(k, k.topics.alerts)]
     keys = Counter((e["fingerprint"], e["startsAt"], e["status"]) for e in events)
     assert max(keys.values()) == 1, "an alert event was published twice"

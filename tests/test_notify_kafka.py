@@ -16,6 +16,7 @@ from rocewatch.runtime.service import DetectService
 from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import default_scenario
 from tests.notify_receiver import Receiver, free_port
+from tests.support.until_done import run_service, stop_when_done
 from tests.test_kafka_pipeline import read_topic
 from tests.test_notify import SECRET, check_signed, events
 
@@ -49,7 +50,9 @@ def test_detect_service_sends_every_alert_event_once(
         assert publish_scenario(scenario, cfg) > 10_000
         svc = DetectService(cfg)
         assert svc.sink is not None  # storage and notify: the sink runs in the service
-        svc.run(max_idle_s=8.0)  # the group join counts as idle time
+        worker, errors = run_service(svc, 8.0)
+        stop_when_done(svc, worker)  # a graceful stop: the embedded sink finishes first
+        assert not errors, errors
     finally:
         rx.stop()
     published = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, topics.alerts)]

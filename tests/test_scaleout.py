@@ -3,6 +3,7 @@ of one of them loses and doubles nothing."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import io
 import json
@@ -48,6 +49,7 @@ from rocewatch.sim import write_scenario
 from rocewatch.sim.faults import FlakyLink
 from rocewatch.sim.scenarios import default_scenario
 from tests.notify_receiver import free_port
+from tests.support.until_done import run_service, stop_when_done
 from tests.test_kafka_pipeline import (
     comparable,
     read_topic,
@@ -190,12 +192,17 @@ def settled_holder(a: Instance, b: Instance, timeout: float = 30.0) -> tuple[Ins
     still say "active" for a moment before it hands the stage over)."""
     deadline = time.monotonic() + timeout
     last: Instance | None = None
+    since = 0.0
     while time.monotonic() < deadline:
         now = [i for i in (a, b) if i.detecting()]
-        if len(now) == 1 and now[0] is last:
+        t = time.monotonic()
+        if len(now) != 1:
+            last = None
+        elif now[0] is not last:
+            last, since = now[0], t
+        elif t - since >= 1.5:  # the only holder at every look for that long
             return (a, b) if last is a else (b, a)
-        last = now[0] if len(now) == 1 else None
-        time.sleep(1.5)
+        time.sleep(0.2)
     raise AssertionError("no instance settled into running the detect stage")
 
 
@@ -361,7 +368,9 @@ def test_two_instances_produce_what_one_produces(
     kafka_topics.create("one.telemetry", partitions=PARTITIONS)
     n = publish_scenario(scenario, one)
     svc = DetectService(one)
-    svc.run(max_idle_s=4.0)
+    worker, errors = run_service(svc, 4.0)
+    stop_when_done(svc, worker)
+    assert not errors, errors
     assert svc.agg.samples == n
     alerts1, actions1 = outputs(kafka_bootstrap, one)
     # the scale-out path finds what replay finds, and decides the same drains
@@ -430,9 +439,22 @@ def one_instance(
     kafka_topics.create("dom1.telemetry", partitions=PARTITIONS)
     n = publish_scenario(scenario, cfg)
     svc = DetectService(cfg)
-    svc.run(max_idle_s=4.0)
+    worker, errors = run_service(svc, 4.0)
+    stop_when_done(svc, worker)
+    assert not errors, errors
+    assert svc.agg.samples == n
     alerts, actions = outputs(bootstrap, cfg)
     return svc, n, alerts, actions
+
+
+@pytest.fixture(scope="module")
+def pod_one(
+    shared_kafka_topics: Any, tmp_path_factory: pytest.TempPathFactory, pod_scenario: Path
+) -> tuple[DetectService, int, list[dict], list[dict]]:
+    """``one_instance`` over the pod scenario, once for the module: the two tests that
+    compare two instances with one take their reference from the same run."""
+    topics = shared_kafka_topics("pod_one")
+    return one_instance(topics.bootstrap, topics, tmp_path_factory.mktemp("pod_one"), pod_scenario)
 
 
 def rule_alerts(alerts: list[dict]) -> dict[tuple[str, str], tuple]:
@@ -441,14 +463,15 @@ def rule_alerts(alerts: list[dict]) -> dict[tuple[str, str], tuple]:
 
 
 def test_a_fabric_of_domains_runs_its_detect_stage_on_both_instances(
-    kafka_bootstrap, kafka_topics, tmp_path, pod_scenario
+    kafka_bootstrap, kafka_topics, tmp_path, pod_scenario, pod_one
 ):
     """Split into domains, the detect stage runs as one stage per domain, spread over the
     instances. A domain's alerts do not depend on who evaluates it, and each domain speaks
     only for its own devices, judging the cable ends facing it with both sides: the storm
     that crosses domains has the origin and victims replay finds, and nothing is doubled."""
     expected = replay(pod_scenario, tmp_path / "replay")
-    svc, n, alerts1, actions1 = one_instance(kafka_bootstrap, kafka_topics, tmp_path, pod_scenario)
+    svc, n, alerts1, actions1 = pod_one
+    alerts1, actions1 = copy.deepcopy((alerts1, actions1))  # (read-only here; shared)
     assert [d.domain for d in svc.det.shards] == ["", "pod-0", "pod-1"]
     assert max(event_keys(alerts1).values()) == 1
     # the rule detectors' alerts are replay's, over the whole fabric
@@ -537,12 +560,12 @@ def test_each_domains_pipeline_fed_its_routed_steps_raises_what_the_whole_fabric
 
 
 def test_kill_one_of_two_instances_running_domains_loses_and_doubles_nothing(
-    kafka_bootstrap, kafka_topics, tmp_path, pod_scenario
+    kafka_bootstrap, kafka_topics, tmp_path, pod_scenario, pod_one
 ):
     """A kill -9 of an instance mid-stream: the other takes over its domains' detect stages
     (each from its own checkpoint and transactional id), and publishes what one instance
     publishes, nothing twice."""
-    _, _, alerts1, actions1 = one_instance(kafka_bootstrap, kafka_topics, tmp_path, pod_scenario)
+    alerts1, actions1 = copy.deepcopy(pod_one[2:])
     cfg = so_cfg(kafka_bootstrap, kafka_topics, "domkill", tmp_path, pod_scenario)
     kafka_topics.create("domkill.telemetry", partitions=PARTITIONS)
     conf = write_conf(cfg, tmp_path / "domkill.yaml")
@@ -651,22 +674,6 @@ def test_a_stalled_instance_comes_back_fenced_and_nothing_doubles(
         assert not late, (f.name, late)
 
 
-def run_service(svc: DetectService, max_idle_s: float) -> tuple[threading.Thread, list]:
-    """Run ``svc`` in a thread until it has been idle ``max_idle_s``; its exceptions land in the
-    list returned with the thread."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            svc.run(max_idle_s=max_idle_s)
-        except BaseException as e:
-            errors.append(e)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    return worker, errors
-
-
 def test_states_too_large_for_the_state_topic_are_not_sent_and_the_stream_goes_on(
     kafka_bootstrap, kafka_topics, tmp_path, scenario, replay_result
 ):
@@ -686,7 +693,7 @@ def test_states_too_large_for_the_state_topic_are_not_sent_and_the_stream_goes_o
     assert svc.store.max_bytes == 20000 - RECORD_OVERHEAD
     worker, errors = run_service(svc, 8.0)
     publish_scenario(scenario, cfg, 2.0)
-    worker.join(300)
+    stop_when_done(svc, worker)
     assert not worker.is_alive() and not errors, errors
     stats = svc.summary()["stats"]
     skipped = stats.get("state_too_large_by", {})
@@ -716,7 +723,7 @@ def test_steps_and_rollups_topics_with_a_small_record_limit_get_smaller_messages
     assert svc.agg.steps_limit == limit - RECORD_OVERHEAD
     assert svc.agg.rollups_limit == 20000 - RECORD_OVERHEAD
     worker, errors = run_service(svc, 8.0)
-    worker.join(300)
+    stop_when_done(svc, worker)
     assert not worker.is_alive() and not errors, errors
     stats = svc.summary()["stats"]
     assert stats.get("steps_messages_split", 0) >= 1, stats
@@ -825,7 +832,7 @@ def test_scale_out_forest_from_stage_one_raises_what_replay_raises(
     assert "nic_tx_bytes" not in svc.agg.detect_metrics  # read by the forest alone
     worker, errors = run_service(svc, 8.0)
     publish_scenario(scenario, cfg, 2.0)
-    worker.join(300)
+    stop_when_done(svc, worker)
     assert not worker.is_alive() and not errors, errors
     stats = svc.summary()["stats"]
     assert not {k: v for k, v in stats.items() if k.startswith("late")}, stats
@@ -910,7 +917,8 @@ def test_a_lone_instance_that_loses_its_hold_takes_its_stage_back(
     lose(svc, cfg)
     assert pub.is_alive(), "the stream ended before the hold was lost"
     pub.join(120)
-    worker.join(300)
+    wait_for_outputs(kafka_bootstrap, cfg, replay_result.alerts, replay_result.actions)
+    stop_when_done(svc, worker)
     assert not worker.is_alive() and not errors, errors
     stats = svc.summary()["stats"]
     # a fence shows as such, or, when the epoch bump meets the instance's commit in flight,
@@ -949,7 +957,8 @@ def test_a_record_the_broker_refuses_stops_the_instance_and_its_restart_loses_no
     again = DetectService(cfg)
     worker, errors = run_service(again, 8.0)
     pub.join(120)
-    worker.join(300)
+    wait_for_outputs(kafka_bootstrap, cfg, replay_result.alerts, replay_result.actions)
+    stop_when_done(again, worker)
     assert not worker.is_alive() and not errors, errors
     stats = again.summary()["stats"]
     assert not {k: v for k, v in stats.items() if k.startswith("late")}, stats
@@ -1399,7 +1408,9 @@ def test_scale_out_consumer_lag_is_a_prometheus_metric(
         assert got[f'rocewatch_consumer_lag_records{{partition="{p}"}}'] == lag
     assert got["rocewatch_consumer_lag_records_total"] == sum(behind.values())
 
-    svc.run(max_idle_s=4.0)
+    worker, errors = run_service(svc, 4.0)
+    stop_when_done(svc, worker)
+    assert not errors, errors
     reg = svc.metrics.registry
     assert reg.get_sample_value("rocewatch_samples_ingested_total") == n
     assert reg.get_sample_value("rocewatch_consumer_lag_records_total") == 0
