@@ -45,6 +45,7 @@ from rocewatch.pipeline import Output
 from rocewatch.replay import replay
 from rocewatch.runtime.service import DetectService
 from rocewatch.runtime.steps import StepsMessage, decode_steps, encode_steps
+from rocewatch.runtime.timing import SYSTEM_CLOCK
 from rocewatch.sim import write_scenario
 from rocewatch.sim.faults import FlakyLink
 from rocewatch.sim.scenarios import default_scenario
@@ -1165,6 +1166,7 @@ def test_detect_stage_buffers_each_step_of_a_message_and_counts_late_and_steples
 
     det = object.__new__(DomainStage)
     det.cfg, det.n_parts, det.stats = Config(), 3, Stats()
+    det.clock = SYSTEM_CLOCK
     det.seen, det.lat_pending, det.moved_at, det.heard = {}, [], 0.0, 0.0
     step_ns = det.step_ns
     st = DetectState(1, None, {}, {}, {}, None, 0, {})  # type: ignore[arg-type]
@@ -1210,6 +1212,7 @@ def test_a_detect_stage_that_hears_no_partition_judges_none_without_an_owner() -
 
     det = object.__new__(DomainStage)
     det.cfg, det.n_parts, det.stats = Config(), 2, Stats()
+    det.clock = SYSTEM_CLOCK
     det.consumer, det.tp, det.stall_s = Consumer(), None, 20.0
     det.seen, det.started, det.heard = {0: 0.0, 1: 0.0}, 0.0, 0.0
     det.lat_pending, det.moved_at = [], 0.0

@@ -4,6 +4,7 @@ partition read back (read committed)."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -17,7 +18,6 @@ from rocewatch.bus.topics import (
 from rocewatch.config import KafkaConfig
 from rocewatch.errors import RetryableError
 from rocewatch.runtime import checkpoint
-from rocewatch.runtime.timing import SYSTEM_CLOCK, Clock
 
 # --- the state topic -----------------------------------------------------------------------------
 
@@ -74,15 +74,8 @@ class StateStore:
     Both stages of an instance read through it, each from its own thread: a KafkaConsumer is
     not safe to share between threads, so every read holds ``lock``."""
 
-    def __init__(
-        self,
-        k: KafkaConfig,
-        producer: Any,
-        max_bytes: int | None = None,
-        clock: Clock = SYSTEM_CLOCK,
-    ) -> None:
+    def __init__(self, k: KafkaConfig, producer: Any, max_bytes: int | None = None) -> None:
         self.topic = k.topics.state
-        self.clock = clock  # how long a read back may take
         self.producer = producer
         self.lock = threading.RLock()
         self.reader = KafkaConsumer(
@@ -127,14 +120,15 @@ class StateStore:
         end = self.end(partition)
         want = None if key is None else key.encode()
         back = 8  # the last record is usually within the last few offsets (markers, fences)
-        deadline = self.clock.monotonic() + timeout_s
+        # (a wait on the broker: real time, whatever clock the stages run on)
+        deadline = time.monotonic() + timeout_s
         while end > 0:
             start = max(0, end - back)
             self.reader.assign([tp])
             self.reader.seek(tp, start)
             found: Any = None
             while self.reader.position(tp) < end:
-                if self.clock.monotonic() > deadline:
+                if time.monotonic() > deadline:
                     raise RetryableError(f"state {self.topic}/{partition} not readable to {end}")
                 for m in self.reader.poll(timeout_ms=500).get(tp, []):
                     if m.offset < end and (want is None or m.key == want):

@@ -114,15 +114,12 @@ class DetectState:
         # (coded keys, which mean something only in this process, as their strings: decoded
         # once for the whole buffer, not per frame, which cost a gather per key column and
         # frame: hundreds of frames while the stage is behind)
-        frames = [f for _, slot in sorted(self.buffer.items()) for _, f in sorted(slot.items())]
-        if not frames:
+        held = [pf for _, slot in sorted(self.buffer.items()) for pf in sorted(slot.items())]
+        if not held:
             d["buffer"] = None
             return d
-        part = np.repeat(
-            np.array([p for _, slot in sorted(self.buffer.items()) for p in sorted(slot)]),
-            [f.height for f in frames],
-        )
-        flat = KEYS.decode(KEYS.concat(frames))
+        part = np.repeat(np.array([p for p, _ in held]), [f.height for _, f in held])
+        flat = KEYS.decode(KEYS.concat([f for _, f in held]))
         d["buffer"] = flat.with_columns(pl.Series("part", part, dtype=pl.Int32))
         return d
 
@@ -160,9 +157,6 @@ class DomainStage:
     """Stage 2 for one fabric domain (steps partition ``shard``): assemble its steps from
     every telemetry partition and run the detectors on them. ``DetectStage`` holds the
     consumer this reads through and one of these per domain."""
-
-    # (a stage a test builds without ``__init__`` runs on the system's)
-    clock: Clock = SYSTEM_CLOCK
 
     def __init__(
         self,

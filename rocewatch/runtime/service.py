@@ -96,7 +96,7 @@ class DetectService:
                 k, max_request_size=MAX_MESSAGE_BYTES, batch_size=batch, compression_type=None
             )
         )
-        self.store = StateStore(k, self.producer, limits[t.state], clock)
+        self.store = StateStore(k, self.producer, limits[t.state])
         self.agg = Aggregator(
             cfg, self.n_parts, self.producer, self.store, limits, self.routes, clock
         )
