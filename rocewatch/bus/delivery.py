@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -86,19 +87,21 @@ def output_partitions(cfg: Config, consumer: Any) -> list[TopicPartition]:
 def send_events(producer: Any, cfg: Config, out: Output, published: Published) -> tuple[int, int]:
     """Publish ``out``'s alerts and actions, less those already published; how many of each."""
     t = cfg.kafka.topics
-    alerts = [(t.alerts, _alert_id(a), a.fingerprint, a.to_json(), b"alert/v1") for a in out.alerts]
-    actions = [(t.actions, _action_id(a), a.node, a.to_json(), b"action/v1") for a in out.actions]
+    kinds: list[tuple[str, list[Any], Callable[[Any], str], Callable[[Any], str], bytes]] = [
+        (t.alerts, out.alerts, _alert_id, lambda a: a.fingerprint, b"alert/v1"),
+        (t.actions, out.actions, _action_id, lambda a: a.node, b"action/v1"),
+    ]
     sent = []
-    for events in (alerts, actions):
+    for topic, events, event_id, key, schema in kinds:
         n = 0
-        for topic, event_id, key, body, schema in events:
-            if published.take(topic, event_id):
+        for e in events:
+            if published.take(topic, event_id(e)):
                 continue
             n += 1
             producer.send(
                 topic,
-                key=key.encode(),
-                value=orjson.dumps(body),
+                key=key(e).encode(),
+                value=orjson.dumps(e.to_json()),
                 headers=[("rocewatch-schema", schema)],
             )
         sent.append(n)
