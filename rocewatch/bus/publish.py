@@ -126,6 +126,22 @@ def producer_is_dead(producer: Any) -> bool:
     return bool(tm is not None and tm.has_fatal_error())
 
 
+def abandon_producer(producer: Any, timeout: float) -> None:
+    """Close a producer that may have failed, never raising. kafka-python's ``close`` flushes
+    first and, when that raises (a failed transaction, a broker gone), never marks itself
+    closed: its ``__del__`` then tries again at garbage collection and raises there, out of
+    everyone's reach. So a failed close stops the sender thread and marks it closed."""
+    try:
+        producer.close(timeout=timeout)
+    except Exception:
+        sender = getattr(producer, "_sender", None)
+        with contextlib.suppress(Exception):
+            if sender is not None:
+                sender.force_close()
+                sender.join(timeout)
+        producer._closed = True  # (kafka-python's flag; its __del__ then does nothing)
+
+
 class TelemetryPublisher:
     """Sample frames -> TelemetryBatch messages on the telemetry topic, keyed by device.
 
@@ -176,8 +192,7 @@ class TelemetryPublisher:
             return
         self.producer = make_producer(self.k)
         self.producer_restarts += 1
-        with contextlib.suppress(Exception):
-            dead.close(timeout=1)
+        abandon_producer(dead, timeout=1)
 
     def readings(self) -> list[tuple[str, str, str, dict[str, str], float]]:
         """Publishing's own numbers for /metrics (``rocewatch.metrics.Reading``)."""

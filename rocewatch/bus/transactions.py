@@ -3,7 +3,6 @@ fence before each drain or resume."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Any
 
@@ -16,7 +15,7 @@ from kafka.errors import (
 )
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
-from rocewatch.bus.publish import make_producer
+from rocewatch.bus.publish import abandon_producer, make_producer
 from rocewatch.bus.topics import MAX_MESSAGE_BYTES
 from rocewatch.config import KafkaConfig
 from rocewatch.errors import (
@@ -180,8 +179,7 @@ class DetectWriter:
         """Give the transactional producer up (what is still open is aborted by the broker,
         or by the next holder's ``start``)."""
         if self.fenced and self.producer is not None:
-            with contextlib.suppress(Exception):
-                self.producer.close(timeout=5)
+            abandon_producer(self.producer, timeout=5)
             self.producer = None
         self.open = False
 
