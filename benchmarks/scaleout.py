@@ -99,10 +99,24 @@ def held_partitions(log_text: str) -> list[int]:
 
 
 def detect_stages_ready(texts: list[str], domains: list[str]) -> bool:
-    """One instance runs the detect stage (one domain), or the instances' latest assignments
-    split the domains' stages between them, every instance holding some."""
+    """Every instance has had its part of the detect group's assignment and one runs the detect
+    stage (one domain), or the instances' latest assignments split the domains' stages between
+    them, every instance holding some. (An instance that runs the stage before the others have
+    joined the detect group hands it over when they do: the stream started then waited out a
+    takeover, up to 1.5 s, in some runs.)"""
     if len(domains) <= 1:
-        return any(t.rfind("detect stage active") > t.rfind("detect stage handed") for t in texts)
+        last = [
+            max(
+                (t.rfind(s), s)
+                for s in ("detect stage active", "detect stage on standby", "detect stage handed")
+            )
+            for t in texts
+        ]
+        return (
+            all(at >= 0 for at, _ in last)
+            and [s for _, s in last].count("detect stage active") == 1
+            and all(s != "detect stage handed" for _, s in last)
+        )
     held = []
     for t in texts:
         found = re.findall(r"detect stages held here: (.*)", t)

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import signal
 import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import polars as pl
@@ -699,3 +701,21 @@ def test_the_aggregate_stage_saves_each_partition_once_per_interval_and_stops_wh
         assert len(times) >= 4
         # each partition once per interval (on the 0.01 s steps of the streaming polls)
         assert all(4.0 - EPS <= b - a <= 4.0 + 0.05 for a, b in itertools.pairwise(times)), times
+
+
+def test_a_member_without_the_detect_stage_says_so_at_each_assignment(caplog):
+    """Each member logs its part of every detect-group assignment (the one domain's stage:
+    active, or on standby), so the logs tell which instance runs it and that the group has
+    settled (benchmarks/scaleout.py starts its stream only then)."""
+    stage = object.__new__(DetectStage)
+    taken: list[list[TopicPartition]] = []
+    shard = SimpleNamespace(tp=TopicPartition("steps", 0), active=False, assigned=taken.append)
+    stage.routes, stage.shards = SimpleNamespace(n=1), [shard]
+    with caplog.at_level(logging.INFO, logger="rocewatch.runtime.detect"):
+        stage.assigned([])
+    assert "detect stage on standby" in caplog.text and taken == [[]]
+    caplog.clear()
+    shard.active = True  # (as DomainStage.assigned leaves it when it took the partition)
+    with caplog.at_level(logging.INFO, logger="rocewatch.runtime.detect"):
+        stage.assigned([shard.tp])
+    assert "standby" not in caplog.text and taken[-1] == [shard.tp]

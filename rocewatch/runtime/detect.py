@@ -814,6 +814,10 @@ class DetectStage:
         if self.routes.n > 1:
             held = sorted(d.name for d in self.shards if d.active)
             log.info("detect stages held here: %s", ", ".join(held) or "none")
+        elif not any(d.active for d in self.shards):
+            # (every member logs its part of each rebalance: which instance runs the stage,
+            # and that the group has settled, can be told from the logs)
+            log.info("detect stage on standby: another instance runs it")
 
     def revoked(self, tps: list[TopicPartition]) -> None:
         for det, mine in self._mine(tps):
