@@ -124,6 +124,24 @@ def detect_stages_ready(texts: list[str], domains: list[str]) -> bool:
     return all(held) and sorted(d for h in held for d in h) == sorted(domains)
 
 
+def groups_settled(admin: Any, group: str, k: int) -> bool:
+    """Both consumer groups (``<group>-agg``, ``<group>-detect``) are Stable with all ``k``
+    instances as members, as the broker says: a member still joining would move partitions,
+    or the detect stage, inside the measured stream."""
+    try:
+        found = admin.describe_groups([f"{group}-agg", f"{group}-detect"])
+    except Exception:  # the coordinator not yet known: not settled
+        return False
+    return (
+        all(
+            (g.get("group_state") or g.get("state")) == "Stable"
+            and len(g.get("members") or []) == k
+            for g in found.values()
+        )
+        and len(found) == 2
+    )
+
+
 def pct(xs: list[float], q: float) -> float:
     """The q-quantile of sorted values (nearest rank), NaN for none."""
     return xs[min(len(xs) - 1, int(len(xs) * q))] if xs else float("nan")
@@ -194,6 +212,7 @@ def run(
     # the clock starts once the instances' latest assignments split the telemetry partitions
     # between them (a member still rejoining the group shows its old, overlapping set) and one
     # runs the detect stage: a rebalance inside the measured stream would be timed as latency
+    group_admin = KafkaAdminClient(bootstrap_servers=[bootstrap])
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         texts = [p.read_text(errors="replace") for p in logs]
@@ -202,6 +221,7 @@ def run(
             all(held)
             and sorted(p for h in held for p in h) == list(range(PARTITIONS))
             and detect_stages_ready(texts, domains)
+            and groups_settled(group_admin, f"{prefix}.group", k)
         ):
             break
         for p, lf in zip(procs, logs, strict=True):
@@ -210,6 +230,7 @@ def run(
         time.sleep(0.3)
     else:
         raise RuntimeError("instances did not take their partitions in time")
+    group_admin.close()
     cpu0 = [proc_cpu_s(p.pid) for p in procs]
     broker0 = proc_cpu_s(broker_pid) if broker_pid else 0.0
     pub0 = time.process_time()  # this process: the publisher and its Kafka client threads
