@@ -705,8 +705,7 @@ def test_the_aggregate_stage_saves_each_partition_once_per_interval_and_stops_wh
 
 def test_a_member_without_the_detect_stage_says_so_at_each_assignment(caplog):
     """Each member logs its part of every detect-group assignment (the one domain's stage:
-    active, or on standby), so the logs tell which instance runs it and that the group has
-    settled (benchmarks/scaleout.py starts its stream only then)."""
+    active, or on standby), so the logs tell which instance runs it."""
     stage = object.__new__(DetectStage)
     taken: list[list[TopicPartition]] = []
     shard = SimpleNamespace(tp=TopicPartition("steps", 0), active=False, assigned=taken.append)

@@ -112,7 +112,7 @@ class WatchedProducer:
         except (ProducerFailed, KafkaError) as e:
             if not self.reported:
                 log.error("at close: %s", e)
-        self.inner.close(timeout=10)
+        abandon_producer(self.inner, timeout=10)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -320,7 +320,7 @@ class TelemetryPublisher:
         try:
             self.flush()
         except KafkaError:
-            self.producer.close(timeout=1)  # what the broker never answered is lost: counted
+            abandon_producer(self.producer, timeout=1)  # what the broker never answered: counted
             raise
         self.producer.close(timeout=1 if producer_is_dead(self.producer) else None)
 

@@ -815,8 +815,8 @@ class DetectStage:
             held = sorted(d.name for d in self.shards if d.active)
             log.info("detect stages held here: %s", ", ".join(held) or "none")
         elif not any(d.active for d in self.shards):
-            # (every member logs its part of each rebalance: which instance runs the stage,
-            # and that the group has settled, can be told from the logs)
+            # (every member logs its part of each rebalance: which instance runs the stage
+            # can be told from any instance's log)
             log.info("detect stage on standby: another instance runs it")
 
     def revoked(self, tps: list[TopicPartition]) -> None:
