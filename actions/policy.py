@@ -795,6 +795,18 @@ class DrainPolicy:
             "incident_refused": sorted(self._incident_refused),
         }
 
+    def forget_nodes(self, keep: set[str]) -> int:
+        """Drop what was only waiting on nodes no longer in the topology (alerts waiting for
+        their hold-down, drains waiting for approval); how many. A drain already made stays
+        recorded: only rocewatch's record lets it be resumed."""
+        gone = [k for k, c in self._cands.items() if c.node not in keep and c.status == "waiting"]
+        for k in gone:
+            del self._cands[k]
+        held = [n for n, r in self._nodes.items() if n not in keep and r.status == "pending"]
+        for n in held:
+            del self._nodes[n]
+        return len(gone) + len(held)
+
     def restore(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state()`` of an earlier run (of the same or an older version)."""
         if state.get("version") != STATE_VERSION:

@@ -31,10 +31,13 @@ sys.path[:] = [str(ROOT)] + [
 ]
 
 
-def state_bytes(obj: object) -> int:
+def state_bytes(pipe: object) -> int:
+    """The size of a pipeline's checkpoint (each part's state, as data)."""
+    from rocewatch.pipeline import Pipeline
     from rocewatch.runtime import checkpoint
 
-    return len(checkpoint.dumps(obj, "pipeline"))
+    assert isinstance(pipe, Pipeline)
+    return len(checkpoint.dumps(pipe.state(), "pipeline", Pipeline.state_types()))
 
 
 def main() -> int:

@@ -48,8 +48,19 @@ class Detector(Protocol):
     # detect stage only the metrics some enabled detector reads
     reads: ClassVar[frozenset[str]]
 
+    # the record types its state holds (rocewatch.core.state.Stateful)
+    STATE_TYPES: ClassVar[tuple[type, ...]]
+
     def evaluate(self, ctx: StepContext) -> list[Finding]:
         """Every condition that holds at the step that just closed."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """What it learned and holds, as data (never its configuration nor topology)."""
+        ...
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """Lay ``state()`` of an earlier run over this detector, built from today's config."""
         ...
 
 

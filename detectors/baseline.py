@@ -14,6 +14,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
@@ -160,6 +161,7 @@ class Sketch:
     (0.01, 100, 100.0)
     """
 
+    PARAMS: ClassVar[tuple[str, ...]] = ("tau_s",)  # a restored one takes today's
     lo: float
     decades: float
     per_decade: int = 10

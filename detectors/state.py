@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import polars as pl
@@ -206,6 +206,14 @@ class Sustain:
     (2.0, 70, False)
     """
 
+    # its configuration (a restored one takes today's: rocewatch.core.state.carry_params)
+    PARAMS: ClassVar[tuple[str, ...]] = (
+        "sustain_s",
+        "gap_s",
+        "clear_s",
+        "max_entities",
+        "min_rows",
+    )
     sustain_s: float
     gap_s: float
     clear_s: float

@@ -71,6 +71,7 @@ from detectors.state import (
     counter_timing,
 )
 from detectors.windows import Step
+from rocewatch.core.state import Stateful
 from rocewatch.errors import ConfigError
 from rocewatch.topology import Topology
 
@@ -262,10 +263,12 @@ def poisson_tail(count: float, mean: float) -> float:
 
 
 @dataclass
-class TransportErrorsDetector:
+class TransportErrorsDetector(Stateful):
     topology: Topology
     config: TransportErrorsConfig = field(default_factory=TransportErrorsConfig)
     name: str = "transport_errors"
+    # the record types its state holds (rocewatch.core.state; the checkpoint codec reads no other)
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (EntitySlots, Episode, Sustain, _Errors, Finding)
     # the metrics it reads from the window engine (steps carry no others to the detect stage)
     reads: ClassVar[frozenset[str]] = frozenset({OOS, *(m for m, _ in ERRORS)})
 

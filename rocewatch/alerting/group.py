@@ -37,10 +37,12 @@ import functools
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import orjson
 
 from detectors.base import Finding
+from rocewatch.core.state import Stateful
 from rocewatch.topology import NicEnd, PortEnd, Topology
 
 STORM = "PFCStorm"
@@ -140,7 +142,7 @@ class _Group:
     last: int = 0
 
 
-class StormGrouper:
+class StormGrouper(Stateful):
     """Groups each step's PFCStorm findings into one origin alert per device and one victim
     alert per storm (module docstring); other findings pass unchanged.
 
@@ -160,6 +162,9 @@ class StormGrouper:
             split_domains = len(getattr(topology, "domains", [""])) > 1
         self.split_domains = split_domains
         self.groups: dict[tuple[str, ...], _Group] = {}
+
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (_Group, Finding)
+    NOT_STATE: ClassVar[frozenset[str]] = frozenset({"hold_ns", "split_domains"})
 
     def group(self, now_ns: int, findings: list[Finding]) -> list[Finding]:
         """``findings`` of one detector for the step ending at ``now_ns``, grouped."""

@@ -26,11 +26,14 @@ from rocewatch.runtime import checkpoint
 _SERIALISER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rocewatch-state")
 
 
-def _as_checkpoint(obj: Any) -> tuple[Any, str]:
-    """A stage's state as the data its record holds, and the record's kind (a stage's state
-    says both: ``record_data``)."""
+def _as_checkpoint(obj: Any) -> tuple[Any, str, checkpoint.StateTypes]:
+    """A stage's state as the data its record holds, the record's kind and the record types
+    in it (a stage's state says all three: ``record_data``)."""
     record_data = getattr(obj, "record_data", None)
-    return record_data() if record_data is not None else (obj, "state")
+    if record_data is not None:
+        data, kind, types = record_data()
+        return data, kind, types
+    return obj, "state", checkpoint.NO_TYPES
 
 
 class StateSnapshot:
@@ -43,8 +46,8 @@ class StateSnapshot:
     the serialisation 0.1 to 0.2 s, which no longer holds up the stream."""
 
     def __init__(self, obj: Any, copy: bool = True) -> None:
-        data, kind = _as_checkpoint(obj)
-        self.snap = checkpoint.Snapshot(data, kind, copy_frames=copy)
+        data, kind, types = _as_checkpoint(obj)
+        self.snap = checkpoint.Snapshot(data, kind, copy_frames=copy, types=types)
         self.future: Future[bytes] | None = None
 
     def start(self) -> StateSnapshot:
