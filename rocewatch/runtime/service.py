@@ -76,6 +76,12 @@ class DetectService:
             if not cfg.topology:
                 raise ConfigError("detect needs 'topology' (a topology file) in its config")
             topology = Topology.load(cfg.topology)
+        log.info(
+            "topology %s: %d switches, %d nodes",
+            topology.fabric,
+            len(topology.switches),
+            len(topology.nodes),
+        )
         self.cfg = cfg
         # one clock for both stages and what they own: the service's timers (checkpoint and
         # idle cadence) and theirs (heartbeats, idle release, stall, takeover retries)
