@@ -33,8 +33,8 @@ sys.path[:] = [str(ROOT)] + [
 
 def state_bytes(data: object) -> int:
     """The size of a part of a pipeline's checkpoint (its state, as data)."""
+    from rocewatch.core import checkpoint
     from rocewatch.pipeline import Pipeline
-    from rocewatch.runtime import checkpoint
 
     return len(checkpoint.dumps(data, "pipeline", Pipeline.state_types()))
 

@@ -34,8 +34,8 @@ import orjson
 import pytest
 import yaml
 
-from rocewatch.bus.publish import publish_scenario
 from rocewatch.bus.topics import ensure_topics
+from rocewatch.runtime.publish import publish_scenario
 from tests.test_kafka_pipeline import detect_state_end, kafka_cfg, read_topic
 
 SPLIT_S = 16.0  # telemetry seconds before the restart
