@@ -254,7 +254,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             sim_cfg = sc.SCENARIOS[args.scenario](
                 nodes=args.nodes, duration_s=args.duration, seed=args.seed
             )
-        from rocewatch.progress import Progress
+        from rocewatch.core.progress import Progress
 
         bar = Progress("simulate", 1, enabled=sys.stderr.isatty())
         write_scenario(

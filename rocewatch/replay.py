@@ -17,10 +17,10 @@ import orjson
 
 from rocewatch.config import Config
 from rocewatch.core.errors import ConfigError
+from rocewatch.core.progress import Progress
 from rocewatch.core.stats import Stats
 from rocewatch.core.topology import Topology
 from rocewatch.pipeline import ROLLUP_S, Output, Pipeline
-from rocewatch.progress import Progress
 from rocewatch.sources import merged, scenario_sources
 
 log = logging.getLogger(__name__)
