@@ -201,6 +201,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-idle", type=float, default=0.0, help="--gnmic-topic: exit after this idle time"
     )
 
+    ck = sub.add_parser("check", help="configuration checks")
+    cksub = ck.add_subparsers(dest="check_command", required=True)
+    ckr = cksub.add_parser(
+        "roce",
+        help="RoCE configuration of NICs and switches, both ends of every cable "
+        "(like netq check roce); exits 1 on an error",
+    )
+    ckr.add_argument("dir", type=Path, help="topology.yaml, nic_config.jsonl, switch_config.jsonl")
+    ckr.add_argument("--json", action="store_true")
+    ckr.add_argument("--priority", type=int, help="RoCE's lossless priority (default: the jobs')")
+    ckr.add_argument("--no-table", action="store_true", help="findings only")
+
     t = sub.add_parser("topology", help="topology file tools")
     tsub = t.add_subparsers(dest="topology_command", required=True)
     tc = tsub.add_parser("check", help="validate a topology file")
@@ -236,6 +248,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             return oc.cmd_actions(args.config, args.db, args.node, args.json)
         command = "reject" if args.command == "approve" and args.reject else args.command
         return oc.cmd_command(args.config, args.db, command, args.node, args.wait)
+    if args.command == "check":
+        from rocewatch.roce.report import cmd_check_roce
+
+        return cmd_check_roce(args.dir, args.json, args.priority, not args.no_table)
     from rocewatch.config import load_config
     from rocewatch.runtime.memory import tune_gc
 
