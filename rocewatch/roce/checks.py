@@ -233,7 +233,7 @@ def classification_outliers(lks: list[Link], it: Intent) -> Iterator[Finding]:
                 continue
             ref, _ = Counter(known).most_common(1)[0]
             for n, v in sorted(vals.items()):
-                if v == ref:
+                if v is None or v == ref:  # a priority the port does not map is unknown
                     continue
                 yield Finding(
                     "classification",
