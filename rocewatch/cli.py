@@ -51,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--sysfs", action="store_true", help="also lay out a fake sysfs tree per node (sysfs/)"
     )
+    s.add_argument(
+        "--config-fault",
+        action="append",
+        default=[],
+        metavar="KIND[=TARGET]",
+        help="a RoCE configuration fault in nic_config/switch_config.jsonl (repeatable): "
+        "nic_pcp_trust, pfc_wrong_priority, uplink_mtu, spine_no_ecn, no_roce_v2_gid",
+    )
 
     r = sub.add_parser("replay", help="replay a scenario directory through the detectors")
     r.add_argument("scenario_dir", type=Path)
@@ -279,6 +287,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             progress=lambda d, t: bar.update(d / max(t, 1)),
             int_pcap=args.int,
         )
+        if args.config_fault:
+            from rocewatch.sim.roce_config import parse_fault, write_roce_config
+
+            write_roce_config(args.out_dir, sim_cfg, [parse_fault(f) for f in args.config_fault])
         if args.sysfs:
             from rocewatch.sim.sysfs import write_scenario_sysfs
 

@@ -154,11 +154,26 @@ CASES = [
     (
         "gid",
         ERROR,
-        setv(NIC_END, gids=[Gid(1, 0, "fe80::1", "IB/RoCE v1", "eth3")]),
+        setv(
+            NIC_END,
+            gids=[
+                Gid(1, 0, "fe80:0000:0000:0000:0e42:a1ff:fe9b:0c38", "IB/RoCE v1", "eth3"),
+                Gid(1, 1, "fe80:0000:0000:0000:0e42:a1ff:fe9b:0c38", "RoCE v2", "eth3"),
+            ],
+        ),
         (NIC_END, TOR),
-        "no RoCE v2 GID",
+        "no routable RoCE v2 GID (only IB/RoCE v1 link-local, RoCE v2 link-local)",
     ),
     ("gid", ERROR, setv(NIC_END, gids=[]), (NIC_END, TOR), "GID table empty"),
+    (
+        "gid",
+        ERROR,
+        setv(
+            NIC_END, gids=[Gid(1, 3, "0000:0000:0000:0000:0000:ffff:c000:0201", "RoCE v2", "eth9")]
+        ),
+        (NIC_END, TOR),
+        "no routable RoCE v2 GID",
+    ),
     ("mtu", ERROR, setv(UP, mtu=1500), (UP, SPINE), "MTU 1500"),
     ("mtu", ERROR, setv(TOR, mtu=1500), (NIC_END, TOR), "swp13 MTU 1500"),
     (

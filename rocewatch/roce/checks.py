@@ -366,26 +366,31 @@ def check_gid(link: Link, it: Intent) -> Iterator[Finding]:
     e = link.ea
     if not link.nic or e is None or e.gids is None:
         return
-    v2 = [
-        g
-        for g in e.gids
-        if g.type == "RoCE v2" and (e.netdev is None or g.ndev is None or g.ndev == e.netdev)
-    ]
-    if v2:
+    if any(routable_v2(g.gid, g.type) and g.ndev in (None, e.netdev) for g in e.gids):
         return
-    other = sorted({g.type or "?" for g in e.gids})
+    have = sorted({f"{g.type or '?'}{' link-local' if _link_local(g.gid) else ''}" for g in e.gids})
     yield Finding(
         "gid",
         ERROR,
         (link.a, link.b),
-        f"{link.a} ({e.netdev or 'netdev unknown'}) has no RoCE v2 GID"
-        + (f" (only {', '.join(other)})" if other else " (GID table empty)")
+        f"{link.a} ({e.netdev or 'netdev unknown'}) has no routable RoCE v2 GID"
+        + (f" (only {', '.join(have)})" if have else " (GID table empty)")
         + f"; its cable goes to {link.b}",
         "NCCL (NCCL_IB_GID_INDEX) and rdma_cm find no routable RoCE v2 address on this port: "
         "jobs placed here cannot connect",
         "give the netdev its IP address (RoCE v2 GIDs follow the netdev's addresses); check "
         "with `show_gids` / `rdma link`",
     )
+
+
+def _link_local(gid: str) -> bool:
+    return gid.lower().startswith("fe80")
+
+
+def routable_v2(gid: str, gid_type: str | None) -> bool:
+    """A RoCE v2 GID of an IPv4 or global IPv6 address: what NCCL_IB_GID_INDEX should pick
+    (a link-local fe80:: GID does not cross the leaf's routed hop)."""
+    return gid_type == "RoCE v2" and not _link_local(gid)
 
 
 def check_pause(link: Link, it: Intent) -> Iterator[Finding]:
