@@ -181,13 +181,31 @@ def check_dir(d: Path, intent: Intent | None = None) -> dict[str, Any]:
     }
 
 
-def format_findings(findings: list[Finding] | list[dict[str, Any]]) -> str:
+def _device(end: str) -> str:
+    return end.split("/", 1)[0]
+
+
+def format_findings(findings: list[Finding] | list[dict[str, Any]], show: int = 3) -> str:
+    """The findings as text. A fault on one device shows on each of its cables: findings of one
+    check and consequence that all touch the same device are shown ``show`` at a time, then
+    counted (``--json`` has every one)."""
+    ds = [f.to_dict() if isinstance(f, Finding) else f for f in findings]
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for d in ds:
+        groups.setdefault((d["severity"], d["check"], d["consequence"]), []).append(d)
     lines = []
-    for f in findings:
-        d = f.to_dict() if isinstance(f, Finding) else f
-        lines.append(f"{d['severity'].upper():7} {d['check']}: {d['message']}")
-        lines.append(f"        consequence: {d['consequence']}")
-        lines.append(f"        fix: {d['fix']}")
+    for (sev, check, consequence), group in groups.items():
+        common = set.intersection(*({_device(e) for e in d["ends"]} for d in group))
+        cut = group[:show] if len(group) > show + 1 and common else group
+        for d in cut:
+            lines.append(f"{sev.upper():7} {check}: {d['message']}")
+        if len(cut) < len(group):
+            lines.append(
+                f"        ... and {len(group) - len(cut)} more {check} findings on the cables of "
+                f"{', '.join(sorted(common))} ({len(group)} in all)"
+            )
+        lines.append(f"        consequence: {consequence}")
+        lines.append(f"        fix: {group[0]['fix']}")
     return "\n".join(lines)
 
 
