@@ -183,99 +183,99 @@ def _event(switch: str, ts: int, path: str, fields: dict[str, Any]) -> dict[str,
     }
 
 
-def switch_events(fab: Fabric, ts: int, faults: list[ConfigFault], prio: int) -> list[Any]:
-    """Every switch's CONFIG_DB entries (and OpenConfig MTU leaves), faults applied."""
+ConfigDb = dict[str, dict[str, dict[str, Any]]]  # table -> key -> field -> value
+
+
+def config_db(fab: Fabric, faults: list[ConfigFault], prio: int) -> dict[str, ConfigDb]:
+    """Every switch's CONFIG_DB RoCE tables, faults applied: what SONiC's gNMI server serves for
+    target ``CONFIG_DB`` (values strings, as CONFIG_DB holds them)."""
     wrong_pfc = {f.target for f in faults if f.kind == "pfc_wrong_priority"}
     no_ecn = {f.target for f in faults if f.kind == "spine_no_ecn"}
     bad_mtu = {f.target for f in faults if f.kind == "uplink_mtu"}
     dscp = {str(d): str(d // 8) for d in range(64)}
     dscp |= {str(ROCE_DSCP): str(prio), str(CNP_DSCP): str(CNP_PRIO)}
-    out: list[Any] = []
+    out: dict[str, ConfigDb] = {}
     for si, sw in enumerate(fab.switches):
-        ports = [fab.port_name[p] for p in np.flatnonzero(fab.port_switch == si)]
-        ev = [
-            _event(sw, ts, "/DSCP_TO_TC_MAP/ROCE", dscp),
-            _event(
-                sw,
-                ts,
-                "/TC_TO_PRIORITY_GROUP_MAP/ROCE",
-                {str(t): "0" for t in range(8)} | {str(prio): str(prio)},
-            ),
-            _event(sw, ts, "/TC_TO_QUEUE_MAP/ROCE", {str(t): str(t) for t in range(8)}),
-            _event(
-                sw,
-                ts,
-                "/WRED_PROFILE/ROCE_LOSSLESS",
-                {
+        db: ConfigDb = {
+            "DSCP_TO_TC_MAP": {"ROCE": dscp},
+            "TC_TO_PRIORITY_GROUP_MAP": {
+                "ROCE": {str(t): "0" for t in range(8)} | {str(prio): str(prio)}
+            },
+            "TC_TO_QUEUE_MAP": {"ROCE": {str(t): str(t) for t in range(8)}},
+            "WRED_PROFILE": {
+                "ROCE_LOSSLESS": {
                     "ecn": "ecn_all",
                     "wred_green_enable": "true",
                     "green_min_threshold": "153600",
                     "green_max_threshold": "1536000",
                     "green_drop_probability": "5",
-                },
-            ),
-            _event(sw, ts, "/SCHEDULER/scheduler.0", {"type": "DWRR", "weight": "50"}),
-            _event(sw, ts, "/SCHEDULER/scheduler.strict", {"type": "STRICT"}),
-            _event(sw, ts, "/PFC_WD/GLOBAL", {"POLL_INTERVAL": "200"}),
-        ]
+                }
+            },
+            "SCHEDULER": {
+                "scheduler.0": {"type": "DWRR", "weight": "50"},
+                "scheduler.strict": {"type": "STRICT"},
+            },
+            "PFC_WD": {"GLOBAL": {"POLL_INTERVAL": "200"}},
+            "PORT": {},
+            "PORT_QOS_MAP": {},
+            "QUEUE": {},
+        }
         # every port of the fabric carries RoCE: the same QoS on all of them
-        for port in ports:
+        for p in np.flatnonzero(fab.port_switch == si):
+            port = fab.port_name[p]
             mtu = BAD_MTU if f"{sw}/{port}" in bad_mtu else SWITCH_MTU
-            if fab.naming == "sonic":
-                ev.append(
-                    _event(
-                        sw,
-                        ts,
-                        f"/PORT/{port}",
-                        {"admin_status": "up", "mtu": str(mtu), "speed": str(fab.link_gbps * 1000)},
-                    )
-                )
-            else:
-                ev.append(
-                    {
-                        "name": SUBSCRIPTION,
-                        "timestamp": ts,
-                        "tags": {
-                            "source": f"{sw}:{GNMI_PORT}",
-                            "subscription-name": SUBSCRIPTION,
-                            "interface_name": port,
-                        },
-                        "values": {"/interfaces/interface/config/mtu": mtu},
-                    }
-                )
+            db["PORT"][port] = {
+                "admin_status": "up",
+                "mtu": str(mtu),
+                "speed": str(fab.link_gbps * 1000),
+            }
             pfc = str(WRONG_PRIORITY if sw in wrong_pfc else prio)
-            ev.append(
-                _event(
-                    sw,
-                    ts,
-                    f"/PORT_QOS_MAP/{port}",
-                    {
-                        "dscp_to_tc_map": "ROCE",
-                        "tc_to_pg_map": "ROCE",
-                        "tc_to_queue_map": "ROCE",
-                        "pfc_to_queue_map": "ROCE",
-                        "pfc_enable": pfc,
-                        "pfcwd_sw_enable": pfc,
-                    },
-                )
-            )
-            q3: dict[str, Any] = {"scheduler": "scheduler.0"}
+            db["PORT_QOS_MAP"][port] = {
+                "dscp_to_tc_map": "ROCE",
+                "tc_to_pg_map": "ROCE",
+                "tc_to_queue_map": "ROCE",
+                "pfc_to_queue_map": "ROCE",
+                "pfc_enable": pfc,
+                "pfcwd_sw_enable": pfc,
+            }
+            q: dict[str, Any] = {"scheduler": "scheduler.0"}
             if sw not in no_ecn:
-                q3["wred_profile"] = "ROCE_LOSSLESS"
-            ev.append(_event(sw, ts, f"/QUEUE/{port}|{prio}", q3))
-            ev.append(
-                _event(sw, ts, f"/QUEUE/{port}|{CNP_PRIO}", {"scheduler": "scheduler.strict"})
-            )
-            ev.append(_event(sw, ts, f"/QUEUE/{port}|0", {"scheduler": "scheduler.0"}))
-            ev.append(
-                _event(
-                    sw,
-                    ts,
-                    f"/PFC_WD/{port}",
-                    {"action": "drop", "detection_time": "200", "restoration_time": "200"},
-                )
-            )
-        out.extend(ev)
+                q["wred_profile"] = "ROCE_LOSSLESS"
+            db["QUEUE"][f"{port}|{prio}"] = q
+            db["QUEUE"][f"{port}|{CNP_PRIO}"] = {"scheduler": "scheduler.strict"}
+            db["QUEUE"][f"{port}|0"] = {"scheduler": "scheduler.0"}
+            db["PFC_WD"][port] = {
+                "action": "drop",
+                "detection_time": "200",
+                "restoration_time": "200",
+            }
+        out[sw] = db
+    return out
+
+
+def switch_events(fab: Fabric, ts: int, faults: list[ConfigFault], prio: int) -> list[Any]:
+    """gnmic events of every switch's configuration: a CONFIG_DB entry per event; fabrics not
+    named ``sonic`` serve the port MTU as OpenConfig leaves instead of the PORT table."""
+    out: list[Any] = []
+    for sw, db in config_db(fab, faults, prio).items():
+        for table, entries in db.items():
+            if table == "PORT" and fab.naming != "sonic":
+                for port, fields in entries.items():
+                    out.append(
+                        {
+                            "name": SUBSCRIPTION,
+                            "timestamp": ts,
+                            "tags": {
+                                "source": f"{sw}:{GNMI_PORT}",
+                                "subscription-name": SUBSCRIPTION,
+                                "interface_name": port,
+                            },
+                            "values": {"/interfaces/interface/config/mtu": int(fields["mtu"])},
+                        }
+                    )
+                continue
+            for key, fields in entries.items():
+                out.append(_event(sw, ts, f"/{table}/{key}", fields))
     return out
 
 
