@@ -7,7 +7,6 @@ What each section holds: docs/formats/roce_config.md and collector/nic/roce_conf
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from collector.nic.roce_config import (
@@ -35,13 +34,13 @@ __all__ = [
 
 
 def _int(v: Any) -> int | None:
-    if isinstance(v, bool):
+    if isinstance(v, int):  # bool included: dcb's on/off arrays
         return int(v)
-    if isinstance(v, int):
-        return v
     if isinstance(v, str):
-        with contextlib.suppress(ValueError):
+        try:
             return int(v, 0)
+        except ValueError:
+            return None
     return None
 
 

@@ -30,7 +30,6 @@ counted (``skipped``) and skipped.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -48,6 +47,8 @@ def split_path(path: str) -> tuple[list[str], dict[str, str]]:
     """'/a/b[k=v/1]/c' -> (['a', 'b', 'c'], {'b_k': 'v/1'}); origin and module prefixes dropped."""
     if not path.startswith("/") and ":/" in path:
         path = path.split(":/", 1)[1]
+    if "[" not in path and ":" not in path:  # what gnmic writes: keys are in the tags
+        return [e for e in path.split("/") if e], {}
     elems: list[str] = []
     keys: dict[str, str] = {}
     buf, depth = "", 0
@@ -75,19 +76,24 @@ def split_path(path: str) -> tuple[list[str], dict[str, str]]:
 
 
 def _int(v: Any) -> int | None:
+    if isinstance(v, str):
+        if v.isdigit():  # CONFIG_DB's values: the common case, fast
+            return int(v)
+        try:
+            return int(v.strip(), 0)
+        except ValueError:
+            pass
+        try:
+            f = float(v)
+        except ValueError:
+            return None
+        return int(f) if f.is_integer() else None
     if isinstance(v, bool):
         return None
     if isinstance(v, int):
         return v
     if isinstance(v, float) and v.is_integer():
         return int(v)
-    if isinstance(v, str):
-        with contextlib.suppress(ValueError):
-            return int(v.strip(), 0)
-        with contextlib.suppress(ValueError):
-            f = float(v)
-            if f.is_integer():
-                return int(f)
     return None
 
 
@@ -304,6 +310,15 @@ class SwitchConfigReader:
             return []
         ts = self.ts.get(dev)
         t = lambda name: db.get(name, {})  # noqa: E731
+        maps: dict[tuple[str, str], dict[int, int] | None] = {}
+
+        def int_map(table: str, ref: Any) -> dict[int, int] | None:
+            key = (table, _ref(str(ref)))
+            if key not in maps:
+                maps[key] = _int_map(t(table).get(key[1]))
+            m = maps[key]
+            return dict(m) if m is not None else None
+
         qos_map = t("PORT_QOS_MAP")
         glob = qos_map.get("global", {})
         queues: dict[str, dict[int, dict[str, Any]]] = {}
@@ -324,7 +339,7 @@ class SwitchConfigReader:
                 dscp_ref = pm.get("dscp_to_tc_map") or glob.get("dscp_to_tc_map")
                 if dscp_ref:
                     end.trust = "dscp"
-                    end.dscp_to_prio = _int_map(t("DSCP_TO_TC_MAP").get(_ref(str(dscp_ref))))
+                    end.dscp_to_prio = int_map("DSCP_TO_TC_MAP", dscp_ref)
                 elif pm.get("dot1p_to_tc_map"):
                     end.trust = "pcp"
                 for fld, attr, table in (
@@ -333,7 +348,7 @@ class SwitchConfigReader:
                 ):
                     ref = pm.get(fld) or glob.get(fld)
                     if ref:
-                        setattr(end, attr, _int_map(t(table).get(_ref(str(ref)))))
+                        setattr(end, attr, int_map(table, ref))
             if port in qos_map:
                 raw = str(qos_map[port].get("pfc_enable", ""))
                 end.pfc = frozenset(p for s in raw.split(",") if (p := _int(s)) is not None)
