@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from rocewatch.roce.checks import ERROR, INFO, WARNING, Intent, run_checks
-from rocewatch.roce.model import EndConfig, FabricConfig, Gid, PfcWatchdog, Wred
+from rocewatch.roce.model import Gid, PfcWatchdog, RoceEnd, RoceFabric, Wred
 from rocewatch.topology import Topology
 
 TOPO = Topology.from_dict(
@@ -35,8 +35,8 @@ SPINE = "spine-0/swp1"
 DSCP = {d: d // 8 for d in range(64)} | {26: 3, 48: 6}
 
 
-def good_nic() -> EndConfig:
-    return EndConfig(
+def good_nic() -> RoceEnd:
+    return RoceEnd(
         "nic",
         "h100-0012",
         "mlx5_3",
@@ -62,8 +62,8 @@ def good_nic() -> EndConfig:
     )
 
 
-def good_port(switch: str, port: str) -> EndConfig:
-    return EndConfig(
+def good_port(switch: str, port: str) -> RoceEnd:
+    return RoceEnd(
         "switch",
         switch,
         port,
@@ -80,7 +80,7 @@ def good_port(switch: str, port: str) -> EndConfig:
     )
 
 
-def fabric(mutate: Callable[[dict[str, EndConfig]], None] | None = None) -> FabricConfig:
+def fabric(mutate: Callable[[dict[str, RoceEnd]], None] | None = None) -> RoceFabric:
     ends = {
         NIC_END: good_nic(),
         TOR: good_port("tor-p0-r3", "swp13"),
@@ -89,14 +89,14 @@ def fabric(mutate: Callable[[dict[str, EndConfig]], None] | None = None) -> Fabr
     }
     if mutate is not None:
         mutate(ends)
-    fab = FabricConfig()
+    fab = RoceFabric()
     for e in ends.values():
         fab.add(e)
     return fab
 
 
-def setv(name: str, **kw: object) -> Callable[[dict[str, EndConfig]], None]:
-    def f(ends: dict[str, EndConfig]) -> None:
+def setv(name: str, **kw: object) -> Callable[[dict[str, RoceEnd]], None]:
+    def f(ends: dict[str, RoceEnd]) -> None:
         ends[name] = replace(ends[name], **kw)  # type: ignore[arg-type]
 
     return f
@@ -213,12 +213,12 @@ def test_a_correct_fabric_passes_every_check() -> None:
 
 
 def test_unknown_is_never_wrong() -> None:
-    fab = FabricConfig()
+    fab = RoceFabric()
     for name in (NIC_END, TOR, UP, SPINE):
         dev, port = name.split("/", 1)
-        fab.add(EndConfig("nic" if name == NIC_END else "switch", dev, port))
+        fab.add(RoceEnd("nic" if name == NIC_END else "switch", dev, port))
     assert run_checks(TOPO, fab) == []
-    assert run_checks(TOPO, FabricConfig()) == []
+    assert run_checks(TOPO, RoceFabric()) == []
 
 
 @pytest.mark.parametrize(
@@ -229,7 +229,7 @@ def test_unknown_is_never_wrong() -> None:
 def test_check_fires_on_its_fault(
     check: str,
     severity: str,
-    fault: Callable[[dict[str, EndConfig]], None],
+    fault: Callable[[dict[str, RoceEnd]], None],
     ends: tuple[str, str],
     words: str,
 ) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from collector.roce_config.nic import parse_ethtool_pause, parse_snapshot, read_snapshot, run_tool
 from collector.roce_config.nvue import parse_nvue_roce, parse_size
 from collector.roce_config.switch import SwitchConfigReader, split_path
-from rocewatch.roce.model import FabricConfig
+from rocewatch.roce.model import RoceFabric
 
 FIX = Path(__file__).parent / "fixtures" / "roce_config"
 TS = 1795946400000000000
@@ -178,7 +178,7 @@ def test_nvue_show_qos_roce() -> None:
     assert e.wred is not None and e.wred[3].ecn and e.wred[3].min_bytes == 149995
     assert e.wred[6].ecn is False
     # a switch-wide default: every port of the switch inherits it
-    fab = FabricConfig()
+    fab = RoceFabric()
     fab.defaults["leaf-01"] = e
     p = fab.get("leaf-01", "swp13")
     assert p is not None and p.pfc == frozenset({3}) and p.port == "swp13"

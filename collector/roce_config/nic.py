@@ -1,6 +1,6 @@
 """A NIC's RoCE configuration snapshot (a ``nic_config.jsonl`` line, taken by the agent with
 :func:`collector.nic.roce_config.read_snapshot`) parsed into the normalised
-:class:`rocewatch.roce.model.EndConfig`.
+:class:`rocewatch.roce.model.RoceEnd`.
 
 What each section holds: docs/formats/roce_config.md and collector/nic/roce_config.py.
 """
@@ -16,7 +16,7 @@ from collector.nic.roce_config import (
     read_snapshot,
     run_tool,
 )
-from rocewatch.roce.model import NIC, EndConfig, Gid
+from rocewatch.roce.model import NIC, Gid, RoceEnd
 
 __all__ = [
     "ROCE_V2",
@@ -94,12 +94,12 @@ def _enable_map(sec: Any) -> dict[int, bool] | None:
     return out
 
 
-def parse_snapshot(snap: dict[str, Any]) -> EndConfig:
-    """A ``nic_config.jsonl`` line as an :class:`EndConfig`. Raises ValueError without node/nic."""
+def parse_snapshot(snap: dict[str, Any]) -> RoceEnd:
+    """A ``nic_config.jsonl`` line as an :class:`RoceEnd`. Raises ValueError without node/nic."""
     node, nic = snap.get("node"), snap.get("nic")
     if not isinstance(node, str) or not isinstance(nic, str) or not node or not nic:
         raise ValueError("snapshot without node or nic")
-    end = EndConfig(kind=NIC, device=node, port=nic, source="nic-agent")
+    end = RoceEnd(kind=NIC, device=node, port=nic, source="nic-agent")
     end.timestamp = _int(snap.get("timestamp"))
     end.netdev = snap.get("netdev") if isinstance(snap.get("netdev"), str) else None
     end.mtu = _int(snap.get("mtu"))

@@ -1,4 +1,4 @@
-"""NVIDIA Cumulus Linux: ``nv show qos roce -o json`` into a switch-wide :class:`EndConfig`.
+"""NVIDIA Cumulus Linux: ``nv show qos roce -o json`` into a switch-wide :class:`RoceEnd`.
 
 NVUE prints the same tree as its text output (``mode``; ``pfc``: ``pfc-priority``,
 ``rx-enabled``, ``tx-enabled``; ``congestion-control``: ``congestion-mode``, ``enabled-tc``,
@@ -17,7 +17,7 @@ import contextlib
 import re
 from typing import Any
 
-from rocewatch.roce.model import SWITCH, EndConfig, Wred
+from rocewatch.roce.model import SWITCH, RoceEnd, Wred
 
 _SIZE_RE = re.compile(r"^\s*([0-9.]+)\s*([KMG]?B|bytes?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "BYTE": 1, "BYTES": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
@@ -77,11 +77,11 @@ def _rows(v: Any) -> list[dict[str, Any]]:
     return []
 
 
-def parse_nvue_roce(doc: Any, switch: str, port: str = "*") -> EndConfig:
+def parse_nvue_roce(doc: Any, switch: str, port: str = "*") -> RoceEnd:
     """``nv show qos roce -o json`` of ``switch``; raises ValueError when it is not an object."""
     if not isinstance(doc, dict):
         raise ValueError("nv show qos roce: not a JSON object")
-    end = EndConfig(kind=SWITCH, device=switch, port=port, source="nvue")
+    end = RoceEnd(kind=SWITCH, device=switch, port=port, source="nvue")
     mode = doc.get("mode")
     if isinstance(mode, str):
         end.mode = "lossless" if mode.startswith("lossless") else "lossy"

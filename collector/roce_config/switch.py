@@ -1,5 +1,5 @@
 """Switch RoCE configuration from gnmic events (``switch_config.jsonl``) into per-port
-:class:`rocewatch.roce.model.EndConfig`.
+:class:`rocewatch.roce.model.RoceEnd`.
 
 Two vocabularies, both as gnmic's event format writes them (path keys as ``<elem>_<key>`` tags,
 JSON values flattened into ``<path>/<field>`` keys, the Get/Subscribe prefix target as tag
@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from rocewatch.roce.model import SWITCH, EndConfig, FabricConfig, PfcWatchdog, Wred
+from rocewatch.roce.model import SWITCH, PfcWatchdog, RoceEnd, RoceFabric, Wred
 from rocewatch.topology import Topology
 
 _KEY_RE = re.compile(r"\[([^=\]]+)=([^\]]*)\]")
@@ -292,8 +292,8 @@ class SwitchConfigReader:
                 oc.ports.add(port)
 
     # --- output --------------------------------------------------------------------------------
-    def fabric(self, into: FabricConfig | None = None) -> FabricConfig:
-        fab = into if into is not None else FabricConfig()
+    def fabric(self, into: RoceFabric | None = None) -> RoceFabric:
+        fab = into if into is not None else RoceFabric()
         for dev in sorted(set(self.db) | set(self.oc)):
             for end in self._sonic_ends(dev) + self._oc_ends(dev):
                 fab.add(end)
@@ -301,10 +301,10 @@ class SwitchConfigReader:
             fab.skip(f"switch_config:{reason}", n)
         return fab
 
-    def ends(self) -> list[EndConfig]:
+    def ends(self) -> list[RoceEnd]:
         return list(self.fabric().ends.values())
 
-    def _sonic_ends(self, dev: str) -> list[EndConfig]:
+    def _sonic_ends(self, dev: str) -> list[RoceEnd]:
         db = self.db.get(dev)
         if not db:
             return []
@@ -331,7 +331,7 @@ class SwitchConfigReader:
         ports |= {p for p in t("PFC_WD") if p.upper() != "GLOBAL"}
         out = []
         for port in sorted(ports):
-            end = EndConfig(kind=SWITCH, device=dev, port=port, source="CONFIG_DB", timestamp=ts)
+            end = RoceEnd(kind=SWITCH, device=dev, port=port, source="CONFIG_DB", timestamp=ts)
             end.mtu = _int(t("PORT").get(port, {}).get("mtu"))
             pm = qos_map.get(port)
             if pm is not None or glob:
@@ -385,7 +385,7 @@ class SwitchConfigReader:
             out.append(end)
         return out
 
-    def _oc_ends(self, dev: str) -> list[EndConfig]:
+    def _oc_ends(self, dev: str) -> list[RoceEnd]:
         oc = self.oc.get(dev)
         if oc is None:
             return []
@@ -415,7 +415,7 @@ class SwitchConfigReader:
                 bw[n] = w
         out = []
         for port in sorted(oc.ports):
-            end = EndConfig(kind=SWITCH, device=dev, port=port, source="openconfig", timestamp=ts)
+            end = RoceEnd(kind=SWITCH, device=dev, port=port, source="openconfig", timestamp=ts)
             end.mtu = oc.mtu.get(port)
             if dscp:
                 end.dscp_to_prio = dict(dscp)

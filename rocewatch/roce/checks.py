@@ -7,13 +7,13 @@ with what each holds; a value that was not read is unknown and never makes a fin
 expected values come from :class:`Intent` (the RoCE conventions: priority 3, DSCP 26, CNPs on
 DSCP 48 / priority 6), whose priority defaults to the topology's jobs' priority.
 
->>> from rocewatch.roce.model import EndConfig, FabricConfig
+>>> from rocewatch.roce.model import RoceEnd, RoceFabric
 >>> from rocewatch.topology import Topology
 >>> t = Topology.from_dict({"switches": [{"name": "leaf-0", "role": "leaf"}],
 ...     "nodes": [{"name": "gpu-1", "nics": [{"nic": "mlx5_0", "switch_port": "leaf-0/swp1"}]}]})
->>> fab = FabricConfig()
->>> fab.add(EndConfig("nic", "gpu-1", "mlx5_0", trust="pcp"))
->>> fab.add(EndConfig("switch", "leaf-0", "swp1", trust="dscp"))
+>>> fab = RoceFabric()
+>>> fab.add(RoceEnd("nic", "gpu-1", "mlx5_0", trust="pcp"))
+>>> fab.add(RoceEnd("switch", "leaf-0", "swp1", trust="dscp"))
 >>> [f.message for f in run_checks(t, fab)]
 ['gpu-1/mlx5_0 trusts pcp; leaf-0/swp1 trusts dscp']
 """
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rocewatch.roce.model import NIC, EndConfig, FabricConfig
+from rocewatch.roce.model import NIC, RoceEnd, RoceFabric
 from rocewatch.topology import Topology
 
 ERROR, WARNING, INFO = "error", "warning", "info"
@@ -70,14 +70,14 @@ class Link:
     a: str
     b: str
     nic: bool
-    ea: EndConfig | None
-    eb: EndConfig | None
+    ea: RoceEnd | None
+    eb: RoceEnd | None
 
-    def ends(self) -> list[EndConfig]:
+    def ends(self) -> list[RoceEnd]:
         return [e for e in (self.ea, self.eb) if e is not None]
 
 
-def links(topo: Topology, fab: FabricConfig) -> list[Link]:
+def links(topo: Topology, fab: RoceFabric) -> list[Link]:
     out = []
     for (node, nic), n in sorted(topo.nics.items()):
         if n.switch_port is None:
@@ -103,7 +103,7 @@ def links(topo: Topology, fab: FabricConfig) -> list[Link]:
     return out
 
 
-def _say(link: Link, show: Callable[[EndConfig], str]) -> str:
+def _say(link: Link, show: Callable[[RoceEnd], str]) -> str:
     """'A holds x; B holds y', an unknown end said as such."""
     parts = []
     for name, e in ((link.a, link.ea), (link.b, link.eb)):
@@ -111,7 +111,7 @@ def _say(link: Link, show: Callable[[EndConfig], str]) -> str:
     return "; ".join(parts)
 
 
-def _roce_tc(e: EndConfig, prio: int) -> int:
+def _roce_tc(e: RoceEnd, prio: int) -> int:
     if e.prio_to_tc and prio in e.prio_to_tc:
         return e.prio_to_tc[prio]
     return prio
@@ -144,7 +144,7 @@ def check_trust(link: Link, it: Intent) -> Iterator[Finding]:
 
 
 def check_mode(link: Link, it: Intent) -> Iterator[Finding]:
-    def mode(e: EndConfig) -> str | None:
+    def mode(e: RoceEnd) -> str | None:
         if e.mode is not None:
             return e.mode
         if e.pfc is not None:
@@ -188,7 +188,7 @@ def check_pfc(link: Link, it: Intent) -> Iterator[Finding]:
 
 
 def check_classification(link: Link, it: Intent) -> Iterator[Finding]:
-    def dscp_prio(e: EndConfig) -> int | None:
+    def dscp_prio(e: RoceEnd) -> int | None:
         if e.dscp_to_prio is None or e.trust == "pcp":
             return None
         return e.dscp_to_prio.get(it.dscp, -1)
@@ -197,7 +197,7 @@ def check_classification(link: Link, it: Intent) -> Iterator[Finding]:
     if not bad:
         return
 
-    def show(e: EndConfig) -> str:
+    def show(e: RoceEnd) -> str:
         p = dscp_prio(e)
         return f"{e.name} maps DSCP {it.dscp} to " + (
             "unknown" if p is None else "nothing" if p < 0 else f"priority {p}"
@@ -248,7 +248,7 @@ def classification_outliers(lks: list[Link], it: Intent) -> Iterator[Finding]:
 
 
 def check_ecn(link: Link, it: Intent) -> Iterator[Finding]:
-    def problem(e: EndConfig) -> str | None:
+    def problem(e: RoceEnd) -> str | None:
         if e.kind == NIC:
             off = [
                 side
@@ -274,7 +274,7 @@ def check_ecn(link: Link, it: Intent) -> Iterator[Finding]:
     if not any(probs.values()):
         return
 
-    def show(e: EndConfig) -> str:
+    def show(e: RoceEnd) -> str:
         p = probs[e.name]
         if p:
             return f"{e.name}: {p}"
@@ -299,7 +299,7 @@ def check_ecn(link: Link, it: Intent) -> Iterator[Finding]:
 
 
 def check_ets(link: Link, it: Intent) -> Iterator[Finding]:
-    def problem(e: EndConfig) -> str | None:
+    def problem(e: RoceEnd) -> str | None:
         if e.tc_tsa is None:
             return None
         tc = _roce_tc(e, it.priority)
@@ -329,7 +329,7 @@ def check_ets(link: Link, it: Intent) -> Iterator[Finding]:
 
 
 def check_cnp(link: Link, it: Intent) -> Iterator[Finding]:
-    def problem(e: EndConfig) -> str | None:
+    def problem(e: RoceEnd) -> str | None:
         if e.kind == NIC:
             bad = []
             if e.cnp_dscp is not None and e.cnp_dscp != it.cnp_dscp:
@@ -398,7 +398,7 @@ def check_pause(link: Link, it: Intent) -> Iterator[Finding]:
     if not on:
         return
 
-    def show(e: EndConfig) -> str:
+    def show(e: RoceEnd) -> str:
         if e.pause_rx is None and e.pause_tx is None:
             return f"{e.name} global pause unknown"
         rx, tx = ("on" if v else "off" for v in (e.pause_rx, e.pause_tx))
@@ -464,7 +464,7 @@ def mtu_paths(lks: list[Link]) -> Iterator[Finding]:
 
 
 def check_watchdog(link: Link, it: Intent) -> Iterator[Finding]:
-    def problem(e: EndConfig) -> tuple[str, str] | None:
+    def problem(e: RoceEnd) -> tuple[str, str] | None:
         wd = e.pfc_watchdog
         if e.kind == NIC or wd is None:
             return None
@@ -490,7 +490,7 @@ def check_watchdog(link: Link, it: Intent) -> Iterator[Finding]:
     if not found:
         return
 
-    def show(e: EndConfig) -> str:
+    def show(e: RoceEnd) -> str:
         p = probs[e.name]
         if p:
             return f"{e.name}: {p[1]}"
@@ -537,7 +537,7 @@ def intent_for(topo: Topology, **overrides: int) -> Intent:
     return Intent(**kw)
 
 
-def run_checks(topo: Topology, fab: FabricConfig, intent: Intent | None = None) -> list[Finding]:
+def run_checks(topo: Topology, fab: RoceFabric, intent: Intent | None = None) -> list[Finding]:
     """Every finding over the topology's cables, errors first."""
     it = intent or intent_for(topo)
     lks = links(topo, fab)

@@ -2,7 +2,7 @@
 
 Every parser (``collector/roce_config``: iproute2 ``dcb -j`` and sysfs on the NIC, gnmic events of
 OpenConfig QoS paths and SONiC CONFIG_DB tables, Cumulus NVUE JSON) fills the same
-:class:`EndConfig`, so the checks (``rocewatch/roce/checks.py``) compare a NIC with the switch port
+:class:`RoceEnd`, so the checks (``rocewatch/roce/checks.py``) compare a NIC with the switch port
 it is cabled to without knowing where either value came from.
 
 ``None`` everywhere means *unknown* (the tool, file or path was missing); the checks never call an
@@ -59,7 +59,7 @@ class Gid:
 
 
 @dataclass
-class EndConfig:
+class RoceEnd:
     """RoCE configuration of a NIC (``kind`` nic: ``device`` node, ``port`` RDMA device) or of a
     switch port (``kind`` switch: ``device`` switch, ``port`` interface)."""
 
@@ -95,7 +95,7 @@ class EndConfig:
     def name(self) -> str:
         return f"{self.device}/{self.port}"
 
-    def merge(self, other: EndConfig) -> None:
+    def merge(self, other: RoceEnd) -> None:
         """Fill what this end does not know from ``other`` (another source for the same end)."""
         for f in fields(self):
             if f.name in ("kind", "device", "port"):
@@ -126,15 +126,15 @@ def _plain(v: Any) -> Any:
 
 
 @dataclass
-class FabricConfig:
+class RoceFabric:
     """Every end's configuration, keyed by ``(device, port)``, plus what was skipped."""
 
-    ends: dict[tuple[str, str], EndConfig] = field(default_factory=dict)
+    ends: dict[tuple[str, str], RoceEnd] = field(default_factory=dict)
     # switch-wide settings (NVUE's ``nv show qos roce``): what a port of that switch inherits
-    defaults: dict[str, EndConfig] = field(default_factory=dict)
+    defaults: dict[str, RoceEnd] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
 
-    def add(self, end: EndConfig) -> None:
+    def add(self, end: RoceEnd) -> None:
         key = (end.device, end.port)
         have = self.ends.get(key)
         if have is None:
@@ -149,14 +149,14 @@ class FabricConfig:
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n
 
-    def get(self, device: str, port: str) -> EndConfig | None:
+    def get(self, device: str, port: str) -> RoceEnd | None:
         """The end's configuration, completed from its switch's defaults; None if nothing is
         known of it."""
         end = self.ends.get((device, port))
         dflt = self.defaults.get(device)
         if dflt is None:
             return end
-        out = EndConfig(kind=dflt.kind, device=device, port=port)
+        out = RoceEnd(kind=dflt.kind, device=device, port=port)
         if end is not None:
             out.merge(end)
             out.source = end.source

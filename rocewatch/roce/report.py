@@ -20,7 +20,7 @@ from collector.roce_config.nvue import parse_nvue_roce
 from collector.roce_config.switch import SwitchConfigReader
 from rocewatch.errors import ConfigError
 from rocewatch.roce.checks import ERROR, Finding, Intent, intent_for, links, run_checks
-from rocewatch.roce.model import NIC, EndConfig, FabricConfig
+from rocewatch.roce.model import NIC, RoceEnd, RoceFabric
 from rocewatch.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ SWITCH_CONFIG = "switch_config.jsonl"
 NVUE_DIR = "nvue"
 
 
-def load_nic_config(path: Path, fab: FabricConfig) -> None:
+def load_nic_config(path: Path, fab: RoceFabric) -> None:
     with path.open("rb") as f:
         for line in f:
             if not line.strip():
@@ -49,12 +49,12 @@ def load_nic_config(path: Path, fab: FabricConfig) -> None:
                 fab.skip("nic_config:no_node_or_nic")
 
 
-def load_dir(d: Path, topo: Topology | None = None) -> tuple[Topology, FabricConfig]:
+def load_dir(d: Path, topo: Topology | None = None) -> tuple[Topology, RoceFabric]:
     """The topology and every end's configuration from a recorded directory."""
     if not d.is_dir():
         raise ConfigError(f"{d}: not a directory")
     topo = topo or Topology.load(d / "topology.yaml")
-    fab = FabricConfig()
+    fab = RoceFabric()
     if (d / NIC_CONFIG).exists():
         load_nic_config(d / NIC_CONFIG, fab)
     if (d / SWITCH_CONFIG).exists():
@@ -82,7 +82,7 @@ def _m(d: dict[int, int] | None, k: int) -> str:
     return "-" if v is None else str(v)
 
 
-def row(e: EndConfig, it: Intent) -> dict[str, Any]:
+def row(e: RoceEnd, it: Intent) -> dict[str, Any]:
     """One line of the table, as ``netq show roce-config`` has it (RoCE mode, trust, DSCP->SP,
     SP->PG, SP->TC, PFC priorities, ECN thresholds, ETS, CNP, MTU)."""
     tc = e.prio_to_tc.get(it.priority, it.priority) if e.prio_to_tc else it.priority
@@ -151,8 +151,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def cabled_ends(topo: Topology, fab: FabricConfig) -> list[EndConfig]:
-    seen: dict[str, EndConfig] = {}
+def cabled_ends(topo: Topology, fab: RoceFabric) -> list[RoceEnd]:
+    seen: dict[str, RoceEnd] = {}
     for lk in links(topo, fab):
         for e in lk.ends():
             seen.setdefault(e.name, e)
