@@ -97,3 +97,33 @@ def test_agent_once_writes_configuration_snapshots(tmp_path: Path) -> None:
     assert "dcb" not in snaps[0] and "pause" not in snaps[0]  # unknown, not wrong
     e = parse_snapshot(snaps[0])
     assert e.gids is not None and e.gids[0].type == "RoCE v2" and e.trust is None
+
+
+def test_agent_run_sends_configuration_beside_its_samples(tmp_path: Path) -> None:
+    """The running agent: counter snapshots on their cadence through the spool, configuration
+    snapshots from a thread of their own (their tools' forks do not delay sampling)."""
+    import threading
+
+    from collector.nic.agent import AgentConfig, NicAgent
+
+    agent = NicAgent(
+        AgentConfig(
+            node="n1",
+            sysfs_root=str(Path(__file__).parent / "fixtures" / "mlx5" / "sys"),
+            ethtool="off",
+            mlxlink="off",
+            interval_s=0.1,
+            spool_dir=str(tmp_path / "spool"),
+        )
+    )
+    samples: list[bytes] = []
+    config: list[bytes] = []
+    agent.watch_config(config.extend, interval_s=60.0)
+    try:
+        agent.run(samples.extend, threading.Event(), duration_s=0.5)
+    finally:
+        agent.close()
+    assert len(samples) >= 2 * 2  # two NICs, several rounds
+    snaps = [orjson.loads(x) for x in config]
+    assert [(s["node"], s["nic"]) for s in snaps] == [("n1", "mlx5_0"), ("n1", "mlx5_1")]
+    assert agent.stats.get("agent_config_snapshots") == 2

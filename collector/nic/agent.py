@@ -100,6 +100,15 @@ class NicAgent:
         )
         self.config_out = out
 
+    def _config_loop(self, done: threading.Event) -> None:
+        while True:
+            try:
+                self._config_tick()
+            except OSError as e:  # a write that failed: counted, tried again next time
+                self.stats.inc("agent_config_errors", detail=str(e))
+            if done.wait(1.0):
+                return
+
     def _config_tick(self) -> None:
         if self.config_watch is None or self.config_out is None:
             return
@@ -197,6 +206,13 @@ class NicAgent:
             name="agent-sender",
         )
         sender.start()
+        # configuration reads fork dcb and ethtool: a thread of their own keeps the cadence
+        config = None
+        if self.config_watch is not None:
+            config = threading.Thread(
+                target=self._config_loop, args=(sampling_done,), name="agent-config", daemon=True
+            )
+            config.start()
         interval = self.cfg.interval_s
         t0 = time.monotonic()
         k = 0
@@ -205,7 +221,6 @@ class NicAgent:
                 if duration_s and time.monotonic() - t0 >= duration_s:
                     break
                 spool.append(self.sample_lines())
-                self._config_tick()
                 k += 1
                 late = time.monotonic() - (t0 + k * interval)
                 if late > 0:  # fell behind: skip the missed ticks rather than burst
@@ -217,6 +232,8 @@ class NicAgent:
             sampling_done.set()
             spool.ready.set()
             sender.join()
+            if config is not None:
+                config.join()
             spool.close()
             if spool.dropped:
                 self.stats.inc("agent_spool_dropped", spool.dropped)
