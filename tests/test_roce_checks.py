@@ -51,6 +51,7 @@ def good_nic() -> RoceEnd:
         mtu=9000,
         pause_rx=False,
         pause_tx=False,
+        acs_redirect=[],
         ecn_np={p: p == 3 for p in range(8)},
         ecn_rp={p: p == 3 for p in range(8)},
         cnp_dscp=48,
@@ -184,6 +185,13 @@ CASES = [
         "NIC-facing",
     ),
     ("pause", ERROR, setv(NIC_END, pause_rx=True), (NIC_END, TOR), "rx on"),
+    (
+        "pcie_acs",
+        WARNING,
+        setv(NIC_END, acs_redirect=["0000:44:00.0"]),
+        (NIC_END, TOR),
+        "0000:44:00.0 above it redirect",
+    ),
     (
         "pfc_watchdog",
         WARNING,

@@ -182,3 +182,57 @@ def test_nvue_show_qos_roce() -> None:
     fab.defaults["leaf-01"] = e
     p = fab.get("leaf-01", "swp13")
     assert p is not None and p.pfc == frozenset({3}) and p.port == "swp13"
+
+
+def test_pcie_acs_of_the_bridges_above_the_nic(tmp_path: Path) -> None:
+    """The NIC's device link resolves through a root port and a PCIe switch; lspci of each
+    bridge (recorded) tells whether ACS redirects peer-to-peer traffic."""
+    import shutil
+
+    root = tmp_path / "sys"
+    shutil.copytree(FIX / "sys", root)
+    pci = root / "devices/pci0000:40/0000:40:01.1/0000:43:00.0/0000:44:00.0/0000:45:00.0"
+    pci.mkdir(parents=True)
+    dev = root / "class/infiniband/mlx5_0/device"
+    dev.symlink_to(
+        Path("../../../devices/pci0000:40/0000:40:01.1/0000:43:00.0/0000:44:00.0/0000:45:00.0")
+    )
+
+    def lspci(argv: list[str]) -> str | None:
+        if argv[:3] == ["lspci", "-vvv", "-s"]:
+            p = FIX / "lspci" / f"{argv[3]}.txt"
+            return p.read_text() if p.exists() else None
+        return None
+
+    snap = read_snapshot("h100-0012", "mlx5_0", "ens1f0np0", TS, root, lspci)
+    assert snap["pcie_acs"] == {
+        "0000:40:01.1": {
+            "port": "Root Port",
+            "acs_ctl": {
+                "SrcValid": True,
+                "TransBlk": False,
+                "ReqRedir": True,
+                "CmpltRedir": True,
+                "UpstreamFwd": True,
+                "EgressCtrl": False,
+                "DirectTrans": False,
+            },
+        },
+        "0000:44:00.0": {
+            "port": "Downstream Port",
+            "acs_ctl": {
+                "SrcValid": True,
+                "TransBlk": False,
+                "ReqRedir": True,
+                "CmpltRedir": True,
+                "UpstreamFwd": True,
+                "EgressCtrl": False,
+                "DirectTrans": False,
+            },
+        },
+    }
+    # only the switch's downstream port matters for NIC <-> GPU peer-to-peer
+    assert parse_snapshot(snap).acs_redirect == ["0000:44:00.0"]
+    # lspci missing (or not root): unknown
+    assert "pcie_acs" not in read_snapshot("h", "mlx5_0", "ens1f0np0", TS, root, lambda a: None)
+    assert parse_snapshot({"node": "h", "nic": "m", "pcie_acs": None}).acs_redirect is None

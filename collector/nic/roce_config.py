@@ -20,6 +20,10 @@ Sources, each kept as the tool or file gives it (a missing one is unknown, never
 - ``qos``: ``/sys/class/net/NETDEV/qos/trust`` where the driver has it (MLNX_OFED mlx5).
 - ``mtu``: ``/sys/class/net/NETDEV/mtu``; ``roce_tos``: the rdma_cm configfs
   ``/sys/kernel/config/rdma_cm/NIC/ports/1/default_roce_tos`` where it has been created.
+- ``pcie_acs``: for each PCIe bridge above the NIC (the path ``/sys/class/infiniband/NIC/device``
+  resolves to), its port type and ``ACSCtl`` flags as ``lspci -vvv -s BDF`` prints them
+  (``{"0000:44:00.0": {"port": "Downstream Port", "acs_ctl": {"ReqRedir": true, ...}}}``);
+  left out when lspci is missing or may not read the capabilities (it needs root).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -178,7 +183,51 @@ def read_snapshot(
     tos = _num(_read(root / "kernel/config/rdma_cm" / nic / "ports/1/default_roce_tos"))
     if isinstance(tos, int):
         snap["roce_tos"] = tos
+    acs = read_acs(root, nic, run)
+    if acs:
+        snap["pcie_acs"] = acs
     return snap
+
+
+_BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_PORT_RE = re.compile(r"Express \(v\d\) ([A-Za-z ]+?Port)")
+
+
+def pci_bridges(sys_root: Path, nic: str) -> list[str]:
+    """The PCI addresses of the bridges between the root complex and the NIC, top first."""
+    try:
+        real = (sys_root / "class/infiniband" / nic / "device").resolve(strict=True)
+    except OSError:
+        return []
+    bdfs = [p for p in real.parts if _BDF_RE.match(p)]
+    return bdfs[:-1]
+
+
+def parse_lspci_acs(text: str) -> dict[str, Any] | None:
+    """The port type and ``ACSCtl`` flags of one device's ``lspci -vvv`` text; None without
+    an ACS capability (or when lspci could not read it: ``<access denied>``)."""
+    port = _PORT_RE.search(text)
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("ACSCtl:"):
+            flags = {
+                tok[:-1]: tok.endswith("+")
+                for tok in line.removeprefix("ACSCtl:").split()
+                if tok[-1:] in ("+", "-")
+            }
+            return {"port": port.group(1) if port else None, "acs_ctl": flags}
+    return None
+
+
+def read_acs(sys_root: Path, nic: str, run: Runner) -> dict[str, Any] | None:
+    out: dict[str, Any] = {}
+    for bdf in pci_bridges(sys_root, nic):
+        text = run(["lspci", "-vvv", "-s", bdf])
+        if text:
+            acs = parse_lspci_acs(text)
+            if acs is not None:
+                out[bdf] = acs
+    return out or None
 
 
 # --- watching ------------------------------------------------------------------------------------

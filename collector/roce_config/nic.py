@@ -139,6 +139,16 @@ def parse_snapshot(snap: dict[str, Any]) -> RoceEnd:
         if isinstance(np_, dict):
             end.cnp_dscp = _int(np_.get("cnp_dscp"))
             end.cnp_prio = _int(np_.get("cnp_802p_prio"))
+    acs = snap.get("pcie_acs")
+    if isinstance(acs, dict):
+        end.acs_redirect = sorted(
+            bdf
+            for bdf, a in acs.items()
+            if isinstance(a, dict)
+            and a.get("port") == "Downstream Port"
+            and isinstance(a.get("acs_ctl"), dict)
+            and (a["acs_ctl"].get("ReqRedir") or a["acs_ctl"].get("CmpltRedir"))
+        )
     gids = snap.get("gids")
     if isinstance(gids, list):
         end.gids = []

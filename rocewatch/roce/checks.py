@@ -383,6 +383,23 @@ def check_gid(link: Link, it: Intent) -> Iterator[Finding]:
     )
 
 
+def check_acs(link: Link, it: Intent) -> Iterator[Finding]:
+    e = link.ea
+    if not link.nic or e is None or not e.acs_redirect:
+        return
+    yield Finding(
+        "pcie_acs",
+        WARNING,
+        (link.a, link.b),
+        f"{link.a}: PCIe switch ports {', '.join(e.acs_redirect)} above it redirect "
+        f"peer-to-peer traffic (ACS ReqRedir/CmpltRedir on); its cable goes to {link.b}",
+        "GPUDirect RDMA between this NIC and the GPUs under the same PCIe switch detours "
+        "through the root complex: NCCL's bandwidth on this rail drops",
+        "disable ACS redirection on the PCIe switch's downstream ports (BIOS, or `setpci -s "
+        "BDF ECAP_ACS+0x6.w=0000` at boot) where IOMMU isolation is not needed",
+    )
+
+
 def _link_local(gid: str) -> bool:
     return gid.lower().startswith("fe80")
 
@@ -524,6 +541,7 @@ LINK_CHECKS: dict[str, Callable[[Link, Intent], Iterator[Finding]]] = {
     "mtu": check_mtu,
     "pause": check_pause,
     "pfc_watchdog": check_watchdog,
+    "pcie_acs": check_acs,
 }
 
 

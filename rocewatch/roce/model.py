@@ -88,6 +88,9 @@ class RoceEnd:
     cnp_prio: int | None = None
     gids: list[Gid] | None = None
     roce_tos: int | None = None
+    # PCIe switch downstream ports above the NIC that redirect peer-to-peer traffic (ACS
+    # ReqRedir/CmpltRedir on): GPUDirect RDMA detours through the root complex
+    acs_redirect: list[str] | None = None
     # switch only
     pfc_watchdog: PfcWatchdog | None = None
 
