@@ -52,6 +52,7 @@ def good_nic() -> RoceEnd:
         pause_rx=False,
         pause_tx=False,
         acs_redirect=[],
+        roce_tos=106,
         ecn_np={p: p == 3 for p in range(8)},
         ecn_rp={p: p == 3 for p in range(8)},
         cnp_dscp=48,
@@ -185,6 +186,13 @@ CASES = [
         "NIC-facing",
     ),
     ("pause", ERROR, setv(NIC_END, pause_rx=True), (NIC_END, TOR), "rx on"),
+    (
+        "classification",
+        WARNING,
+        setv(NIC_END, roce_tos=0),
+        (NIC_END, TOR),
+        "ToS 0 (DSCP 0), not DSCP 26",
+    ),
     (
         "pcie_acs",
         WARNING,

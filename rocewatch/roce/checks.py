@@ -214,6 +214,23 @@ def check_classification(link: Link, it: Intent) -> Iterator[Finding]:
     )
 
 
+def check_roce_tos(link: Link, it: Intent) -> Iterator[Finding]:
+    e = link.ea
+    if not link.nic or e is None or e.roce_tos is None or e.roce_tos >> 2 == it.dscp:
+        return
+    yield Finding(
+        "classification",
+        WARNING,
+        (link.a, link.b),
+        f"{link.a} marks rdma_cm traffic with ToS {e.roce_tos} (DSCP {e.roce_tos >> 2}), not "
+        f"DSCP {it.dscp}; its cable goes to {link.b}",
+        "RoCE connections that take the default ToS (rdma_cm applications; NCCL without "
+        "NCCL_IB_TC) land outside the lossless priority",
+        f"`cma_roce_tos -d NIC -t {it.dscp << 2 | 2}` (DSCP {it.dscp}, ECT(0)), or set NCCL_IB_TC "
+        f"to {it.dscp << 2}",
+    )
+
+
 def classification_outliers(lks: list[Link], it: Intent) -> Iterator[Finding]:
     """Switch priority -> PG and -> TC of the RoCE and CNP priorities, the same on every switch
     port (the fabric's majority is the reference)."""
@@ -542,6 +559,7 @@ LINK_CHECKS: dict[str, Callable[[Link, Intent], Iterator[Finding]]] = {
     "pause": check_pause,
     "pfc_watchdog": check_watchdog,
     "pcie_acs": check_acs,
+    "roce_tos": check_roce_tos,
 }
 
 
