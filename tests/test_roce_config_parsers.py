@@ -126,6 +126,29 @@ def test_sonic_config_db_over_gnmi() -> None:
     assert up is not None and up.mtu == 1500  # the later event wins
 
 
+def test_config_db_entries_keyed_by_port_lists() -> None:
+    """Older SONiC qos templates key PORT_QOS_MAP and QUEUE entries by comma-separated ports."""
+    tags = {"source": "tor-1:8080", "target": "CONFIG_DB"}
+    r = SwitchConfigReader()
+    r.feed_event(
+        {
+            "tags": tags,
+            "values": {
+                "/PORT_QOS_MAP/Ethernet0,Ethernet4/pfc_enable": "3,4",
+                "/QUEUE/Ethernet0,Ethernet4|3-4/wred_profile": "[WRED_PROFILE|AZURE_LOSSLESS]",
+                "/WRED_PROFILE/AZURE_LOSSLESS/green_min_threshold": "104000",
+                "/WRED_PROFILE/AZURE_LOSSLESS/green_max_threshold": "312000",
+                "/WRED_PROFILE/AZURE_LOSSLESS/ecn": "ecn_all",
+            },
+        }
+    )
+    fab = r.fabric()
+    for port in ("Ethernet0", "Ethernet4"):
+        e = fab.get("tor-1", port)
+        assert e is not None and e.pfc == frozenset({3, 4})
+        assert e.wred is not None and e.wred[4].max_bytes == 312000 and e.wred[3].ecn
+
+
 def test_openconfig_qos_and_interface_mtu() -> None:
     r = SwitchConfigReader()
     with (FIX / "openconfig_qos.jsonl").open("rb") as f:

@@ -319,7 +319,11 @@ class SwitchConfigReader:
             m = maps[key]
             return dict(m) if m is not None else None
 
-        qos_map = t("PORT_QOS_MAP")
+        # older qos templates key one entry by a comma-separated port list (orchagent splits it)
+        qos_map: dict[str, dict[str, Any]] = {}
+        for key, entry in t("PORT_QOS_MAP").items():
+            for port in key.split(","):
+                qos_map.setdefault(port, {}).update(entry)
         glob = qos_map.get("global", {})
         queues: dict[str, dict[int, dict[str, Any]]] = {}
         for key, entry in t("QUEUE").items():
