@@ -109,3 +109,10 @@ def test_text_output_groups_a_device_wide_fault() -> None:
     assert text.count("ERROR") == 3
     assert "... and 7 more pfc findings on the cables of leaf-1 (10 in all)" in text
     assert format_findings(fs[:4]).count("ERROR") == 4  # few enough: all shown
+
+
+def test_an_unusable_directory_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "roce", str(tmp_path / "nope")]) == 2
+    assert main(["check", "roce", str(tmp_path)]) == 2  # no topology.yaml
+    err = capsys.readouterr().err
+    assert "not a directory" in err and "topology" in err
