@@ -27,12 +27,12 @@ sys.path[:] = [str(ROOT)] + [
     p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent
 ]
 
+from rocewatch.core.topology import Topology  # noqa: E402
 from rocewatch.roce.checks import run_checks  # noqa: E402
 from rocewatch.roce.report import load_dir  # noqa: E402
 from rocewatch.sim import SimConfig  # noqa: E402
 from rocewatch.sim.fabric import Fabric  # noqa: E402
 from rocewatch.sim.roce_config import write_roce_config  # noqa: E402
-from rocewatch.topology import Topology  # noqa: E402
 
 
 def measure(nodes: int) -> dict[str, object]:

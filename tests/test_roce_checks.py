@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
+from rocewatch.core.roce import Gid, PfcWatchdog, RoceEnd, RoceFabric, Wred
+from rocewatch.core.topology import Topology
 from rocewatch.roce.checks import ERROR, INFO, WARNING, Intent, run_checks
-from rocewatch.roce.model import Gid, PfcWatchdog, RoceEnd, RoceFabric, Wred
-from rocewatch.topology import Topology
 
 TOPO = Topology.from_dict(
     {

@@ -8,7 +8,7 @@ from pathlib import Path
 from collector.roce_config.nic import parse_ethtool_pause, parse_snapshot, read_snapshot, run_tool
 from collector.roce_config.nvue import parse_nvue_roce, parse_size
 from collector.roce_config.switch import SwitchConfigReader, split_path
-from rocewatch.roce.model import RoceFabric
+from rocewatch.core.roce import RoceFabric
 
 FIX = Path(__file__).parent / "fixtures" / "roce_config"
 TS = 1795946400000000000

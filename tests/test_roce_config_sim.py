@@ -82,7 +82,7 @@ def test_simulate_writes_the_configuration_and_its_faults(tmp_path: Path) -> Non
 
 
 def test_unknown_fault_or_target_is_refused() -> None:
-    from rocewatch.errors import ConfigError
+    from rocewatch.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown configuration fault"):
         parse_fault("pfc_everywhere")

@@ -1,6 +1,6 @@
 """A NIC's RoCE configuration snapshot (a ``nic_config.jsonl`` line, taken by the agent with
 :func:`collector.nic.roce_config.read_snapshot`) parsed into the normalised
-:class:`rocewatch.roce.model.RoceEnd`.
+:class:`rocewatch.core.roce.RoceEnd`.
 
 What each section holds: docs/formats/roce_config.md and collector/nic/roce_config.py.
 """
@@ -16,7 +16,7 @@ from collector.nic.roce_config import (
     read_snapshot,
     run_tool,
 )
-from rocewatch.roce.model import NIC, Gid, RoceEnd
+from rocewatch.core.roce import NIC, Gid, RoceEnd
 
 __all__ = [
     "ROCE_V2",

@@ -17,7 +17,7 @@ import contextlib
 import re
 from typing import Any
 
-from rocewatch.roce.model import SWITCH, RoceEnd, Wred
+from rocewatch.core.roce import SWITCH, RoceEnd, Wred
 
 _SIZE_RE = re.compile(r"^\s*([0-9.]+)\s*([KMG]?B|bytes?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "BYTE": 1, "BYTES": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3}

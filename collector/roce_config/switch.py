@@ -1,5 +1,5 @@
 """Switch RoCE configuration from gnmic events (``switch_config.jsonl``) into per-port
-:class:`rocewatch.roce.model.RoceEnd`.
+:class:`rocewatch.core.roce.RoceEnd`.
 
 Two vocabularies, both as gnmic's event format writes them (path keys as ``<elem>_<key>`` tags,
 JSON values flattened into ``<path>/<field>`` keys, the Get/Subscribe prefix target as tag
@@ -37,8 +37,8 @@ from typing import Any
 
 import orjson
 
-from rocewatch.roce.model import SWITCH, PfcWatchdog, RoceEnd, RoceFabric, Wred
-from rocewatch.topology import Topology
+from rocewatch.core.roce import SWITCH, PfcWatchdog, RoceEnd, RoceFabric, Wred
+from rocewatch.core.topology import Topology
 
 _KEY_RE = re.compile(r"\[([^=\]]+)=([^\]]*)\]")
 

@@ -7,8 +7,8 @@ with what each holds; a value that was not read is unknown and never makes a fin
 expected values come from :class:`Intent` (the RoCE conventions: priority 3, DSCP 26, CNPs on
 DSCP 48 / priority 6), whose priority defaults to the topology's jobs' priority.
 
->>> from rocewatch.roce.model import RoceEnd, RoceFabric
->>> from rocewatch.topology import Topology
+>>> from rocewatch.core.roce import RoceEnd, RoceFabric
+>>> from rocewatch.core.topology import Topology
 >>> t = Topology.from_dict({"switches": [{"name": "leaf-0", "role": "leaf"}],
 ...     "nodes": [{"name": "gpu-1", "nics": [{"nic": "mlx5_0", "switch_port": "leaf-0/swp1"}]}]})
 >>> fab = RoceFabric()
@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from rocewatch.roce.model import NIC, RoceEnd, RoceFabric
-from rocewatch.topology import Topology
+from rocewatch.core.roce import NIC, RoceEnd, RoceFabric
+from rocewatch.core.topology import Topology
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 SEVERITIES = (ERROR, WARNING, INFO)

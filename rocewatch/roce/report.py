@@ -18,10 +18,10 @@ import orjson
 from collector.roce_config.nic import parse_snapshot
 from collector.roce_config.nvue import parse_nvue_roce
 from collector.roce_config.switch import SwitchConfigReader
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.roce import NIC, RoceEnd, RoceFabric
+from rocewatch.core.topology import Topology
 from rocewatch.roce.checks import ERROR, Finding, Intent, intent_for, links, run_checks
-from rocewatch.roce.model import NIC, RoceEnd, RoceFabric
-from rocewatch.topology import Topology
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 from rocewatch.sim.fabric import GNMI_PORT, LEAF_UP, Fabric
 
 if TYPE_CHECKING:
