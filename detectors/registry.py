@@ -13,6 +13,7 @@ from detectors.isolation_forest import IsolationForestConfig, IsolationForestDet
 from detectors.pcie_downgrade import PcieDowngradeConfig, PcieDowngradeDetector
 from detectors.pfc_storm import PfcStormConfig, PfcStormDetector
 from detectors.queue_buildup import QueueBuildupConfig, QueueBuildupDetector
+from detectors.slow_rank import SlowRankConfig, SlowRankDetector
 from detectors.straggler import StragglerConfig, StragglerDetector
 from detectors.transport_errors import TransportErrorsConfig, TransportErrorsDetector
 from rocewatch.core.topology import Topology
@@ -52,6 +53,7 @@ DETECTORS: dict[str, Entry] = {
     "fabric_incident": Entry(
         FabricIncidentDetector, FabricIncidentConfig, "FabricIncident", reads_alerts=True
     ),
+    "slow_rank": Entry(SlowRankDetector, SlowRankConfig, "SlowRank", reads_alerts=True),
     "isolation_forest": Entry(
         IsolationForestDetector,
         IsolationForestConfig,

@@ -205,6 +205,10 @@ def scenario_sources(
     pcap = scenario / "int.pcap"
     if pcap.exists():
         out.append(PcapSource(pcap, topology, stats, guard=guard(pcap)))
+    for job in sorted(p for p in (scenario / "nccl").glob("*") if p.is_dir()):
+        from collector.nccl.recording import NcclJobSource  # NCCL job telemetry (docs/nccl.md)
+
+        out.append(NcclJobSource(job, topology, stats, guard=guard(job)))  # type: ignore[arg-type]
     return out
 
 

@@ -55,6 +55,7 @@ class Scope(StrEnum):
     QUEUE = "queue"  # switch interface + egress queue
     NIC = "nic"  # RDMA device on a node
     NIC_PRIORITY = "nic_priority"
+    RANK = "rank"  # an NCCL rank: device the host, port "rank<r>" (or the GPU), qual the comm
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,29 @@ METRICS: dict[str, MetricDef] = {
         _m("nic_mlxlink_symbol_ber", "gauge", "nic", "ratio", "mlxlink: symbol BER"),
         _m("nic_mlxlink_effective_errors", "counter", "nic", "errors", "mlxlink: effective errors"),
         _m("nic_mlxlink_symbol_errors", "counter", "nic", "symbols", "mlxlink: symbol errors"),
+        # NCCL job telemetry (collector/nccl): device the host, port the rank ("rank<r>") or
+        # the GPU ("GPU<i>"), qual the communicator ("<comm>" or "<comm>/<coll>/<size>")
+        _m(
+            "nccl_kernel_start_lag_us",
+            "gauge",
+            "rank",
+            "us",
+            "NCCL: the rank's kernel start after its communicator's median, same coll_sn",
+        ),
+        _m("nccl_coll_exec_us", "gauge", "rank", "us", "NCCL: collective execution time"),
+        _m("nccl_coll_busbw_gbs", "gauge", "rank", "GB/s", "NCCL: collective bus bandwidth"),
+        _m("nccl_coll_algobw_gbs", "gauge", "rank", "GB/s", "NCCL: collective algo bandwidth"),
+        _m(
+            "nccl_rank_gpu",
+            "gauge",
+            "rank",
+            "index",
+            "NCCL join: the rank's CUDA device; qual '<comm>/<nic>' names its NIC",
+        ),
+        _m("nccl_net_send_latency_ns", "gauge", "rank", "ns", "NCCL: mean send latency"),
+        _m("nccl_net_recv_latency_ns", "gauge", "rank", "ns", "NCCL: mean receive latency"),
+        _m("nccl_coll_duration_ns", "gauge", "rank", "ns", "NCCL: mean collective duration"),
+        _m("nccl_rank_missing", "gauge", "rank", "bool", "NCCL RAS: rank missing (1: dead)"),
     ]
 }
 # Driver counters with no canonical name are kept under these prefixes, as counters.
@@ -195,6 +219,8 @@ ALERTNAMES = (
     "TransportErrors",
     "PortAnomaly",
     "FabricIncident",
+    "SlowRank",
+    "BusBandwidthDrop",
 )
 
 
