@@ -154,6 +154,16 @@ class DumpContext:
         return None
 
 
+def ns_of_us(us: float) -> int:
+    """Microseconds since the epoch (a float, maybe with a fraction) -> exact nanoseconds.
+
+    >>> ns_of_us(1795946405500000.5)
+    1795946405500000500
+    """
+    whole = int(us)
+    return whole * US + round((us - whole) * US)
+
+
 def node_of(topology: Topology | None, hostname: str) -> str:
     """The topology's node for a hostname (as is, or its short form); else the hostname."""
     if topology is None or hostname in topology.nodes:
@@ -259,7 +269,7 @@ class InspectorDecoder:
                         starts.append((t, ch))
         # the operation's own time when verbose, else the dump's
         t_us = statistics.median(t for t, _ in starts) if starts else dump_us
-        ts = round(t_us * US)
+        ts = ns_of_us(t_us)
         port = f"rank{rank}"
         qual = f"{comm}/{cp.get('coll', '?')}/{cp.get('coll_msg_size_bytes', '?')}"
         for metric, key in (
@@ -291,7 +301,7 @@ class InspectorDecoder:
         if not starts:
             return
         med = statistics.median(s.start_us for s in starts.values())
-        ts = round(med * US)
+        ts = ns_of_us(med)
         for s in starts.values():
             self._row(
                 ts, s.host, f"rank{s.rank}", key[0], "nccl_kernel_start_lag_us", s.start_us - med
