@@ -52,7 +52,7 @@ class SlowRankConfig:
     enabled: bool = True
     min_lag_us: float = 50.0  # a late start smaller than this is noise (clock sync, launch)
     spread_k: float = 5.0  # and this many times the communicator's typical lag
-    window_s: float = 10.0
+    window_s: float = 5.0
     hold_s: float = 3.0
     late_share: float = 0.8
     min_collectives: int = 5

@@ -108,8 +108,10 @@ def test_teardown_only_configuration_is_flagged() -> None:
 
 
 def test_teardown_dump_warns_once(caplog: pytest.LogCaptureFixture) -> None:
-    lines = (JOB / "gpu-002-pid5152.log").read_bytes().replace(
-        b'"dump_timestamp_us":1795946406600000', b'"dump_timestamp_us":1795946606600000'
+    lines = (
+        (JOB / "gpu-002-pid5152.log")
+        .read_bytes()
+        .replace(b'"dump_timestamp_us":1795946406600000', b'"dump_timestamp_us":1795946606600000')
     )
     dec = InspectorDecoder(None, Stats())
     dec.lines("f", lines.splitlines())
@@ -156,9 +158,7 @@ def test_comma_otlp_json_interval_means() -> None:
 def test_ras_json_missing_ranks() -> None:
     stats = Stats()
     missing = parse_ras((FIX / "ras.json").read_bytes(), stats)
-    assert [(m.comm, m.rank, m.host, m.dead) for m in missing] == [
-        (COMM, 3, "10.0.1.2", True)
-    ]
+    assert [(m.comm, m.rank, m.host, m.dead) for m in missing] == [(COMM, 3, "10.0.1.2", True)]
     assert stats.get("nccl_ras_malformed") == 1
     df = ras_samples(missing, ts=1)
     assert df["metric"].to_list() == ["nccl_rank_missing"] and df["value"].to_list() == [1.0]

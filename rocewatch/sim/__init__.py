@@ -17,6 +17,7 @@ from rocewatch.sim.faults import (
     PcieDowngrade,
     PfcStorm,
     QueueBuildup,
+    SlowGpu,
     Straggler,
     TransportErrors,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "Readings",
     "SimConfig",
     "Simulator",
+    "SlowGpu",
     "Straggler",
     "Tick",
     "TransportErrors",

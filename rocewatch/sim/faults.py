@@ -109,7 +109,7 @@ class PcieDowngrade(Fault):
 
     kind: ClassVar[str] = "PcieDowngrade"
     alertname: ClassVar[str | None] = "PCIeDowngrade"
-    also: ClassVar[tuple[str, ...]] = ("Straggler", "PortAnomaly")
+    also: ClassVar[tuple[str, ...]] = ("Straggler", "PortAnomaly", "SlowRank")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,7 +166,21 @@ class Straggler(Fault):
 
     kind: ClassVar[str] = "Straggler"
     alertname: ClassVar[str | None] = "Straggler"
-    also: ClassVar[tuple[str, ...]] = ("PortAnomaly",)
+    also: ClassVar[tuple[str, ...]] = ("PortAnomaly", "SlowRank")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlowGpu(Fault):
+    """The GPU beside ``nic`` (same rail index) on ``node`` runs slow (clocks throttled, a
+    bad HBM row remapped): its rank starts every collective ``lag_us`` late while the fabric
+    stays clean. Only the job's NCCL telemetry shows it (rocewatch/sim/nccl.py)."""
+
+    node: str | None = None
+    nic: str | None = None
+    lag_us: float = 300.0
+
+    kind: ClassVar[str] = "SlowGpu"
+    alertname: ClassVar[str | None] = "SlowRank"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -202,6 +216,7 @@ FAULT_KINDS: dict[str, type[Fault]] = {
         QueueBuildup,
         TransportErrors,
         Straggler,
+        SlowGpu,
         CounterClear,
         AgentGap,
     )
@@ -332,6 +347,7 @@ def resolve_faults(cfg: SimConfig, fab: Fabric) -> list[Fault]:
             log.info("%s at %.2f s is after the end of the run (%.2f s): left out", f.kind, t0, run)
             continue
         nic_fault = PfcStorm | FlakyLink | PcieDowngrade | EcnIncast | TransportErrors | Straggler
+        nic_fault |= SlowGpu
         on_switch = (isinstance(f, FlakyLink) and f.uplink) or (
             isinstance(f, PfcStorm) and f.origin == "switch"
         )
@@ -620,7 +636,7 @@ def truth(
             details["propagation"] = _propagation(hops, t0)
         else:
             nic_kinds = PfcStorm | FlakyLink | PcieDowngrade | EcnIncast | TransportErrors
-            assert isinstance(f, nic_kinds | Straggler)
+            assert isinstance(f, nic_kinds | Straggler | SlowGpu)
             e = fab.nic_index(str(f.node), str(f.nic))
             nic_l, port_l = fab.nic_labels(e), fab.port_labels(e)
             node = nic_l["node"]

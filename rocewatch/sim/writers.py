@@ -34,6 +34,7 @@ from collector.mapping import (
 from rocewatch.core.errors import ConfigError
 from rocewatch.sim.fabric import GNMI_PORT
 from rocewatch.sim.inband import IntReportWriter
+from rocewatch.sim.nccl import write_nccl
 from rocewatch.sim.roce_config import write_roce_config
 from rocewatch.sim.simulator import (
     NIC_COUNTERS,
@@ -250,7 +251,8 @@ def write_scenario(
 
     Writes ``topology.yaml``, ``switch.jsonl``, ``nic.jsonl``, ``truth.json`` (the ground
     truth, see ``Simulator.truth``) and ``scenario.json`` (the config). ``progress(done,
-    total)`` is called after every tick.
+    total)`` is called after every tick. ``nccl/<job>/`` holds the jobs' NCCL output
+    (rocewatch/sim/nccl.py).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -283,6 +285,7 @@ def write_scenario(
                 progress(r.k + 1, total)
     if iw is not None:
         write_pcap(out / "int.pcap", datagrams, start_ns=cfg.start_ns)
+    write_nccl(out, sim)  # nccl/<job>/: the jobs' NCCL Inspector and NCCL_DEBUG output
     (out / "truth.json").write_bytes(orjson.dumps(sim.truth(), option=orjson.OPT_INDENT_2))
     meta = config_to_dict(cfg)
     meta["generator"] = "rocewatch.sim"
