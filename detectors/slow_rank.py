@@ -52,11 +52,11 @@ class SlowRankConfig:
     enabled: bool = True
     min_lag_us: float = 50.0  # a late start smaller than this is noise (clock sync, launch)
     spread_k: float = 5.0  # and this many times the communicator's typical lag
-    window_s: float = 5.0
-    hold_s: float = 3.0
-    late_share: float = 0.8
-    min_collectives: int = 5
-    stale_s: float = 30.0
+    window_s: float = 5.0  # judged over the rank's collectives of the last this many seconds
+    hold_s: float = 3.0  # its late collectives span at least this long
+    late_share: float = 0.8  # share of its collectives in the window that started late
+    min_collectives: int = 5  # collectives in the window before it is judged
+    stale_s: float = 30.0  # forget a rank that reported nothing for this long
 
     def __post_init__(self) -> None:
         self.validate()

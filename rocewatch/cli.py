@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--int", action="store_true", help="also write int.pcap (INT reports)")
     s.add_argument(
+        "--nccl", action="store_true", help="also write nccl/<job>/ (NCCL Inspector, NCCL_DEBUG)"
+    )
+    s.add_argument(
         "--sysfs", action="store_true", help="also lay out a fake sysfs tree per node (sysfs/)"
     )
     s.add_argument(
@@ -286,6 +289,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             args.out_dir,
             progress=lambda d, t: bar.update(d / max(t, 1)),
             int_pcap=args.int,
+            nccl=args.nccl,
         )
         if args.config_fault:
             from rocewatch.sim.roce_config import parse_fault, write_roce_config

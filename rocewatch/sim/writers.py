@@ -246,13 +246,14 @@ def write_scenario(
     out_dir: str | Path,
     progress: Callable[[int, int], None] | None = None,
     int_pcap: bool = False,
+    nccl: bool = False,
 ) -> Path:
     """Simulate ``cfg`` into a replay scenario directory; returns the directory.
 
     Writes ``topology.yaml``, ``switch.jsonl``, ``nic.jsonl``, ``truth.json`` (the ground
     truth, see ``Simulator.truth``) and ``scenario.json`` (the config). ``progress(done,
-    total)`` is called after every tick. ``nccl/<job>/`` holds the jobs' NCCL output
-    (rocewatch/sim/nccl.py).
+    total)`` is called after every tick. ``nccl``: also ``nccl/<job>/``, the jobs' NCCL
+    Inspector and NCCL_DEBUG output (rocewatch/sim/nccl.py).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -285,7 +286,8 @@ def write_scenario(
                 progress(r.k + 1, total)
     if iw is not None:
         write_pcap(out / "int.pcap", datagrams, start_ns=cfg.start_ns)
-    write_nccl(out, sim)  # nccl/<job>/: the jobs' NCCL Inspector and NCCL_DEBUG output
+    if nccl:
+        write_nccl(out, sim)  # nccl/<job>/: the jobs' NCCL Inspector and NCCL_DEBUG output
     (out / "truth.json").write_bytes(orjson.dumps(sim.truth(), option=orjson.OPT_INDENT_2))
     meta = config_to_dict(cfg)
     meta["generator"] = "rocewatch.sim"
