@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from detectors.base import Detector
+from detectors.bus_bandwidth_drop import BusBandwidthDropConfig, BusBandwidthDropDetector
 from detectors.ecn_congestion import EcnCongestionConfig, EcnCongestionDetector
 from detectors.fabric_incident import FabricIncidentConfig, FabricIncidentDetector
 from detectors.flaky_link import FlakyLinkConfig, FlakyLinkDetector
@@ -54,6 +55,9 @@ DETECTORS: dict[str, Entry] = {
         FabricIncidentDetector, FabricIncidentConfig, "FabricIncident", reads_alerts=True
     ),
     "slow_rank": Entry(SlowRankDetector, SlowRankConfig, "SlowRank", reads_alerts=True),
+    "bus_bandwidth_drop": Entry(
+        BusBandwidthDropDetector, BusBandwidthDropConfig, "BusBandwidthDrop", reads_alerts=True
+    ),
     "isolation_forest": Entry(
         IsolationForestDetector,
         IsolationForestConfig,

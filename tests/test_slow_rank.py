@@ -1,6 +1,6 @@
-"""SlowRank end to end: the simulator's jobs write NCCL Inspector output consistent with their
-faults, replay reads ``nccl/<job>/``, and the alert names the rank, its host, GPU and NIC, and
-its cause (a fabric alert on the rank's NIC, or the host side)."""
+"""SlowRank and BusBandwidthDrop end to end: the simulator's jobs write NCCL Inspector output
+consistent with their faults, replay reads ``nccl/<job>/``, and the alert names the rank, its
+host, GPU and NIC, and its cause (a fabric alert on the rank's NIC, or the host side)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from detectors.bus_bandwidth_drop import BusBandwidthDropConfig
 from detectors.slow_rank import HOST_SIDE, SlowRankConfig
 from rocewatch.core.errors import ConfigError
 from rocewatch.core.model import Alert
@@ -55,6 +56,11 @@ def test_pcie_downgrade_names_rank_host_nic_and_cause(tmp_path: Path) -> None:
     # it starts after the downgrade, on telemetry time, within a few seconds
     onset = int(fault["onset_ns"])  # type: ignore[call-overload]
     assert onset < a.starts_at < onset + 6_000_000_000
+    # the job's collectives ran at the slow link's pace: its communicator's bus bandwidth fell
+    drops = [a for a in _alerts(tmp_path / "out") if a.name == "BusBandwidthDrop"]
+    assert [(d.labels["comm"], d.labels["job"]) for d in drops] == [(a.labels["comm"], job)]
+    assert drops[0].annotations["cause"] == "PCIeDowngrade"
+    assert "% lower" in drops[0].annotations["evidence"]
     # the other ranks of both jobs stay quiet; the skip counters saw nothing malformed
     assert not any(k.startswith("nccl_") for k in res.stats), res.stats
 
@@ -79,3 +85,5 @@ def test_slow_gpu_on_a_clean_fabric_is_the_host_side_and_drains_nothing(tmp_path
 def test_config_is_validated() -> None:
     with pytest.raises(ConfigError):
         SlowRankConfig(min_lag_us=0)
+    with pytest.raises(ConfigError):
+        BusBandwidthDropConfig(drop=1.0)

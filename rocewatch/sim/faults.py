@@ -109,7 +109,7 @@ class PcieDowngrade(Fault):
 
     kind: ClassVar[str] = "PcieDowngrade"
     alertname: ClassVar[str | None] = "PCIeDowngrade"
-    also: ClassVar[tuple[str, ...]] = ("Straggler", "PortAnomaly", "SlowRank")
+    also: ClassVar[tuple[str, ...]] = ("Straggler", "PortAnomaly", "SlowRank", "BusBandwidthDrop")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,7 +166,7 @@ class Straggler(Fault):
 
     kind: ClassVar[str] = "Straggler"
     alertname: ClassVar[str | None] = "Straggler"
-    also: ClassVar[tuple[str, ...]] = ("PortAnomaly", "SlowRank")
+    also: ClassVar[tuple[str, ...]] = ("PortAnomaly", "SlowRank", "BusBandwidthDrop")
 
 
 @dataclass(frozen=True, kw_only=True)
