@@ -59,6 +59,60 @@ class TopicsConfig:
     rollups: str = "rocewatch.rollups"  # detect with storage: metric rollups for the sink
 
 
+_KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class StateKeyConfig:
+    """One key of the state topic's MAC (``rocewatch.bus.signing``): its id and where its bytes
+    are. The config holds where, never the key, so no repr or log line of it shows one."""
+
+    # written with every record the key signs: a reader picks the key by it (A-Z a-z 0-9 . _ -)
+    id: str = ""
+    # a file holding the key (a mounted secret): its bytes (a final newline is not part of it)
+    file: str | None = None
+    # or the name of an environment variable holding it (the name, not ${NAME})
+    env: str | None = None
+
+    @property
+    def given(self) -> bool:
+        return bool(self.id or self.file or self.env)
+
+    def validate(self) -> None:
+        # ValueError: ``build`` names the key's path in front of it
+        if not self.given:
+            return
+        if not _KEY_ID.fullmatch(self.id):
+            raise ValueError("id: 1 to 64 of A-Z a-z 0-9 . _ - (it names the key in each record)")
+        if (self.file is None) == (self.env is None):
+            raise ValueError(f"key {self.id!r}: give file or env (one of them)")
+        if self.env is not None and not _ENV_NAME.fullmatch(self.env):
+            # not echoed: a key given as ${NAME} by mistake would be the value
+            raise ValueError(f"key {self.id!r}: env must be an environment variable's name")
+
+
+@dataclass(frozen=True)
+class StateSigningConfig:
+    """The state topic's MAC keys: ``key`` signs what this instance writes, and the records of
+    ``key`` and of ``read_keys`` are read. Rotation: the new key as ``key``, the old one in
+    ``read_keys`` until every instance writes with the new one (docs/operations.md)."""
+
+    # signs the state records this instance writes; `rocewatch detect` refuses to start without
+    key: StateKeyConfig = field(default_factory=StateKeyConfig)
+    # older keys whose records are still read (none signs anything)
+    read_keys: tuple[StateKeyConfig, ...] = ()
+
+    def validate(self) -> None:
+        if self.read_keys and not self.key.given:
+            raise ValueError("read_keys without a key to write with")
+        ids = [k.id for k in (self.key, *self.read_keys) if k.given]
+        if len(ids) != len(set(ids)):
+            raise ValueError("two keys with one id (a reader picks the key by its id)")
+        if not all(k.given for k in self.read_keys):
+            raise ValueError("read_keys: an empty entry")
+
+
 @dataclass(frozen=True)
 class KafkaConfig:
     bootstrap_servers: str = "127.0.0.1:9092"
@@ -100,6 +154,9 @@ class KafkaConfig:
     # lost the stage is fenced: nothing it writes afterwards becomes visible, and it drains no
     # node. Needs the broker's transaction state log (and, with ACLs, Write on that id).
     fence_detect: bool = True
+    # the MAC of the detector's state records (HMAC-SHA256; docs/operations.md, "State topic
+    # keys"): `rocewatch detect` needs a key, other commands ignore it
+    state_signing: StateSigningConfig = field(default_factory=StateSigningConfig)
 
     def client_kwargs(self) -> dict[str, Any]:
         """Connection settings shared by kafka-python producers, consumers and admin clients."""
@@ -271,8 +328,14 @@ def build(cls: type[T], data: Any, where: str) -> T:
             raise ConfigError(f"{where}.{k}: unknown setting (known: {', '.join(sorted(fields))})")
         ftype = fields[k].type
         sub = _DATACLASSES.get(ftype if isinstance(ftype, str) else getattr(ftype, "__name__", ""))
+        items = _ITEMS.fullmatch(ftype) if isinstance(ftype, str) else None
         if sub is not None:
             kw[k] = build(sub, v, f"{where}.{k}")
+        elif items is not None and items.group(1) in _DATACLASSES:  # a list of sections
+            if not isinstance(v, list):
+                raise ConfigError(f"{where}.{k}: must be a list")
+            item = _DATACLASSES[items.group(1)]
+            kw[k] = tuple(build(item, x, f"{where}.{k}[{i}]") for i, x in enumerate(v))
         elif isinstance(v, list):
             kw[k] = tuple(tuple(x) if isinstance(x, list) else x for x in v)
         else:
@@ -288,6 +351,8 @@ def build(cls: type[T], data: Any, where: str) -> T:
     return obj
 
 
+# a field that holds a list of sections: ``tuple[SomeConfig, ...]``
+_ITEMS = re.compile(r"tuple\[(\w+), \.\.\.\]")
 _SCALAR_TYPES: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str}
 
 
@@ -333,6 +398,8 @@ _SECTION_MODULES: dict[str, str] = {
     "TopicsConfig": __name__,
     "KafkaConfig": __name__,
     "SinkConfig": __name__,
+    "StateSigningConfig": __name__,
+    "StateKeyConfig": __name__,
     "WindowConfig": "detectors.windows",
     "LifecycleConfig": "detectors.lifecycle",
     "PolicyConfig": "actions.policy",

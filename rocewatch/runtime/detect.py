@@ -24,7 +24,8 @@ from detectors.pfc_storm import PfcStormDetector
 from detectors.windows import Step
 from rocewatch.bus.delivery import Published, output_partitions, send_events
 from rocewatch.bus.poll import poll_group
-from rocewatch.bus.state_store import StateSnapshot, StateStore, state_record
+from rocewatch.bus.signing import SignatureError
+from rocewatch.bus.state_store import Signed, StateSnapshot, StateStore, state_record
 from rocewatch.bus.topics import (
     GROUP_METADATA_MAX_AGE_MS,
     MAX_MESSAGE_BYTES,
@@ -308,19 +309,21 @@ class DomainStage:
             det.feed_from_stage1()
 
     def _restore(self) -> DetectState | None:
-        rec = self.store.load_record(self.n_parts, key=self.state_key)
+        rec = self.store.load_stored(self.n_parts, key=self.state_key)
         if rec is None:
             return None
-        raw, at = rec
         try:
-            return load_detect_state(raw)
-        except CheckpointError as e:  # damaged, foreign or forged: nothing of it is run
+            return load_detect_state(self.store.open(rec))
+        except (CheckpointError, SignatureError) as e:  # damaged, foreign or forged
+            # nothing of it is run
             self.holds.inc("checkpoint_rejected")
+            if isinstance(e, SignatureError):
+                self.holds.inc("state_mac_rejected")
             log.error(
                 "state record %s/%d@%d rejected (%s); the %s starts afresh from the first step",
                 self.store.topic,
                 self.n_parts,
-                at,
+                rec.offset,
                 e,
                 self.name,
             )
@@ -666,7 +669,7 @@ class DomainStage:
         if st is None or not self.active:
             return
         self._mark_outputs(st)
-        self._write_state(state_record(st), st.offset, commit)
+        self._write_state(self.store.sign(self.state_key, state_record(st)), st.offset, commit)
 
     def begin_checkpoint(self) -> None:
         """The stream's periodic checkpoint, in two halves so the stream does not wait for the
@@ -682,7 +685,7 @@ class DomainStage:
         if st is None or not self.active or self.saving is not None:
             return
         self._mark_outputs(st)
-        self.saving = (st, st.offset, StateSnapshot(st).start())
+        self.saving = (st, st.offset, self.store.snapshot(st, self.state_key).start())
 
     def finish_checkpoint(self) -> None:
         """Write the state ``begin_checkpoint`` copied, once serialised."""
@@ -695,9 +698,9 @@ class DomainStage:
         self.saving = None
         if st is not self.state or not self.active:  # handed over or taken again since
             return
-        blob = snap.record()
+        rec = snap.signed()
         self.writer.commit()  # the events of the steps since: the state's transaction holds none
-        self._write_state(blob, offset, True)
+        self._write_state(rec, offset, True)
 
     def _mark_outputs(self, st: DetectState) -> None:
         """Flush what was published and note where the output topics end: a restart from
@@ -708,19 +711,23 @@ class DomainStage:
             for tp, off in self.store.end_offsets(self._output_tps()).items()
         }
 
-    def _write_state(self, blob: bytes, offset: int, commit: bool) -> None:
-        if len(blob) > self.store.max_bytes:  # the stream goes on; a restart re-reads more
+    def _write_state(self, rec: Signed, offset: int, commit: bool) -> None:
+        if len(rec.value) > self.store.max_bytes:  # the stream goes on; a restart re-reads more
             self.stats.inc("state_too_large", detail=self.state_key)
             log.error(
                 "%s state is %d bytes, above %d: not checkpointed",
                 self.name,
-                len(blob),
+                len(rec.value),
                 self.store.max_bytes,
             )
             return
         offsets = {self.tp: OffsetAndMetadata(offset, "", -1)}
         fut = self.writer.send(
-            self.store.topic, key=self.state_key.encode(), value=blob, partition=self.n_parts
+            self.store.topic,
+            key=rec.key,
+            value=rec.value,
+            headers=rec.headers,
+            partition=self.n_parts,
         )
         # the transaction holds only the state and the offset (the events went before it), so
         # a broker that refuses the state (a record too large for the topic, say) costs this
