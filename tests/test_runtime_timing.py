@@ -177,9 +177,9 @@ class Store:
         if self.down:
             raise KafkaTimeoutError("no broker answered")
 
-    def load_record(
+    def load_stored(
         self, partition: int, key: str | None = None, timeout_s: float = 60.0
-    ) -> tuple[bytes, int] | None:
+    ) -> None:
         self.loads.append(self.clock.monotonic())
         self._reachable()
         return None

@@ -30,6 +30,7 @@ from detectors.registry import metrics_read
 from rocewatch.bus import transactions
 from rocewatch.bus.delivery import Published, send_events
 from rocewatch.bus.publish import make_producer, publish_scenario
+from rocewatch.bus.signing import load_state_keys
 from rocewatch.bus.state_store import StateSnapshot, StateStore
 from rocewatch.bus.topics import (
     MAX_MESSAGE_BYTES,
@@ -50,6 +51,7 @@ from rocewatch.sim import write_scenario
 from rocewatch.sim.faults import FlakyLink
 from rocewatch.sim.scenarios import default_scenario
 from tests.notify_receiver import free_port
+from tests.support.state_keys import SIGNING, SIGNING_YAML
 from tests.support.until_done import run_service, stop_when_done
 from tests.test_kafka_pipeline import (
     comparable,
@@ -76,6 +78,7 @@ def so_cfg(bootstrap: str, kafka_topics: Any, run: str, tmp: Path, scenario: Pat
         idle_flush_s=2.0,
         session_timeout_ms=6000,
         scale_out=True,
+        state_signing=SIGNING,
     )
     return Config(
         topology=str(scenario / "topology.yaml"), kafka=k, state_dir=str(tmp / run / "state")
@@ -96,6 +99,7 @@ def write_conf(cfg: Config, path: Path) -> Path:
             "session_timeout_ms": k.session_timeout_ms,
             "scale_out": True,
             "topics": dataclasses.asdict(k.topics),
+            "state_signing": SIGNING_YAML,
         },
     }
     path.write_text(yaml.safe_dump(doc))
@@ -1467,7 +1471,7 @@ def test_a_stalled_detect_stage_is_fenced_out_of_kafka_and_the_scheduler(
     k = cfg.kafka
     n_parts = ensure_detect_topics(k)
     shared = make_producer(k)
-    store = StateStore(k, shared)
+    store = StateStore(k, shared, keys=load_state_keys(k.state_signing))
     old = DetectWriter(k, shared, n_parts)
     new = DetectWriter(k, shared, n_parts)
     intruder = DetectWriter(k, shared, n_parts)
