@@ -68,7 +68,7 @@ class StateKeyConfig:
     """One key of the state topic's MAC (``rocewatch.bus.signing``): its id and where its bytes
     are. The config holds where, never the key, so no repr or log line of it shows one."""
 
-    # written with every record the key signs: a reader picks the key by it (A-Z a-z 0-9 . _ -)
+    # the key's name in every record it signs, so a reader picks the key by it (A-Z a-z 0-9 . _ -)
     id: str = ""
     # a file holding the key (a mounted secret): its bytes (a final newline is not part of it)
     file: str | None = None
@@ -98,9 +98,10 @@ class StateSigningConfig:
     ``key`` and of ``read_keys`` are read. Rotation: the new key as ``key``, the old one in
     ``read_keys`` until every instance writes with the new one (docs/operations.md)."""
 
-    # signs the state records this instance writes; `rocewatch detect` refuses to start without
+    # signs the state records this instance writes (and reads those); `rocewatch detect` does
+    # not start without one
     key: StateKeyConfig = field(default_factory=StateKeyConfig)
-    # older keys whose records are still read (none signs anything)
+    # older keys whose records are still read (they sign nothing): rotation
     read_keys: tuple[StateKeyConfig, ...] = ()
 
     def validate(self) -> None:
