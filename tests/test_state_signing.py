@@ -178,6 +178,33 @@ def test_detect_without_a_key_refuses_to_start_before_it_touches_kafka(
     ]
 
 
+def test_refused_records_are_a_prometheus_counter() -> None:
+    """What the detect service's /metrics make of the stages' counts (``update_scaleout``)."""
+    import types
+
+    from rocewatch.metrics import ServiceMetrics
+    from rocewatch.stats import Stats
+    from tests.support.prom import scrape
+
+    agg_stats, det_stats = Stats(), Stats()
+    agg_stats.inc("checkpoint_rejected", 2)
+    agg_stats.inc("state_mac_rejected", 2)
+    det_stats.inc("checkpoint_rejected")
+    det_stats.inc("state_mac_rejected")
+    agg = types.SimpleNamespace(samples=0, stats=agg_stats, parts={}, consumer=None)
+    det = types.SimpleNamespace(all_stats=lambda: [det_stats])
+    m = ServiceMetrics(0, addr="127.0.0.1")
+    try:
+        m.update_scaleout(types.SimpleNamespace(agg=agg, det=det, cfg=Config()))
+        m.update_scaleout(types.SimpleNamespace(agg=agg, det=det, cfg=Config()))  # no double
+        got = scrape(m.port)
+    finally:
+        m.close()
+    assert got[("rocewatch_state_mac_rejected_total", ())] == 3
+    assert got[("rocewatch_checkpoint_rejected_total", ())] == 3
+    assert got[("rocewatch_input_skipped", (("reason", "state_mac_rejected"),))] == 3
+
+
 # --- against the real broker ----------------------------------------------------------------------
 
 
