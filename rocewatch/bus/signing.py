@@ -49,8 +49,6 @@ HEADER = "rocewatch-mac"
 VERSION = b"v1"
 _DOMAIN = b"rocewatch-state-mac/v1\x00"
 _LEN = struct.Struct(">I")
-# what the header adds to a record, at most (its name, "v1", a 64-byte id, the MAC, framing)
-MAC_HEADER_BYTES = 256
 MIN_KEY_BYTES = 32  # HMAC-SHA256's own output size: a shorter key is the weak link
 MAX_KEY_FILE_BYTES = 64 << 10  # a bigger file is not a key (a certificate bundle, say)
 _HEADER_RE = re.compile(rb"v1 ([A-Za-z0-9._-]{1,64}) ([0-9a-f]{64})")

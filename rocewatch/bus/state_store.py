@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 
-from rocewatch.bus.signing import MAC_HEADER_BYTES, StateKeys
+from rocewatch.bus.signing import StateKeys
 from rocewatch.bus.topics import (
     MAX_MESSAGE_BYTES,
     record_limit,
@@ -136,9 +136,9 @@ class StateStore:
             fetch_max_bytes=MAX_MESSAGE_BYTES,
         )
         self.written_end: dict[int, int] = {}  # end offset after our own last write
-        # a state above it is not sent (its MAC header is within the record's limit too)
-        limit = record_limit(k, self.topic) if max_bytes is None else max_bytes
-        self.max_bytes = max(0, limit - MAC_HEADER_BYTES)
+        # a state above it is not sent (RECORD_OVERHEAD, taken off the topic's limit, leaves
+        # room for the key and the MAC's header)
+        self.max_bytes = record_limit(k, self.topic) if max_bytes is None else max_bytes
 
     def end(self, partition: int) -> int:
         tp = TopicPartition(self.topic, partition)
