@@ -37,7 +37,7 @@ Candidates: an alert named in ``drain_on`` with a ``node`` label, never one with
 decided when its hold-down expires (``startsAt + hold_down_s <= now``) if it still fires.
 Times are telemetry time in nanoseconds, so replay decides exactly as live operation does.
 
->>> from rocewatch.topology import Topology
+>>> from rocewatch.core.topology import Topology
 >>> topo = Topology.from_dict({"switches": [{"name": "leaf-0"}],
 ...     "nodes": [{"name": f"gpu-{i}", "nics": [{"nic": "mlx5_0"}]} for i in range(10)]})
 >>> p = DrainPolicy(PolicyConfig(), topo)
@@ -58,9 +58,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actions.executors import DryRunExecutor, Executor
-from rocewatch.errors import ConfigError, Fenced
-from rocewatch.model import ALERTNAMES, Action, Alert, rfc3339
-from rocewatch.topology import Topology
+from rocewatch.core.errors import ConfigError, Fenced
+from rocewatch.core.model import ALERTNAMES, Action, Alert, rfc3339
+from rocewatch.core.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -794,6 +794,18 @@ class DrainPolicy:
             "detector_incidents": dict(self._detector_incidents),
             "incident_refused": sorted(self._incident_refused),
         }
+
+    def forget_nodes(self, keep: set[str]) -> int:
+        """Drop what was only waiting on nodes no longer in the topology (alerts waiting for
+        their hold-down, drains waiting for approval); how many. A drain already made stays
+        recorded: only rocewatch's record lets it be resumed."""
+        gone = [k for k, c in self._cands.items() if c.node not in keep and c.status == "waiting"]
+        for k in gone:
+            del self._cands[k]
+        held = [n for n, r in self._nodes.items() if n not in keep and r.status == "pending"]
+        for n in held:
+            del self._nodes[n]
+        return len(gone) + len(held)
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state()`` of an earlier run (of the same or an older version)."""

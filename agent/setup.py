@@ -15,9 +15,10 @@ from setuptools.command.build_py import build_py
 MODULES = {
     "rocewatch.__init__",
     "rocewatch.config",
-    "rocewatch.errors",
-    "rocewatch.metrics",
-    "rocewatch.stats",
+    "rocewatch.core.__init__",
+    "rocewatch.core.errors",
+    "rocewatch.core.metrics",
+    "rocewatch.core.stats",
     "collector.__init__",
     "collector.mapping",
     "collector.output",

@@ -5,30 +5,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from detectors.windows import WindowEngine
-from rocewatch.errors import ConfigError
-from rocewatch.topology import Topology
-
-
-@dataclass(frozen=True)
-class Finding:
-    """A condition that holds at this step, for one entity.
-
-    ``ts`` is the telemetry time of the newest sample the condition needed: when the finding is
-    new, it becomes the alert's ``startsAt``.
-    """
-
-    alertname: str
-    labels: dict[str, str]
-    severity: str
-    ts: int
-    summary: str
-    evidence: str
-    description: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Finding
+from rocewatch.core.topology import Topology
 
 
 @dataclass
@@ -48,8 +31,19 @@ class Detector(Protocol):
     # detect stage only the metrics some enabled detector reads
     reads: ClassVar[frozenset[str]]
 
+    # the record types its state holds (rocewatch.core.state.Stateful)
+    STATE_TYPES: ClassVar[tuple[type, ...]]
+
     def evaluate(self, ctx: StepContext) -> list[Finding]:
         """Every condition that holds at the step that just closed."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """What it learned and holds, as data (never its configuration nor topology)."""
+        ...
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """Lay ``state()`` of an earlier run over this detector, built from today's config."""
         ...
 
 

@@ -14,12 +14,13 @@ import math
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
 
 from detectors.windows import Step
-from rocewatch.topology import NicEnd, PortEnd, Topology
+from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 NS = 1_000_000_000
 # a series that goes this many intervals without a sample missed one (plus jitter of a fifth
@@ -160,6 +161,7 @@ class Sketch:
     (0.01, 100, 100.0)
     """
 
+    PARAMS: ClassVar[tuple[str, ...]] = ("tau_s",)  # a restored one takes today's
     lo: float
     decades: float
     per_decade: int = 10

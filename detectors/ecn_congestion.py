@@ -71,8 +71,9 @@ from detectors.baseline import (
 )
 from detectors.state import Episode, Key, Row, Sustain, lookup
 from detectors.windows import Step
-from rocewatch.errors import ConfigError
-from rocewatch.topology import Topology
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.state import Stateful
+from rocewatch.core.topology import Topology
 
 QUEUE, NIC = 1, 2
 Q_MARKS, Q_TX, P_TX = "queue_ecn_marked_pkts", "queue_tx_pkts", "port_out_pkts"
@@ -149,10 +150,20 @@ class _Fired:
 
 
 @dataclass
-class EcnCongestionDetector:
+class EcnCongestionDetector(Stateful):
     topology: Topology
     config: EcnCongestionConfig = field(default_factory=EcnCongestionConfig)
     name: str = "ecn_congestion"
+    # the record types its state holds (rocewatch.core.state; the checkpoint codec reads no other)
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (
+        Groups,
+        KeySlots,
+        Run,
+        _Fired,
+        Episode,
+        Sustain,
+        Finding,
+    )
     # the metrics it reads from the window engine (steps carry no others to the detect stage)
     reads: ClassVar[frozenset[str]] = frozenset(
         {Q_MARKS, Q_TX, P_TX, N_MARKS, N_RDMA, N_BYTES, N_CNP}

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from detectors.base import Finding, StepContext
-from rocewatch.alerting.group import encode_members
-from rocewatch.topology import NicEnd, PortEnd, Topology
+from rocewatch.core.members import encode_members
+from rocewatch.core.state import Stateful
+from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 ALERTNAME = "FabricIncident"
 IGNORED = ("FabricIncident", "PortAnomaly")
@@ -45,10 +46,14 @@ class FabricIncidentConfig:
 
 
 @dataclass
-class FabricIncidentDetector:
+class FabricIncidentDetector(Stateful):
     topology: Topology
     config: FabricIncidentConfig = field(default_factory=FabricIncidentConfig)
     name: str = "fabric_incident"
+    # the record types its state holds (rocewatch.core.state; the checkpoint codec reads no other)
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (Finding,)
+    # derived from its configuration and topology when built: never restored
+    NOT_STATE: ClassVar[frozenset[str]] = frozenset({"members", "scopes_of", "_sizes"})
     # the metrics it reads from the window engine (steps carry no others to the detect stage)
     reads: ClassVar[frozenset[str]] = frozenset()
 

@@ -51,8 +51,9 @@ import polars as pl
 
 from detectors.base import Finding, StepContext, node_labels, port_labels
 from detectors.state import MISSED_SAMPLE_INTERVALS, EntitySlots
-from rocewatch.errors import ConfigError
-from rocewatch.topology import NicEnd, PortEnd, Topology
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.state import Stateful
+from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +151,12 @@ class _Cable:
 
 
 @dataclass
-class FlakyLinkDetector:
+class FlakyLinkDetector(Stateful):
     topology: Topology
     config: FlakyLinkConfig = field(default_factory=FlakyLinkConfig)
     name: str = "flaky_link"
+    # the record types its state holds (rocewatch.core.state; the checkpoint codec reads no other)
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (_Cable, EntitySlots, Finding)
     # the metrics it reads from the window engine (steps carry no others to the detect stage)
     reads: ClassVar[frozenset[str]] = frozenset(
         {*ERROR_METRICS, "nic_link_speed_mbps", "nic_rx_corrected_bits"}

@@ -13,9 +13,10 @@ and the final state name everything the alert covered.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
-from detectors.base import Finding
-from rocewatch.model import Alert, fingerprint
+from rocewatch.core.model import Alert, Finding, fingerprint
+from rocewatch.core.state import Stateful
 
 # annotations that follow the latest finding of a firing alert (rocewatch/alerting/group.py)
 LIVE_ANNOTATIONS = ("members", "ports", "victims")
@@ -26,7 +27,7 @@ class LifecycleConfig:
     resolve_after_s: float = 1.0
 
 
-class AlertLifecycle:
+class AlertLifecycle(Stateful):
     def __init__(self, config: LifecycleConfig | None = None, retain: bool = True) -> None:
         """``retain=False`` forgets resolved alerts once emitted (a service, whose storage and
         output topics keep them); replay retains them to write its final ``alerts.jsonl``."""
@@ -36,6 +37,9 @@ class AlertLifecycle:
         self.owner: dict[str, str] = {}
         self.last_seen: dict[str, int] = {}
         self.history: list[Alert] = []
+
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (Alert,)
+    NOT_STATE: ClassVar[frozenset[str]] = frozenset({"retain"})
 
     def update(self, source: str, now_ns: int, findings: list[Finding]) -> list[Alert]:
         """Apply one detector's findings for the step ending at ``now_ns``; return new events."""
@@ -67,6 +71,10 @@ class AlertLifecycle:
             if now_ns - self.last_seen.get(fp, 0) >= hold:
                 events.append(self._resolve(fp, now_ns))
         return events
+
+    def resolve(self, fp: str, now_ns: int) -> Alert:
+        """Resolve a firing alert now (its detector is off, its entity left the topology)."""
+        return self._resolve(fp, now_ns)
 
     def _resolve(self, fp: str, now_ns: int) -> Alert:
         alert = self.firing.pop(fp)

@@ -29,7 +29,8 @@ import numpy as np
 from detectors.base import Finding, StepContext, check_positive_numbers, node_labels
 from detectors.state import MISSED_SAMPLE_INTERVALS, EntitySlots
 from detectors.windows import Step
-from rocewatch.topology import Topology
+from rocewatch.core.state import Stateful
+from rocewatch.core.topology import Topology
 
 S = 1_000_000_000
 SPEED, MAX_SPEED = "nic_pcie_speed_gts", "nic_pcie_max_speed_gts"
@@ -71,10 +72,12 @@ class _Nic:
 
 
 @dataclass
-class PcieDowngradeDetector:
+class PcieDowngradeDetector(Stateful):
     topology: Topology
     config: PcieDowngradeConfig = field(default_factory=PcieDowngradeConfig)
     name: str = "pcie_downgrade"
+    # the record types its state holds (rocewatch.core.state; the checkpoint codec reads no other)
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (_Nic, EntitySlots, Finding)
     # the metrics it reads from the window engine (steps carry no others to the detect stage)
     reads: ClassVar[frozenset[str]] = frozenset({SPEED, MAX_SPEED, WIDTH, MAX_WIDTH, LINK})
 

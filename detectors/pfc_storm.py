@@ -41,7 +41,8 @@ import polars as pl
 
 from detectors.base import Finding, StepContext, node_labels, pct, port_labels
 from detectors.state import MISSED_SAMPLE_INTERVALS, NS, EntitySlots, matches
-from rocewatch.topology import NicEnd, PortEnd, Topology
+from rocewatch.core.state import Stateful
+from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 Key = tuple[str, str, str, str]  # (kind "port"|"nic", device, port-or-nic, priority)
 RX_PAUSE = {"port": "pfc_rx_pause_us", "nic": "nic_rx_pause_us"}
@@ -81,10 +82,14 @@ class _Active:
 
 
 @dataclass
-class PfcStormDetector:
+class PfcStormDetector(Stateful):
     topology: Topology
     config: PfcStormConfig = field(default_factory=PfcStormConfig)
     name: str = "pfc_storm"
+    # the record types its state holds (rocewatch.core.state; the checkpoint codec reads no other)
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (_Active, EntitySlots, Finding)
+    # the fabric domain is the pipeline's to say at every start
+    NOT_STATE: ClassVar[frozenset[str]] = frozenset({"domain"})
     # the metrics it reads from the window engine (steps carry no others to the detect stage)
     reads: ClassVar[frozenset[str]] = frozenset(
         {

@@ -71,8 +71,9 @@ from detectors.baseline import (
 )
 from detectors.state import Episode, Key, Row, Sustain, lookup
 from detectors.windows import Step
-from rocewatch.errors import ConfigError
-from rocewatch.topology import Topology
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.state import Stateful
+from rocewatch.core.topology import Topology
 
 MIB = 2**20
 DEPTH, INT_MEAN, PEAK, PAUSE = (
@@ -162,10 +163,22 @@ class _Fired:
 
 
 @dataclass
-class QueueBuildupDetector:
+class QueueBuildupDetector(Stateful):
     topology: Topology
     config: QueueBuildupConfig = field(default_factory=QueueBuildupConfig)
     name: str = "queue_buildup"
+    # the record types its state holds (rocewatch.core.state; the checkpoint codec reads no other)
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (
+        Groups,
+        Intervals,
+        KeySlots,
+        Run,
+        Sketch,
+        _Fired,
+        Episode,
+        Sustain,
+        Finding,
+    )
     # the metrics it reads from the window engine (steps carry no others to the detect stage)
     reads: ClassVar[frozenset[str]] = frozenset({DEPTH, INT_MEAN, PEAK, PAUSE})
 
@@ -671,3 +684,7 @@ def build(topology: Topology, config: QueueBuildupConfig | None = None) -> Queue
 
 
 __all__ = ["QueueBuildupConfig", "QueueBuildupDetector", "build"]
+
+
+# its per-port info records are defined after the detector
+QueueBuildupDetector.STATE_TYPES = (*QueueBuildupDetector.STATE_TYPES, _Info)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import polars as pl
@@ -130,7 +130,7 @@ class Episode:
     severity: str = ""
     info: tuple[Any, ...] = ()  # what the detector needs to describe it, as of firing
     # the sampling intervals (ns) of its last few rows (a default: a checkpoint of an episode
-    # written before it existed restores with none, rocewatch/runtime/checkpoint.py)
+    # written before it existed restores with none, rocewatch/core/checkpoint.py)
     intervals: tuple[int, ...] = ()
     # end of the last step a row said the enter condition (``last_cool``: level <= 0) or the
     # stay condition (``last_cold``: level COLD) did not hold: news, not a missed sample
@@ -206,6 +206,14 @@ class Sustain:
     (2.0, 70, False)
     """
 
+    # its configuration (a restored one takes today's: rocewatch.core.state.carry_params)
+    PARAMS: ClassVar[tuple[str, ...]] = (
+        "sustain_s",
+        "gap_s",
+        "clear_s",
+        "max_entities",
+        "min_rows",
+    )
     sustain_s: float
     gap_s: float
     clear_s: float

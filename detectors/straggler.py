@@ -97,8 +97,9 @@ import polars as pl
 from detectors.base import Finding, StepContext, check_positive_numbers, node_labels, pct
 from detectors.state import MISSED_SAMPLE_INTERVALS, EntitySlots
 from detectors.windows import Step
-from rocewatch.errors import ConfigError
-from rocewatch.topology import Topology
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.state import Stateful
+from rocewatch.core.topology import Topology
 
 S = 1_000_000_000
 PAUSE, ECN, TPUT = "nic_tx_pause_us", "nic_ecn_marked_pkts", "nic_tx_rdma_bytes"
@@ -178,10 +179,12 @@ class _Active:
 
 
 @dataclass
-class StragglerDetector:
+class StragglerDetector(Stateful):
     topology: Topology
     config: StragglerConfig = field(default_factory=StragglerConfig)
     name: str = "straggler"
+    # the record types its state holds (rocewatch.core.state; the checkpoint codec reads no other)
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (_Active, EntitySlots, Finding)
     # the metrics it reads from the window engine (steps carry no others to the detect stage)
     reads: ClassVar[frozenset[str]] = frozenset(
         {

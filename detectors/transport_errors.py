@@ -71,8 +71,9 @@ from detectors.state import (
     counter_timing,
 )
 from detectors.windows import Step
-from rocewatch.errors import ConfigError
-from rocewatch.topology import Topology
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.state import Stateful
+from rocewatch.core.topology import Topology
 
 OOS = "nic_out_of_sequence"
 ERRORS = (
@@ -262,10 +263,12 @@ def poisson_tail(count: float, mean: float) -> float:
 
 
 @dataclass
-class TransportErrorsDetector:
+class TransportErrorsDetector(Stateful):
     topology: Topology
     config: TransportErrorsConfig = field(default_factory=TransportErrorsConfig)
     name: str = "transport_errors"
+    # the record types its state holds (rocewatch.core.state; the checkpoint codec reads no other)
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (EntitySlots, Episode, Sustain, _Errors, Finding)
     # the metrics it reads from the window engine (steps carry no others to the detect stage)
     reads: ClassVar[frozenset[str]] = frozenset({OOS, *(m for m, _ in ERRORS)})
 

@@ -14,16 +14,17 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import polars as pl
 
 from detectors.rates import RateEngine, series_ids
-from rocewatch.errors import ConfigError
-from rocewatch.keys import KEYS
-from rocewatch.model import SERIES_KEY
-from rocewatch.stats import Stats
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.keys import KEYS
+from rocewatch.core.model import SERIES_KEY
+from rocewatch.core.state import StateMismatch
+from rocewatch.core.stats import Stats
 
 AGG_SCHEMA: dict[str, pl.DataType] = {
     "device": pl.String(),
@@ -320,13 +321,35 @@ class WindowEngine:
         )
         self._limit_logged = -float("inf")  # when the series limit was last logged
 
-    def __getstate__(self) -> dict[str, object]:
-        # buffered samples with coded keys (rocewatch.keys) keep their strings in a checkpoint:
-        # codes mean something only in the process that made them
-        d = dict(self.__dict__)
-        d.pop("_ledger", None)  # rebuilt from the tables when the series limit comes near
-        d["pending"] = [(KEYS.decode(f), lo, hi) for f, lo, hi in self.pending]
-        return d
+    # the record types its state holds (rocewatch.core.state)
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (Step,)
+
+    def state(self) -> dict[str, object]:
+        """What it holds, as data: each counter's last reading, the buffered samples, the
+        steps the sliding windows still read, and where it has closed. The series table is a
+        cache (rebuilt from the samples that follow)."""
+        return {
+            "step_ns": self.step_ns,
+            "rates": self.rates.state,
+            # buffered samples with coded keys (rocewatch.core.keys) keep their strings: codes
+            # mean something only in the process that made them
+            "pending": [(KEYS.decode(f), lo, hi) for f, lo, hi in self.pending],
+            "closed_ns": self.closed_ns,
+            "history": list(self.history),
+        }
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """Lay ``state()`` of an earlier run over this engine, built from today's
+        configuration. ``StateMismatch`` when the step length changed: its steps and buffered
+        samples do not fit this engine's (the caller starts afresh)."""
+        if data.get("step_ns") != self.step_ns:
+            raise StateMismatch(
+                f"window.step_s changed ({data.get('step_ns')} ns, now {self.step_ns} ns)"
+            )
+        self.rates.state = data["rates"]
+        self.pending = [(f, int(lo), int(hi)) for f, lo, hi in data["pending"]]
+        self.closed_ns = data["closed_ns"]
+        self.history = deque(data["history"], maxlen=self.history.maxlen)
 
     # --- input -----------------------------------------------------------------------------------
     def add(self, samples: pl.DataFrame) -> None:

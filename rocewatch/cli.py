@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rocewatch.errors import ConfigError, run_command
+from rocewatch.core.errors import ConfigError, run_command
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from rocewatch.metrics import Reading
+    from rocewatch.core.metrics import Reading
 
 log = logging.getLogger("rocewatch")
 
@@ -254,7 +254,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             sim_cfg = sc.SCENARIOS[args.scenario](
                 nodes=args.nodes, duration_s=args.duration, seed=args.seed
             )
-        from rocewatch.progress import Progress
+        from rocewatch.core.progress import Progress
 
         bar = Progress("simulate", 1, enabled=sys.stderr.isatty())
         write_scenario(
@@ -301,7 +301,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
         return 0
     if args.command == "publish":
-        from rocewatch.bus.publish import publish_scenario
+        from rocewatch.runtime.publish import publish_scenario
 
         cfg = load_config(args.config)
         n = publish_scenario(args.scenario_dir, cfg, rate=args.rate)
@@ -343,7 +343,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         args.command == "topology" and args.topology_command == "discover"
     ):
         from collector.gnmi.service import run_collect, run_discover
-        from rocewatch.topology import Topology
+        from rocewatch.core.topology import Topology
 
         cfg = load_config(args.config)
         topo_file = args.topology or (Path(cfg.topology) if cfg.topology else None)
@@ -363,7 +363,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
         return run_discover(cfg, topo, args.target, args.out, args.timeout)
     if args.command == "topology":
-        from rocewatch.topology import Topology
+        from rocewatch.core.topology import Topology
 
         t = Topology.load(args.file)
         print(
@@ -378,7 +378,7 @@ def _readings_endpoint(port: int | None, read: Callable[[], Iterable[Reading]]) 
     """A /metrics endpoint on ``port`` serving ``read()``; None without a port."""
     if not port:
         return None
-    from rocewatch.metrics import ReadingsEndpoint
+    from rocewatch.core.metrics import ReadingsEndpoint
 
     ep = ReadingsEndpoint(port, read)
     log.info("serving /metrics on port %d", ep.port)
@@ -395,7 +395,7 @@ def _int_listen(args: argparse.Namespace) -> int:
     from collector.inband.udp import UdpListener, UdpListenerConfig
     from collector.output import LinesOutput, Output
     from rocewatch.config import load_config
-    from rocewatch.topology import Topology
+    from rocewatch.core.topology import Topology
 
     cfg = load_config(args.config)
     topo_path = args.topology or (Path(cfg.topology) if cfg.topology else None)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -22,16 +24,23 @@ from actions.policy import DrainPolicy
 from detectors.base import Detector, Finding, StepContext
 from detectors.lifecycle import AlertLifecycle
 from detectors.rates import series_ids
-from detectors.registry import build_detectors
+from detectors.registry import DETECTORS, build_detectors
 from detectors.windows import Step, WindowEngine
 from rocewatch.alerting.group import StormGrouper, views
 from rocewatch.alerting.inhibit import INHIBITED_BY, Inhibitor
 from rocewatch.config import Config
-from rocewatch.model import SERIES_KEY, Action, Alert
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
+from rocewatch.core.checkpoint import StateTypes
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import SERIES_KEY, Action, Alert
+from rocewatch.core.state import StateMismatch
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 
 log = logging.getLogger(__name__)
+
+# the layout of ``Pipeline.state()``; a state of another version is refused (the caller starts
+# afresh from its committed offsets)
+PIPELINE_STATE_VERSION = 2
 
 ROLLUP_SCHEMA: dict[str, pl.DataType] = {
     "bucket_start_ns": pl.Int64(),
@@ -87,11 +96,19 @@ class Rollups:
         self.bucket: int | None = None
         self.parts: list[pl.DataFrame] = []  # partial aggregates: sum, max, min, last, count
 
-    def __getstate__(self) -> dict[str, object]:
-        # the series ids are a cache (rebuilt when folding): a checkpoint leaves them out
-        d = dict(self.__dict__)
-        d["parts"] = [p.drop("sid", strict=False) for p in self.parts]
-        return d
+    def state(self) -> dict[str, object]:
+        """Its open bucket, as data (the series ids are a cache, rebuilt when folding)."""
+        return {
+            "resolution_s": self.resolution_s,
+            "bucket": self.bucket,
+            "parts": [p.drop("sid", strict=False) for p in self.parts],
+        }
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        """Take back the open bucket of ``state()``, if kept at this resolution."""
+        if data.get("resolution_s") == self.resolution_s:
+            self.bucket = data["bucket"]
+            self.parts = list(data["parts"])
 
     @staticmethod
     def _partial(frame: pl.DataFrame, sid: np.ndarray | None = None) -> pl.DataFrame:
@@ -203,6 +220,10 @@ class Pipeline:
         self.policy = DrainPolicy(self.config.policy, topology, executor or DryRunExecutor())
         self.domain = domain
         self.policy.domain = domain
+        # a detector that keeps track of the fabric domain learns the one it runs for
+        for det in self.detectors:
+            if DETECTORS[det.name].domain_aware:
+                det.domain = domain  # type: ignore[attr-defined]
         self.grouper = StormGrouper(topology, self.config.lifecycle.resolve_after_s)
         self.inhibitor = Inhibitor(self.config.inhibit)
         self.actions: list[Action] = []
@@ -211,6 +232,8 @@ class Pipeline:
         self.set_rollups(rollup_s)
         self.detector_seconds = 0.0
         self.samples_in = 0
+        # restored alerts that today's configuration no longer raises: resolved at the next step
+        self._orphans: list[str] = []
 
     def set_rollups(self, rollup_s: int | None) -> None:
         """Metric rollups at ``rollup_s`` seconds plus a coarser level for dashboards over long
@@ -267,6 +290,13 @@ class Pipeline:
                 self.engine, self.topology, step.start, step.end, firing=self._firing_labels
             )
             events: list[Alert] = []
+            if self._orphans:
+                events += [
+                    self.lifecycle.resolve(fp, step.end)
+                    for fp in self._orphans
+                    if fp in self.lifecycle.firing
+                ]
+                self._orphans = []
             domain = self.domain
             grouper, inhibitor = self._alerting()
             for det in self.detectors:
@@ -314,6 +344,103 @@ class Pipeline:
             elif self.topology.domain_of(device) == domain:
                 mine.append(f)
         return mine
+
+    # --- state ---------------------------------------------------------------------------------
+    @staticmethod
+    def state_types() -> StateTypes:
+        """The record types a pipeline's state may hold: those every part declares (each
+        registered detector's, the window engine's, the lifecycle's, grouping's, inhibition's)."""
+        parts: list[Any] = [
+            WindowEngine,
+            AlertLifecycle,
+            StormGrouper,
+            Inhibitor,
+            *(e.detector for e in DETECTORS.values()),
+        ]
+        return StateTypes(t for part in parts for t in part.STATE_TYPES)
+
+    def state(self) -> dict[str, Any]:
+        """Every part's state, as data (never the parts: they are built from the configuration
+        and topology at every start; ``restore`` lays this over them)."""
+        return {
+            "version": PIPELINE_STATE_VERSION,
+            "engine": self.engine.state(),
+            "detectors": {d.name: d.state() for d in self.detectors},
+            "lifecycle": self.lifecycle.state(),
+            "grouper": self.grouper.state(),
+            "inhibitor": self.inhibitor.state(),
+            "policy": self.policy.state(),
+            "rollups": [r.state() for r in self._rollup_levels()],
+            "stats": {
+                "counts": dict(self.stats.counts),
+                "detail": {k: dict(d) for k, d in self.stats.detail.items()},
+            },
+            "samples_in": self.samples_in,
+            "detector_seconds": self.detector_seconds,
+        }
+
+    def restore(self, data: Mapping[str, Any]) -> dict[str, int]:
+        """Lay ``state()`` of an earlier run over this pipeline, built from today's configuration
+        and topology. What the configuration no longer has is dropped: the state of a detector
+        now disabled (its open alerts resolve at the next step), the alerts and held drains of
+        nodes and switches no longer in the topology. A detector newly enabled, a node newly
+        added start fresh. Returns what was dropped, counted (also in ``stats``).
+
+        ``StateMismatch`` (a ``ValueError``) for a state of another layout or step length: the
+        caller starts afresh."""
+        if data.get("version") != PIPELINE_STATE_VERSION:
+            raise StateMismatch(f"pipeline state version {data.get('version')!r}")
+        self.engine.restore(data["engine"])
+        dropped: dict[str, int] = {}
+        states = data["detectors"]
+        enabled = {d.name for d in self.detectors}
+        for det in self.detectors:
+            st = states.get(det.name)
+            if st is not None:
+                det.restore(st)
+        if n := len(set(states) - enabled):
+            dropped["state_ignored_disabled_detectors"] = n
+        self.lifecycle.restore(data["lifecycle"])
+        self.grouper.restore(data["grouper"])
+        self.inhibitor.restore(data["inhibitor"])
+        try:
+            self.policy.restore(data["policy"])
+        except ConfigError as e:
+            raise StateMismatch(str(e)) from e
+        for level, st in zip(self._rollup_levels(), data.get("rollups") or [], strict=False):
+            level.restore(st)
+        st_stats = data.get("stats") or {}
+        self.stats.counts.update(st_stats.get("counts", {}))
+        for k, d in (st_stats.get("detail") or {}).items():
+            self.stats.detail.setdefault(k, Counter()).update(d)
+        self.samples_in = int(data.get("samples_in", 0))
+        self.detector_seconds = float(data.get("detector_seconds", 0.0))
+        # alerts whose detector is off now, or whose entity left the topology, resolve at the
+        # next step (their resolution is notified: they are not silently forgotten)
+        for fp, owner in self.lifecycle.owner.items():
+            a = self.lifecycle.firing.get(fp)
+            gone = a is not None and not self._in_topology(a.labels)
+            if (owner in DETECTORS and owner not in enabled) or gone:
+                self._orphans.append(fp)
+        if self._orphans:
+            dropped["restored_alerts_resolved"] = len(self._orphans)
+        if n := self.policy.forget_nodes(set(self.topology.nodes)):
+            dropped["restored_drains_dropped"] = n
+        for k, n in dropped.items():
+            self.stats.inc(k, n)
+        if dropped:
+            log.info(
+                "restored state: dropped what today's configuration no longer has: %s", dropped
+            )
+        return dropped
+
+    def _in_topology(self, labels: Mapping[str, str]) -> bool:
+        """Whether the node or switch an alert is about is in the topology (an alert about
+        no device, a scope, always is)."""
+        node, switch = labels.get("node"), labels.get("switch")
+        if node is not None and node not in self.topology.nodes:
+            return False
+        return switch is None or switch in self.topology.switches
 
     def operator_tick(self) -> Output:
         """Let the policy act at once on an operator's command, without waiting for telemetry."""

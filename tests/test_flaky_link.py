@@ -13,10 +13,10 @@ import pytest
 from detectors.flaky_link import FlakyLinkConfig
 from detectors.state import EntitySlots
 from rocewatch.config import config_from_dict
-from rocewatch.errors import ConfigError
-from rocewatch.model import Alert, conform
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Alert, conform
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
-from rocewatch.topology import Topology
 from tests import cadence
 
 S = 1_000_000_000

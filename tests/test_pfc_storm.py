@@ -6,9 +6,9 @@ import polars as pl
 import pytest
 
 from rocewatch.config import Config
-from rocewatch.model import conform
+from rocewatch.core.model import conform
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
-from rocewatch.topology import Topology
 from tests import cadence
 
 S = 1_000_000_000

@@ -28,7 +28,7 @@ from rocewatch.config import (
     TopicsConfig,
     config_from_dict,
 )
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 from rocewatch.runtime.service import DetectService
 from tests.support.until_done import run_service, stop_when_done
 
@@ -182,8 +182,8 @@ def test_refused_records_are_a_prometheus_counter() -> None:
     """What the detect service's /metrics make of the stages' counts (``update_scaleout``)."""
     import types
 
-    from rocewatch.metrics import ServiceMetrics
-    from rocewatch.stats import Stats
+    from rocewatch.core.metrics import ServiceMetrics
+    from rocewatch.core.stats import Stats
     from tests.support.prom import scrape
 
     agg_stats, det_stats = Stats(), Stats()

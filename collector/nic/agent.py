@@ -26,11 +26,11 @@ from collector.nic.ethtool import EthtoolError, EthtoolReader, ethtool_s_command
 from collector.nic.mlxlink import mlxlink_path, read_mlxlink
 from collector.nic.spool import Spool
 from collector.nic.sysfs import AttrFiles, RdmaDevice, netdev_speed, rdma_devices
-from rocewatch.errors import ConfigError, RetryableError
-from rocewatch.stats import Stats
+from rocewatch.core.errors import ConfigError, RetryableError
+from rocewatch.core.stats import Stats
 
 if TYPE_CHECKING:
-    from rocewatch.metrics import Reading
+    from rocewatch.core.metrics import Reading
 
 log = logging.getLogger(__name__)
 __all__ = ["AgentConfig", "NicAgent"]
@@ -228,7 +228,7 @@ class NicAgent:
     def readings(self) -> list[Reading]:
         """The agent's /metrics, read at scrape time."""
         # here, not at the top: the Prometheus client is only needed when /metrics is served
-        from rocewatch.metrics import skipped_readings
+        from rocewatch.core.metrics import skipped_readings
 
         sent = self.stats.get("agent_snapshots_sent")
         spool = getattr(self, "spool", None)

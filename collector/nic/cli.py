@@ -14,7 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
-from rocewatch.errors import run_command
+from rocewatch.core.errors import run_command
 
 log = logging.getLogger("rocewatch.agent")
 
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         metrics = None
         port = args.metrics_port or cfg.metrics_port
         if port:
-            from rocewatch.metrics import ReadingsEndpoint
+            from rocewatch.core.metrics import ReadingsEndpoint
 
             metrics = ReadingsEndpoint(port, agent.readings)
             log.info("serving /metrics on port %d", metrics.port)

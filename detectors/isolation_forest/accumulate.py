@@ -4,13 +4,14 @@ detector or in stage 1 of the detector service (``FeatureFeed``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import polars as pl
 
 from detectors.isolation_forest.features import _CODES, _N_NIC, _NAMES, KINDS, METRICS, S
 from detectors.windows import Step, sorted_lookup
+from rocewatch.core.state import Stateful, StateMismatch
 
 # --- per-entity accumulation ----------------------------------------------------------------------
 
@@ -270,7 +271,7 @@ def _add_kind(
     return acc.add(hashes, code, (a, b, ts), keys_of, pos)
 
 
-class FeatureFeed:
+class FeatureFeed(Stateful):
     """The forest's per-step work for the telemetry of one scale-out partition (stage 1):
     each entity's window values, one row per entity and window, instead of every series'
     rows every step. A partition's entities are its own (the telemetry key is the device), so
@@ -288,6 +289,15 @@ class FeatureFeed:
         self.accs = {k: _Accumulator(k) for k in KINDS}
         self.window_end: int | None = None
         self.done: list[pl.DataFrame] = []
+
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (_Accumulator, _Series)
+    NOT_STATE: ClassVar[frozenset[str]] = frozenset({"window_ns"})
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """As every part; a window of another length starts afresh (``StateMismatch``)."""
+        if data.get("window_end") is not None and data["window_end"] % self.window_ns:
+            raise StateMismatch("the isolation forest's feature_window_s changed")
+        super().restore(data)
 
     def add(self, step: Step) -> None:
         if self.window_end is not None and step.start >= self.window_end:

@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from detectors.base import Finding, StepContext, node_labels, port_labels
-from detectors.isolation_forest.accumulate import _Accumulator, _FedAccumulator, add_step
+from detectors.isolation_forest.accumulate import _Accumulator, _FedAccumulator, _Series, add_step
 from detectors.isolation_forest.config import IsolationForestConfig
 from detectors.isolation_forest.features import (
     DEFAULT_BUFFER_BYTES,
@@ -28,10 +28,18 @@ from detectors.isolation_forest.features import (
     _nic_features,
     _port_features,
 )
-from detectors.isolation_forest.model import ForestModel, KindModel, _statics, _transform, fit_kind
+from detectors.isolation_forest.model import (
+    CompiledForest,
+    ForestModel,
+    KindModel,
+    _statics,
+    _transform,
+    fit_kind,
+)
 from detectors.windows import Step
-from rocewatch.errors import ConfigError
-from rocewatch.topology import NicEnd, PortEnd, Topology
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.state import Stateful
+from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,8 @@ class Threshold:
     >>> t.update(np.array([0]), np.array([0.1]), 1)[1].tolist()
     [0]
     """
+
+    PARAMS: ClassVar[tuple[str, ...]] = ("sustain", "clear")  # a restored one takes today's
 
     def __init__(self, sustain: int, clear: int) -> None:
         self.sustain = sustain
@@ -121,10 +131,24 @@ class _Kind:
 
 
 @dataclass
-class IsolationForestDetector:
+class IsolationForestDetector(Stateful):
     topology: Topology
     config: IsolationForestConfig = field(default_factory=IsolationForestConfig)
     name: str = "isolation_forest"
+    # the record types its state holds (rocewatch.core.state; the checkpoint codec reads no other)
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (
+        _Kind,
+        _Accumulator,
+        _FedAccumulator,
+        _Series,
+        Threshold,
+        Finding,
+        ForestModel,
+        KindModel,
+        CompiledForest,
+    )
+    # derived from its configuration and topology when built: never restored
+    NOT_STATE: ClassVar[frozenset[str]] = frozenset({"window_ns"})
     # the metrics it reads from the window engine (steps carry no others to the detect stage)
     reads: ClassVar[frozenset[str]] = frozenset({*NIC_METRICS, *PORT_METRICS})
 
@@ -161,6 +185,13 @@ class IsolationForestDetector:
         self.active: dict[Key, Finding] = {}
         self.fit_seconds: list[float] = []
         self.shifted_windows = 0
+
+    def restore(self, data: dict[str, object]) -> None:
+        """As every part (``Stateful``); a model the configuration names (``model_path``) is
+        the one it scores with, not the one the state learned."""
+        if self.config.model_path:
+            data = {k: v for k, v in data.items() if k != "model"}
+        super().restore(data)
 
     # --- per step --------------------------------------------------------------------------------
     def evaluate(self, ctx: StepContext) -> list[Finding]:

@@ -14,9 +14,9 @@ import numpy as np
 
 from detectors.isolation_forest.config import IsolationForestConfig
 from detectors.isolation_forest.features import _FLOOR, FEATURES, KINDS, feature_names
-from rocewatch.errors import ConfigError
-from rocewatch.runtime import checkpoint
-from rocewatch.runtime.checkpoint import CheckpointError
+from rocewatch.core import checkpoint
+from rocewatch.core.checkpoint import CheckpointError
+from rocewatch.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from sklearn.ensemble import IsolationForest
@@ -163,6 +163,10 @@ def _statics(kind: str) -> tuple[np.ndarray, np.ndarray]:
     return floor, direction
 
 
+# the record types a model file holds besides data (its arrays are in them)
+MODEL_TYPES = checkpoint.StateTypes([KindModel, CompiledForest])
+
+
 @dataclass
 class ForestModel:
     """What ``save`` persists: a forest per entity kind, thresholds, and how it was trained.
@@ -216,6 +220,7 @@ class ForestModel:
                     "sklearn": sklearn_version(),
                 },
                 MODEL_KIND,
+                MODEL_TYPES,
             )
         )
         tmp.replace(p)
@@ -226,7 +231,7 @@ class ForestModel:
         or built on another feature list than this rocewatch computes. Nothing in the file is
         executed: it holds arrays and numbers."""
         try:
-            doc = checkpoint.loads(Path(path).read_bytes(), MODEL_KIND)
+            doc = checkpoint.loads(Path(path).read_bytes(), MODEL_KIND, MODEL_TYPES)
         except FileNotFoundError as e:
             raise ConfigError(f"{path}: no such model file") from e
         except (OSError, CheckpointError) as e:  # a torn, foreign or older (joblib) file

@@ -42,11 +42,12 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from rocewatch.alerting.group import MEMBERS, parse_members, views
-from rocewatch.errors import ConfigError
-from rocewatch.model import Alert
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Alert
+from rocewatch.core.state import Stateful
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +301,7 @@ class AlertStore(Protocol):
 _Index = list[dict[tuple[Any, ...], list[str]]]
 
 
-class Inhibitor:
+class Inhibitor(Stateful):
     """The inhibition stage (module docstring). State: the targets held for their wait and the
     targets inhibited now; plain data, so it travels in the pipeline's checkpoint."""
 
@@ -313,6 +314,9 @@ class Inhibitor:
         self.now = 0
         # member label-set shapes of the members rules' sources (rebuilt with the index)
         self._shapes: list[set[tuple[str, ...]]] = []
+
+    STATE_TYPES: ClassVar[tuple[type, ...]] = (Alert,)
+    NOT_STATE: ClassVar[frozenset[str]] = frozenset({"wait_ns", "_shapes"})
 
     def is_target(self, labels: Mapping[str, str]) -> bool:
         return any(r.is_target(labels) for r in self.config.rules)

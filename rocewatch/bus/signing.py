@@ -39,9 +39,9 @@ import stat
 import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Protocol
 
-from rocewatch.config import StateKeyConfig, StateSigningConfig
-from rocewatch.errors import BadInput, ConfigError
+from rocewatch.core.errors import BadInput, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,29 @@ _LEN = struct.Struct(">I")
 MIN_KEY_BYTES = 32  # HMAC-SHA256's own output size: a shorter key is the weak link
 MAX_KEY_FILE_BYTES = 64 << 10  # a bigger file is not a key (a certificate bundle, say)
 _HEADER_RE = re.compile(rb"v1 ([A-Za-z0-9._-]{1,64}) ([0-9a-f]{64})")
+
+
+class KeyConfig(Protocol):
+    """Where one key is (``rocewatch.config.StateKeyConfig``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def file(self) -> str | None: ...
+    @property
+    def env(self) -> str | None: ...
+    @property
+    def given(self) -> bool: ...
+
+
+class SigningConfig(Protocol):
+    """The keys of the state topic's MAC (``rocewatch.config.StateSigningConfig``, the
+    ``kafka.state_signing`` section)."""
+
+    @property
+    def key(self) -> KeyConfig: ...
+    @property
+    def read_keys(self) -> tuple[KeyConfig, ...]: ...
 
 
 class SignatureError(BadInput):
@@ -123,7 +146,7 @@ class StateKeys:
             raise SignatureError(f"MAC does not match (key id {kid!r})")
 
 
-def load_state_keys(cfg: StateSigningConfig, where: str = "kafka.state_signing") -> StateKeys:
+def load_state_keys(cfg: SigningConfig, where: str = "kafka.state_signing") -> StateKeys:
     """The keys ``cfg`` names, read and checked (``ConfigError`` with one line if one cannot
     be used). ``rocewatch detect`` calls it before it touches Kafka: without a key it does
     not start."""
@@ -145,7 +168,7 @@ def load_state_keys(cfg: StateSigningConfig, where: str = "kafka.state_signing")
     return StateKeys(cfg.key.id, secrets)
 
 
-def _secret(k: StateKeyConfig, at: str) -> bytes:
+def _secret(k: KeyConfig, at: str) -> bytes:
     """One key's bytes (never in a message: only its length)."""
     if k.env is not None:
         text = os.environ.get(k.env)

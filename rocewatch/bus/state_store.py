@@ -18,8 +18,8 @@ from rocewatch.bus.topics import (
     record_limit,
 )
 from rocewatch.config import KafkaConfig
-from rocewatch.errors import RetryableError
-from rocewatch.runtime import checkpoint
+from rocewatch.core import checkpoint
+from rocewatch.core.errors import RetryableError
 
 # --- the state topic -----------------------------------------------------------------------------
 
@@ -28,11 +28,14 @@ from rocewatch.runtime import checkpoint
 _SERIALISER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rocewatch-state")
 
 
-def _as_checkpoint(obj: Any) -> tuple[Any, str]:
-    """A stage's state as the data its record holds, and the record's kind (a stage's state
-    says both: ``record_data``)."""
+def _as_checkpoint(obj: Any) -> tuple[Any, str, checkpoint.StateTypes]:
+    """A stage's state as the data its record holds, the record's kind and the record types
+    in it (a stage's state says all three: ``record_data``)."""
     record_data = getattr(obj, "record_data", None)
-    return record_data() if record_data is not None else (obj, "state")
+    if record_data is not None:
+        data, kind, types = record_data()
+        return data, kind, types
+    return obj, "state", checkpoint.NO_TYPES
 
 
 class Signed(NamedTuple):
@@ -65,8 +68,8 @@ class StateSnapshot:
     def __init__(
         self, obj: Any, copy: bool = True, keys: StateKeys | None = None, key: str = ""
     ) -> None:
-        data, kind = _as_checkpoint(obj)
-        self.snap = checkpoint.Snapshot(data, kind, copy_frames=copy)
+        data, kind, types = _as_checkpoint(obj)
+        self.snap = checkpoint.Snapshot(data, kind, copy_frames=copy, types=types)
         self.keys = keys
         self.key = key.encode()
         self.future: Future[bytes] | None = None

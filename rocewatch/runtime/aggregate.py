@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,13 +22,6 @@ from detectors.isolation_forest import (
 from detectors.registry import metrics_read
 from detectors.windows import Step, WindowEngine
 from rocewatch import wire
-from rocewatch.bus.intake import (
-    SendTimes,
-    admit_record,
-    parse_record,
-    partition_guard,
-    send_dead_letter,
-)
 from rocewatch.bus.poll import poll_group
 from rocewatch.bus.signing import SignatureError
 from rocewatch.bus.state_store import Signed, StateSnapshot, StateStore, state_record
@@ -38,17 +31,25 @@ from rocewatch.bus.topics import (
     RECORD_OVERHEAD,
 )
 from rocewatch.config import Config
-from rocewatch.errors import (
+from rocewatch.core import checkpoint
+from rocewatch.core.checkpoint import CheckpointError
+from rocewatch.core.errors import (
     BadInput,
     ConfigError,
 )
+from rocewatch.core.stats import Stats
 from rocewatch.pipeline import (
     COARSE_ROLLUP_S,
     ROLLUP_S,
     Rollups,
 )
-from rocewatch.runtime import checkpoint
-from rocewatch.runtime.checkpoint import CheckpointError
+from rocewatch.runtime.intake import (
+    SendTimes,
+    admit_record,
+    parse_record,
+    partition_guard,
+    send_dead_letter,
+)
 from rocewatch.runtime.steps import (
     ROWS_PER_STEPS_MESSAGE,
     CodedRows,
@@ -59,11 +60,10 @@ from rocewatch.runtime.steps import (
     steps_coded,
 )
 from rocewatch.runtime.timing import HEARTBEAT_S, MAX_SKEW_S, SYSTEM_CLOCK, Clock
-from rocewatch.stats import Stats
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: each part's state as data (1 held the parts themselves)
 
 
 def forest_window_s(cfg: Config) -> float | None:
@@ -76,26 +76,38 @@ def forest_window_s(cfg: Config) -> float | None:
 AGG_STATE_KIND = "aggregate-state"  # a stage-1 partition's state record (runtime.checkpoint)
 
 
-def load_agg_state(raw: bytes) -> AggState:
-    """A stage-1 state record read back; ``CheckpointError`` unless it is one of this build's
-    format and ``STATE_VERSION`` (nothing in it is executed)."""
-    d = checkpoint.loads(raw, AGG_STATE_KIND)
+def agg_state_types() -> checkpoint.StateTypes:
+    """The record types a partition's state holds (its window engine's, the forest feed's)."""
+    return checkpoint.StateTypes([*WindowEngine.STATE_TYPES, *FeatureFeed.STATE_TYPES])
+
+
+def load_agg_state(
+    raw: bytes,
+    engine: WindowEngine,
+    rollups: list[Rollups] | None = None,
+    forest: FeatureFeed | None = None,
+) -> AggState:
+    """A stage-1 state record read back into parts built from today's configuration (its
+    ``engine``, ``rollups`` and ``forest``, whose state it restores); ``CheckpointError``
+    unless it is one of this build's format and ``STATE_VERSION`` and fits those parts
+    (nothing in it is executed). Rollups or a forest feed the configuration no longer has
+    are dropped; ones it has now start afresh."""
+    d = checkpoint.loads(raw, AGG_STATE_KIND, agg_state_types())
+    if not isinstance(d, dict) or d.get("version") != STATE_VERSION:
+        v = d.get("version") if isinstance(d, dict) else None
+        raise CheckpointError(f"partition state version {v!r}, reads {STATE_VERSION}")
     try:
-        st = AggState(**d)
-    except TypeError as e:
+        partition, offset, hi = d["partition"], d["offset"], d["hi"]
+        if not all(isinstance(x, int) for x in (partition, offset, hi)):
+            raise TypeError("partition, offset and hi must be integers")
+        engine.restore(d["engine"])
+        for r, st in zip(rollups or [], d.get("rollups") or [], strict=False):
+            r.restore(st)
+        if forest is not None and d.get("forest") is not None:
+            forest.restore(d["forest"])
+    except (KeyError, TypeError, ValueError, pl.exceptions.PolarsError) as e:
         raise CheckpointError(f"not a partition's state: {e}") from e
-    if st.version != STATE_VERSION:
-        raise CheckpointError(f"partition state version {st.version!r}, reads {STATE_VERSION}")
-    if not (
-        isinstance(st.engine, WindowEngine)
-        and isinstance(st.partition, int)
-        and isinstance(st.offset, int)
-        and isinstance(st.hi, int)
-        and (st.rollups is None or all(isinstance(r, Rollups) for r in st.rollups))
-        and (st.forest is None or isinstance(st.forest, FeatureFeed))
-    ):
-        raise CheckpointError("a partition's state of the wrong shape")
-    return st
+    return AggState(STATE_VERSION, partition, engine, offset, hi, rollups, forest)
 
 
 # --- stage 1: aggregate ------------------------------------------------------------------------
@@ -111,9 +123,19 @@ class AggState:
     rollups: list[Rollups] | None = None  # open buckets (with storage configured)
     forest: FeatureFeed | None = None  # the isolation forest's open window
 
-    def record_data(self) -> tuple[dict[str, Any], str]:
-        """What its state record holds, and the record's kind (``load_agg_state`` reads it)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}, AGG_STATE_KIND
+    def record_data(self) -> tuple[dict[str, Any], str, checkpoint.StateTypes]:
+        """What its state record holds (each part's state, as data), the record's kind and
+        the record types in it (``load_agg_state`` reads it)."""
+        data = {
+            "version": self.version,
+            "partition": self.partition,
+            "engine": self.engine.state(),
+            "offset": self.offset,
+            "hi": self.hi,
+            "rollups": None if self.rollups is None else [r.state() for r in self.rollups],
+            "forest": None if self.forest is None else self.forest.state(),
+        }
+        return data, AGG_STATE_KIND, agg_state_types()
 
 
 @dataclass
@@ -241,7 +263,12 @@ class Aggregator:
         rec = self.store.load_stored(p, key=f"agg-{p}")
         if rec is not None:
             try:
-                st = load_agg_state(self.store.open(rec))
+                st = load_agg_state(
+                    self.store.open(rec),
+                    self._new_engine(),
+                    self._new_rollups(),
+                    self._new_forest(),
+                )
                 if st.partition != p:
                     raise CheckpointError(f"the state of partition {st.partition}")
             except (CheckpointError, SignatureError) as e:  # damaged, foreign or forged
@@ -266,17 +293,14 @@ class Aggregator:
                     from_committed=True,
                 )
             else:
-                st.engine.stats = self.stats
-                st.engine.rates.stats = self.stats
                 log.info("partition %d resumes at offset %d", p, st.offset)
-                rollups = st.rollups
-                if rollups is None or bool(rollups) != bool(self.cfg.storage_url):
-                    rollups = self._new_rollups()
-                forest = st.forest
-                if (forest is None) != (self.forest_s is None):
-                    forest = self._new_forest()
                 return _Part(
-                    st.engine, st.offset, st.hi, dirty=False, rollups=rollups, forest=forest
+                    st.engine,
+                    st.offset,
+                    st.hi,
+                    dirty=False,
+                    rollups=st.rollups or [],
+                    forest=st.forest,
                 )
         return _Part(
             self._new_engine(), None, rollups=self._new_rollups(), forest=self._new_forest()

@@ -16,13 +16,12 @@ from kafka import KafkaConsumer
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from actions.executors import Executor
 from actions.membership import LiveJobs, build_live_jobs
 from actions.operator import MemoryCommands, apply_pending
 from actions.routing import RoutingExecutor
-from detectors.isolation_forest import IsolationForestDetector
-from detectors.pfc_storm import PfcStormDetector
+from detectors.registry import DETECTORS
 from detectors.windows import Step
-from rocewatch.bus.delivery import Published, output_partitions, send_events
 from rocewatch.bus.poll import poll_group
 from rocewatch.bus.signing import SignatureError
 from rocewatch.bus.state_store import Signed, StateSnapshot, StateStore, state_record
@@ -32,21 +31,24 @@ from rocewatch.bus.topics import (
 )
 from rocewatch.bus.transactions import DetectWriter, FencedExecutor, TransactionFailed
 from rocewatch.config import Config
-from rocewatch.errors import (
+from rocewatch.core import checkpoint
+from rocewatch.core.checkpoint import CheckpointError
+from rocewatch.core.errors import (
     BadInput,
     Fenced,
     RetryableError,
     RocewatchError,
 )
-from rocewatch.keys import KEYS, is_coded
-from rocewatch.model import Alert
+from rocewatch.core.keys import KEYS, is_coded
+from rocewatch.core.model import Alert
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import (
     Output,
     Pipeline,
 )
-from rocewatch.runtime import checkpoint
 from rocewatch.runtime.aggregate import STATE_VERSION
-from rocewatch.runtime.checkpoint import CheckpointError
+from rocewatch.runtime.delivery import Published, output_partitions, send_events
 from rocewatch.runtime.steps import DomainRoutes, StepsMessage, coded_step, decode_steps
 from rocewatch.runtime.timing import (
     DEAF_S,
@@ -55,8 +57,6 @@ from rocewatch.runtime.timing import (
     TAKEOVER_RETRY_S,
     Clock,
 )
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -77,21 +77,15 @@ def kube_api(cfg: Config) -> Any:
     return make
 
 
-def tell_domain(pipe: Pipeline, domain: str | None) -> None:
-    """PFCStorm learns the fabric domain its pipeline runs for (a restored one too, whatever
-    its record says): a switch of another domain, heard there only on the cable ends facing the
-    domain, is where the pause enters, named at once as replay traces it (``unheard``)."""
-    for det in pipe.detectors:
-        if isinstance(det, PfcStormDetector):
-            det.domain = domain
-
-
 DETECT_STATE_KIND = "detect-state"  # a detect stage's
 
 
-def load_detect_state(raw: bytes) -> DetectState:
-    """A detect stage's state record read back, as ``load_agg_state``."""
-    return DetectState.restore(checkpoint.loads(raw, DETECT_STATE_KIND))
+def load_detect_state(raw: bytes, pipeline: Pipeline) -> DetectState:
+    """A detect stage's state record read back, its pipeline's state laid over ``pipeline``
+    (built from today's configuration and topology), as ``load_agg_state``."""
+    return DetectState.restore(
+        checkpoint.loads(raw, DETECT_STATE_KIND, Pipeline.state_types()), pipeline
+    )
 
 
 # --- stage 2: detect ---------------------------------------------------------------------------
@@ -112,6 +106,7 @@ class DetectState:
         """What its state record holds (``restore`` takes it back)."""
         # the partial steps travel as one frame: many small frames cost more in headers
         d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["pipeline"] = self.pipeline.state()  # its parts' state, never the parts
         # (coded keys, which mean something only in this process, as their strings: decoded
         # once for the whole buffer, not per frame, which cost a gather per key column and
         # frame: hundreds of frames while the stage is behind)
@@ -124,13 +119,16 @@ class DetectState:
         d["buffer"] = flat.with_columns(pl.Series("part", part, dtype=pl.Int32))
         return d
 
-    def record_data(self) -> tuple[dict[str, Any], str]:
-        """What its state record holds, and the record's kind (``load_detect_state``)."""
-        return self.state(), DETECT_STATE_KIND
+    def record_data(self) -> tuple[dict[str, Any], str, checkpoint.StateTypes]:
+        """What its state record holds, the record's kind and the record types in it
+        (``load_detect_state``)."""
+        return self.state(), DETECT_STATE_KIND, Pipeline.state_types()
 
     @classmethod
-    def restore(cls, d: Any) -> DetectState:
-        """The state ``state()`` gave; ``CheckpointError`` if it is not one of this version."""
+    def restore(cls, d: Any, pipeline: Pipeline) -> DetectState:
+        """The state ``state()`` gave, its pipeline's laid over ``pipeline`` (built from
+        today's configuration); ``CheckpointError`` if it is not one of this version or does
+        not fit that pipeline."""
         if not isinstance(d, dict) or d.get("version") != STATE_VERSION:
             v = d.get("version") if isinstance(d, dict) else None
             raise CheckpointError(f"detect state version {v!r}, reads {STATE_VERSION}")
@@ -142,12 +140,12 @@ class DetectState:
                     ["step", "part"], as_dict=True, maintain_order=True
                 ).items():
                     buffer.setdefault(int(idx), {})[int(p)] = f.drop("part")  # type: ignore[call-overload]
-            st = cls(**{**d, "buffer": buffer})
-        except (AttributeError, TypeError, ValueError, pl.exceptions.PolarsError) as e:
+            pipeline.restore(d["pipeline"])
+            st = cls(**{**d, "buffer": buffer, "pipeline": pipeline})
+        except (AttributeError, KeyError, TypeError, ValueError, pl.exceptions.PolarsError) as e:
             raise CheckpointError(f"not a detect stage's state: {e}") from e
         if not (
-            isinstance(st.pipeline, Pipeline)
-            and isinstance(st.offset, int)
+            isinstance(st.offset, int)
             and all(isinstance(x, dict) for x in (st.part_closed, st.part_idle, st.out_ends))
         ):
             raise CheckpointError("a detect stage's state of the wrong shape")
@@ -255,29 +253,19 @@ class DomainStage:
 
     def _take_over(self, tps: list[TopicPartition]) -> None:
         self.writer.start()  # fences the previous holder and aborts what it left open
-        st = self._restore()
         executor = FencedExecutor(RoutingExecutor(self.cfg.executors), self.writer.fence)
+        # the pipeline is built from today's configuration and topology, and the state record's
+        # data laid over it: an edited configuration file is what runs after a restart
+        st = self._restore(self._new_pipeline(executor))
         if st is None:
-            pipe = Pipeline(
-                self.topology,
-                self.cfg,
-                executor=executor,
-                stats=self.stats,
-                rollup_s=None,  # the scale-out path stores no metrics: no rollups to compute
-                retain=False,
-                domain=self.domain,
-            )
             # (a refused state too: the steps before its offset make the pipeline's state
             # again, and what was published after its output offsets is not suppressed)
+            pipe = self._new_pipeline(executor)
             st = DetectState(STATE_VERSION, pipe, {}, {}, {}, None, 0, {})
             self.consumer.seek_to_beginning(tps[0])
         else:
-            st.pipeline.policy.executor = executor
-            self.stats = st.pipeline.stats
             self.consumer.seek(tps[0], st.offset)
             self._load_suppressions(st)
-        self._feed_forest(st.pipeline)
-        tell_domain(st.pipeline, self.domain)
         resume = {tps[0]: OffsetAndMetadata(st.offset, "", -1)}
         with contextlib.suppress(KafkaError, RocewatchError):  # the first write meets it again
             self.writer.warm(resume)
@@ -291,29 +279,32 @@ class DomainStage:
         self.seen = {p: self.started for p in st.part_closed}
         log.info("%s active (steps offset %d)", self.name, st.offset)
 
-    def _feed_forest(self, pipe: Pipeline) -> None:
-        """The isolation forest takes its window values from stage 1 (``FeatureFeed``): the
-        steps do not carry its own metrics. A forest restored from a state written before it
-        was fed (it accumulated the steps itself) starts over: it learns its baseline again."""
-        for i, det in enumerate(pipe.detectors):
-            if (
-                not isinstance(det, IsolationForestDetector)
-                or getattr(det, "fed", None) is not None
-            ):
-                continue
-            if any(k.acc.n_entities for k in det.kinds.values()):
-                log.warning(
-                    "the isolation forest now takes stage 1's window values: it starts over"
-                )
-                det = pipe.detectors[i] = IsolationForestDetector(det.topology, det.config)
-            det.feed_from_stage1()
+    def _new_pipeline(self, executor: Executor) -> Pipeline:
+        """This domain's pipeline as today's configuration and topology make it, with fresh
+        counters (a restored state adds its own)."""
+        self.stats = Stats()
+        pipe = Pipeline(
+            self.topology,
+            self.cfg,
+            executor=executor,
+            stats=self.stats,
+            rollup_s=None,  # the scale-out path stores no metrics: no rollups to compute
+            retain=False,
+            domain=self.domain,
+        )
+        # a detector fed by stage 1 (the isolation forest: ``FeatureFeed``) takes its window
+        # values from there: the steps do not carry its own metrics
+        for det in pipe.detectors:
+            if DETECTORS[det.name].stage1_feed:
+                det.feed_from_stage1()  # type: ignore[attr-defined]
+        return pipe
 
-    def _restore(self) -> DetectState | None:
+    def _restore(self, pipe: Pipeline) -> DetectState | None:
         rec = self.store.load_stored(self.n_parts, key=self.state_key)
         if rec is None:
             return None
         try:
-            return load_detect_state(self.store.open(rec))
+            return load_detect_state(self.store.open(rec), pipe)
         except (CheckpointError, SignatureError) as e:  # damaged, foreign or forged
             # nothing of it is run
             self.holds.inc("checkpoint_rejected")
@@ -502,8 +493,8 @@ class DomainStage:
         """A partition's isolation-forest window values to the forest (which drops a window
         sent again after a restart: ``IsolationForestDetector.offer``)."""
         for det in st.pipeline.detectors:
-            if isinstance(det, IsolationForestDetector) and getattr(det, "fed", None) is not None:
-                late = det.offer(p, frame)
+            if DETECTORS[det.name].stage1_feed and getattr(det, "fed", None) is not None:
+                late = det.offer(p, frame)  # type: ignore[attr-defined]
                 if late:
                     self.stats.inc("late_forest_rows", late, detail=f"partition {p}")
 

@@ -31,7 +31,7 @@ from collector.mapping import (
     QOS_PORT_TAG,
     QUEUE_TAG,
 )
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 from rocewatch.sim.fabric import GNMI_PORT
 from rocewatch.sim.inband import IntReportWriter
 from rocewatch.sim.simulator import (

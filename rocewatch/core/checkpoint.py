@@ -12,15 +12,19 @@ what JSON lacks: tuples, sets, dicts with keys other than strings, bytes, non-fi
 shared references, and objects. Polars frames are Arrow IPC blobs; NumPy arrays are raw
 little-endian blobs with their dtype and shape in the header (never an object dtype).
 
-An object is written as its class's qualified name and its state: ``__getstate__`` where the
-class defines one (``__setstate__`` takes it back), else its attributes; a few classes have an
-adapter here (the drain policy: its own ``state()`` / ``restore()``). Only classes on the
-allowlist (``_ALLOWED``) are written or read: reading looks a name up in that table, so no name
-in a record imports or calls anything else, and no ``__reduce__`` is ever honoured.
+What a checkpoint holds is each part's ``state()``: data, never the parts themselves (their
+configuration and topology come from the current configuration file at every start). A part
+may keep small records (an alert, a detector's per-entity episode): it declares their classes,
+and the writer and reader pass them as ``StateTypes``. A record is written as its type's name
+and its fields (``__getstate__`` where the class defines one, ``__setstate__`` takes it back);
+reading looks the name up in the types the reader gave, so no name in a record imports or calls
+anything else, and no ``__reduce__`` is ever honoured. The codec itself knows no product class.
 
 Compatibility: a build reads every record of its own major version; a record of another major
-version is refused with ``checkpoint format vN not supported by this build (reads v1)``. Minor
-versions add only what an older reader of the same major can ignore.
+version is refused with ``checkpoint format vN not supported by this build (reads v2)``. Minor
+versions add only what an older reader of the same major can ignore. Version 1 held the
+pipeline's object graph (its configuration included) and is refused: the stage rebuilds from
+its committed offsets.
 
 >>> back = loads(dumps({(1, "a"): {1.5, float("inf")}, "b": b"\\x00"}, "example"), "example")
 >>> back == {(1, "a"): {1.5, float("inf")}, "b": b"\\x00"}
@@ -34,25 +38,22 @@ import collections
 import dataclasses
 import functools
 import hashlib
-import importlib
 import io
 import math
 import re
 import struct
-import threading
-import weakref
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 import orjson
 import polars as pl
 
-from rocewatch.errors import BadInput
+from rocewatch.core.errors import BadInput
 
 MAGIC = b"RWCKPT"
-FORMAT_MAJOR = 1
+FORMAT_MAJOR = 2
 FORMAT_MINOR = 0
 _HEAD = struct.Struct("<6sBB32s")
 MAX_HEADER = 1 << 30  # a header inflating past this is refused (a zlib bomb)
@@ -70,157 +71,65 @@ class CheckpointError(BadInput):
     starts from its committed offsets as if there were no checkpoint."""
 
 
-# --- the allowlist --------------------------------------------------------------------------------
+# --- the record types ------------------------------------------------------------------------
 
 
-# the modules whose every class may be in a checkpoint (the pipeline and what it owns)
-_STATE_MODULES = (
-    "rocewatch.config",
-    "rocewatch.model",
-    "rocewatch.pipeline",
-    "rocewatch.stats",
-    "rocewatch.topology",
-    "rocewatch.alerting.group",
-    "rocewatch.alerting.inhibit",
-    "detectors.base",
-    "detectors.baseline",
-    "detectors.clock_guard",
-    "detectors.ecn_congestion",
-    "detectors.fabric_incident",
-    "detectors.flaky_link",
-    "detectors.isolation_forest",
-    "detectors.lifecycle",
-    "detectors.pcie_downgrade",
-    "detectors.pfc_storm",
-    "detectors.queue_buildup",
-    "detectors.rates",
-    "detectors.state",
-    "detectors.straggler",
-    "detectors.transport_errors",
-    "detectors.windows",
-)
+class StateTypes:
+    """The record types a state may hold besides plain data, by name.
+
+    A part that keeps small records (a detector's per-entity episode, an alert) declares their
+    classes (``STATE_TYPES``); whoever writes or reads that part's state passes them here. The
+    codec itself knows no product class: a record names a type by ``STATE_NAME`` (or the last
+    part of its module and its qualified name), and reading looks the name up in the table the
+    reader gave, so no name in a record imports or calls anything else. Configuration,
+    topology and the parts themselves are never record types: they are built from the current
+    configuration file at every start (``is_config`` refuses them here).
+
+    >>> from collections import namedtuple
+    >>> P = namedtuple("P", "x y")
+    >>> StateTypes([P]).name(P)
+    'checkpoint.P'
+    """
+
+    def __init__(self, classes: Iterable[type] = ()) -> None:
+        self.by_name: dict[str, type] = {}
+        self.names: dict[type, str] = {}
+        for c in classes:
+            self.add(c)
+
+    @staticmethod
+    def name(c: type) -> str:
+        own = c.__dict__.get("STATE_NAME")
+        if isinstance(own, str):
+            return own
+        return f"{c.__module__.rsplit('.', 1)[-1]}.{c.__qualname__}"
+
+    def add(self, c: type) -> None:
+        if c in self.names:
+            return
+        if issubclass(c, BaseException) or is_config(c):
+            raise TypeError(f"{c.__qualname__} is configuration or an error, not state")
+        n = self.name(c)
+        other = self.by_name.get(n)
+        if other is not None and other is not c:
+            raise TypeError(f"two state types named {n!r}: {other!r} and {c!r}")
+        self.by_name[n] = c
+        self.names[c] = n
+
+    def __or__(self, other: StateTypes) -> StateTypes:
+        return StateTypes([*self.names, *other.names])
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
-def _allowed_classes() -> list[type]:
-    """Every class whose instances a checkpoint may hold: the pipeline and what it owns
-    (detectors, their state, configs, topology, alerts), the scale-out stages' state.
-    Imported here, at first use, so that importing this module imports no detector."""
-    from actions.api import ApiConfig
-    from actions.executors import SlurmConfig
-    from actions.kubernetes import KubernetesConfig
-    from actions.membership import MembershipConfig
-    from actions.policy import PolicyConfig
-    from actions.routing import ExecutorsConfig
-    from actions.slurmrest import SlurmRestConfig
-    from collector.gnmi import config as gnmi_config
-    from collector.inband.udp import UdpListenerConfig
-    from collector.nic.agent import AgentConfig
-    from rocewatch.notify import base as notify_base
-
-    classes: list[type] = [
-        ApiConfig,
-        SlurmConfig,
-        MembershipConfig,
-        PolicyConfig,
-        ExecutorsConfig,
-        AgentConfig,
-        KubernetesConfig,
-        SlurmRestConfig,
-        UdpListenerConfig,
-        gnmi_config.GnmiConfig,
-        gnmi_config.TargetConfig,
-        gnmi_config.SubscriptionConfig,
-        gnmi_config.TlsConfig,
-        notify_base.NotifyConfig,
-        notify_base.RetryConfig,
-        notify_base.WebhookConfig,
-        notify_base.AlertmanagerConfig,
-        notify_base.TlsConfig,
-    ]
-    # every class of the modules that hold the pipeline's state (detectors, their per-entity
-    # state, configs, topology, alerts): data only, no clients, handles or executors (a test
-    # holds the allowlist to that)
-    for mod in map(importlib.import_module, _STATE_MODULES):
-        classes += [
-            c
-            for c in vars(mod).values()
-            if isinstance(c, type)
-            and _within(c.__module__, mod.__name__)
-            and not issubclass(c, BaseException)
-        ]
-    return classes
+def is_config(c: type) -> bool:
+    """Whether ``c`` is configuration (a ``...Config`` class, or one a config module defines):
+    what the configuration file gives at every start, never what a checkpoint carries."""
+    return c.__name__.endswith("Config") or c.__module__.rsplit(".", 1)[-1] == "config"
 
 
-def _within(module: str, state_module: str) -> bool:
-    """Whether a class of ``module`` belongs to ``state_module``: it is that module, or one of
-    that package's modules (a package exports every class of its modules)."""
-    return module == state_module or module.startswith(state_module + ".")
-
-
-def _record_name(c: type) -> str:
-    """The name a checkpoint gives a class: its state module's (the package that exports it,
-    for a class of a package's module, so moving it between the package's modules changes no
-    record), then its qualified name."""
-    module = next((m for m in _STATE_MODULES if _within(c.__module__, m)), c.__module__)
-    return f"{module}:{c.__qualname__}"
-
-
-_LOCK = threading.Lock()
-_TABLE: dict[str, type] | None = None
-_NAMES: dict[type, str] = {}
-
-
-def _table() -> dict[str, type]:
-    global _TABLE
-    t = _TABLE
-    if t is None:
-        with _LOCK:
-            t = {}
-            for c in _allowed_classes():
-                t[_record_name(c)] = c
-            _NAMES.clear()
-            _NAMES.update({c: n for n, c in t.items()})
-            _TABLE = t
-    return t
-
-
-def allowed() -> dict[str, type]:
-    """The allowlist: qualified name -> class."""
-    return dict(_table())
-
-
-# --- adapters: classes that state their own state -------------------------------------------------
-
-
-def _policy_state(p: Any) -> dict[str, Any]:
-    # the executor is not state: the service that restores a policy gives it its own
-    return {"config": p.config, "topology": p.topology, "domain": p.domain, "state": p.state()}
-
-
-def _policy_restore(d: dict[str, Any]) -> Any:
-    from actions.policy import DrainPolicy
-    from rocewatch.errors import ConfigError
-
-    try:
-        p = DrainPolicy(d["config"], d["topology"])
-        p.domain = d["domain"]
-        p.restore(d["state"])
-    except (ConfigError, KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"drain policy state unusable: {e}") from e
-    return p
-
-
-def _detector_classes() -> dict[type, type]:
-    """The registry's detectors, each with its config class."""
-    from detectors.registry import DETECTORS
-
-    return {det: cfg for det, cfg in DETECTORS.values()}
-
-
-def _adapters() -> dict[type, tuple[str, Callable[[Any], Any], Callable[[Any], Any]]]:
-    from actions.policy import DrainPolicy
-
-    return {DrainPolicy: ("actions.policy:DrainPolicy", _policy_state, _policy_restore)}
+NO_TYPES = StateTypes()
 
 
 # --- encoding -------------------------------------------------------------------------------------
@@ -257,14 +166,12 @@ class _Encoder:
     are held (copied with ``copy``: a frame made from a NumPy array shares its memory) and
     written out by ``Snapshot.record``, which may run on another thread."""
 
-    def __init__(self, copy_frames: bool) -> None:
+    def __init__(self, copy_frames: bool, types: StateTypes = NO_TYPES) -> None:
         self.copy_frames = copy_frames
         self.memo: dict[int, int] = {}
         self.held: list[Any] = []  # alive while encoding: their ids stay theirs
         self.blobs: list[tuple[str, Any]] = []  # ("ipc", frame) or ("raw", bytes)
-        self.table = _table()
-        self.names = _NAMES
-        self.adapters = _adapters()
+        self.names = types.names
         self.simple: dict[type, Callable[[Any], Any]] = {
             str: _same,
             int: self._int,
@@ -388,21 +295,16 @@ class _Encoder:
         if isinstance(v, tuple):  # a named tuple: immutable, so never shared by reference
             name = self.names.get(cls)
             if name is None:
-                raise CheckpointError(f"{cls.__qualname__} is not on the checkpoint allowlist")
+                raise CheckpointError(f"{cls.__qualname__} is not a declared state type")
             return ["$N", name, *[self.enc(x) for x in v]]
         i = self._seen(v)
         if i is not None:
             return ["$r", i]
-        ad = self.adapters.get(cls)
-        if ad is not None:
-            return ["$o", self.memo[id(v)], ad[0], self.enc(ad[1](v))]
         name = self.names.get(cls)
         if name is None:
             raise CheckpointError(
-                f"{cls.__module__}.{cls.__qualname__} is not on the checkpoint allowlist"
+                f"{cls.__module__}.{cls.__qualname__} is not a declared state type"
             )
-        if name == _TOPOLOGY:
-            return ["$T", self.memo[id(v)], self._topology(v)]
         return ["$o", self.memo[id(v)], name, self.enc(self._state(v))]
 
     def _state(self, v: Any) -> Any:
@@ -417,22 +319,6 @@ class _Encoder:
         else:
             state = {n: getattr(v, n) for n in _slots(cls) if hasattr(v, n)}
         return state
-
-    def _topology(self, v: Any) -> Any:
-        """A topology's state, encoded apart (its own reference numbers) and kept: it is the
-        largest part of a pipeline's state in objects and changes only with its jobs
-        (``set_jobs`` counts them in ``jobs_version``), so each checkpoint need not walk it."""
-        with _LOCK:
-            hit = _TOPOLOGIES.get(v)
-        if hit is not None and hit[0] == v.jobs_version:
-            return hit[1]
-        sub = _Encoder(copy_frames=False)
-        enc = sub.enc(self._state(v))
-        if sub.blobs:  # (none today) arrays or frames would need this record's blobs
-            raise CheckpointError("a topology with arrays or frames cannot be checkpointed")
-        with _LOCK:
-            _TOPOLOGIES[v] = (v.jobs_version, enc)
-        return enc
 
 
 def _same(v: Any) -> Any:
@@ -466,8 +352,10 @@ class Snapshot:
     consistent copy: later changes to it are not in the record), ``record()`` writes the frames
     and the JSON out, and may run on another thread."""
 
-    def __init__(self, obj: Any, kind: str, copy_frames: bool = True) -> None:
-        e = _Encoder(copy_frames)
+    def __init__(
+        self, obj: Any, kind: str, copy_frames: bool = True, types: StateTypes = NO_TYPES
+    ) -> None:
+        e = _Encoder(copy_frames, types)
         self.kind = kind
         self.root = e.enc(obj)
         self.blobs = e.blobs
@@ -485,9 +373,10 @@ class Snapshot:
         return _HEAD.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, hashlib.sha256(body).digest()) + body
 
 
-def dumps(obj: Any, kind: str) -> bytes:
-    """``obj`` as a checkpoint of ``kind`` (a name the reader checks: "detect-state", ...)."""
-    return Snapshot(obj, kind, copy_frames=False).record()
+def dumps(obj: Any, kind: str, types: StateTypes = NO_TYPES) -> bytes:
+    """``obj`` as a checkpoint of ``kind`` (a name the reader checks: "detect-state", ...):
+    plain data, and records of the ``types`` its parts declare."""
+    return Snapshot(obj, kind, copy_frames=False, types=types).record()
 
 
 # --- decoding -------------------------------------------------------------------------------------
@@ -513,7 +402,7 @@ def check(data: bytes) -> memoryview:
     return body
 
 
-def loads(data: bytes, kind: str | None = None) -> Any:
+def loads(data: bytes, kind: str | None = None, types: StateTypes = NO_TYPES) -> Any:
     """The state a checkpoint holds (``kind``: the kind it must be). ``CheckpointError`` for
     anything but a whole, valid record of this format's major version."""
     body = check(data)
@@ -531,7 +420,7 @@ def loads(data: bytes, kind: str | None = None) -> Any:
                 raise CheckpointError("checkpoint blob table does not match its body")
             blobs.append(body[at : at + size])
             at += size
-        return _Decoder(blobs).dec(head["root"])
+        return _Decoder(blobs, types).dec(head["root"])
     except CheckpointError:
         raise
     except RecursionError as e:
@@ -559,12 +448,10 @@ def _header(raw: memoryview) -> bytes:
 
 
 class _Decoder:
-    def __init__(self, blobs: list[memoryview]) -> None:
+    def __init__(self, blobs: list[memoryview], types: StateTypes = NO_TYPES) -> None:
         self.blobs = blobs
         self.memo: dict[int, Any] = {}
-        self.table = _table()
-        self.adapters = {name: back for name, _, back in _adapters().values()}
-        self.fresh = _detector_classes()
+        self.table = types.by_name
         self.tags: dict[str, Callable[[list[Any]], Any]] = {
             "$l": lambda v: [self.dec(x) for x in v[1:]],
             "$t": lambda v: tuple(self.dec(x) for x in v[1:]),
@@ -584,7 +471,6 @@ class _Decoder:
             "$F": self._frame,
             "$S": lambda v: self._frame(v).to_series(0),
             "$o": self._object,
-            "$T": self._topology,
             "$N": self._named_tuple,
         }
 
@@ -637,51 +523,17 @@ class _Decoder:
         self.memo[i] = f
         return f
 
-    def _detector(self, cls: Any, i: int, state: Any) -> Any:
-        """A detector is made as the pipeline makes one, from its topology and config, and its
-        state laid over that: what it gained since the record was written keeps the value a
-        new detector starts with."""
-        st = self.dec(state)
-        if not isinstance(st, dict) or not all(type(k) is str for k in st):
-            raise CheckpointError(f"checkpoint: the state of a {cls.__name__} is not a mapping")
-        from rocewatch.topology import Topology
-
-        topology, config = st.get("topology"), st.get("config")
-        if not isinstance(topology, Topology) or type(config) is not self.fresh[cls]:
-            raise CheckpointError(f"checkpoint: a {cls.__name__} without topology or config")
-        obj = cls(topology, config)
-        if _custom_getstate(cls) and hasattr(cls, "__setstate__"):
-            obj.__setstate__(st)
-        else:
-            obj.__dict__.update(st)
-        self.memo[i] = obj
-        return obj
-
-    def _topology(self, v: list[Any]) -> Any:
-        # encoded apart, with its own reference numbers (``_Encoder._topology``)
-        _, i, state = v
-        obj = _Decoder(self.blobs)._object(["$o", 0, _TOPOLOGY, state])
-        self.memo[i] = obj
-        return obj
-
     def _named_tuple(self, v: list[Any]) -> Any:
         cls = self.table.get(v[1])
         if cls is None or not issubclass(cls, tuple):
-            raise CheckpointError(f"checkpoint names a class not allowed here: {v[1]!r}")
+            raise CheckpointError(f"checkpoint names a type not declared here: {v[1]!r}")
         return tuple.__new__(cls, [self.dec(x) for x in v[2:]])
 
     def _object(self, v: list[Any]) -> Any:
         _, i, name, state = v
-        back = self.adapters.get(name)
-        if back is not None:
-            obj = back(self.dec(state))
-            self.memo[i] = obj
-            return obj
         cls: Any = self.table.get(name)
         if cls is None:
-            raise CheckpointError(f"checkpoint names a class not allowed here: {name!r}")
-        if cls in self.fresh:
-            return self._detector(cls, i, state)
+            raise CheckpointError(f"checkpoint names a type not declared here: {name!r}")
         obj = cls.__new__(cls)
         self.memo[i] = obj  # before its state: the state may refer back to it
         st = self.dec(state)
@@ -702,9 +554,6 @@ class _Decoder:
         return obj
 
 
-_TOPOLOGY = "rocewatch.topology:Topology"
-# each live topology's encoded state, with the jobs_version it was encoded at
-_TOPOLOGIES: weakref.WeakKeyDictionary[Any, tuple[int, Any]] = weakref.WeakKeyDictionary()
 _DEFAULTS: dict[type, list[tuple[str, Callable[[], Any]]]] = {}
 
 
