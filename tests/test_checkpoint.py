@@ -266,18 +266,22 @@ def test_the_scale_out_stages_refuse_a_forged_state_record(
     marker = tmp_path / "ran"
     cfg = Config()
     agg = Aggregator.__new__(Aggregator)
-    agg.cfg, agg.k, agg.stats, agg.forest_s = cfg, cfg.kafka, Stats(), None
+    agg.cfg, agg.k, agg.stats, agg.forest_s, agg.refused = cfg, cfg.kafka, Stats(), None, {}
     agg.store = _Store(forged_pickle(marker), 41, "agg-3")  # type: ignore[assignment]
     with caplog.at_level(logging.ERROR):
         part = agg._restore(3)
+        again = agg._restore(3)  # the partition back before a state of it was written
     # fresh state, read from the group's committed offset (the consumer's own start)
     assert part.offset is None and part.from_committed
-    assert agg.stats.get("checkpoint_rejected") == 1
+    assert again.offset is None and again.from_committed
+    assert agg.stats.get("checkpoint_rejected") == 1  # one record: counted and logged once
     det = DomainStage.__new__(DomainStage)
     det.store = _Store(forged_pickle(marker)[:-9], 77, "detect")  # type: ignore[assignment]
     det.n_parts, det.state_key, det.name, det.holds = 4, "detect", "detect stage", Stats()
+    det.refused = None
     with caplog.at_level(logging.ERROR):
         assert det._restore(None) is None  # type: ignore[arg-type]  # refused before use
+        assert det._restore(None) is None  # type: ignore[arg-type]
     assert det.holds.get("checkpoint_rejected") == 1
     assert not marker.exists()
     lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]

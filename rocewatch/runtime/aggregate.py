@@ -205,6 +205,8 @@ class Aggregator:
         self.stats = Stats()
         self.parts: dict[int, _Part] = {}
         self.retired: dict[int, _Part] = {}
+        # the offset of each partition's state record this instance refused (not read again)
+        self.refused: dict[int, int] = {}
         # checkpoints whose frames are being serialised: partition -> (its part, snapshot)
         self.saving: dict[int, tuple[_Part, int, StateSnapshot]] = {}
         self.closing = False
@@ -261,6 +263,16 @@ class Aggregator:
 
     def _restore(self, p: int) -> _Part:
         rec = self.store.load_stored(p, key=f"agg-{p}")
+        if rec is not None and self.refused.get(p) == rec.offset:
+            # refused already (the partition comes back before any state of it was written):
+            # counted and logged once
+            return _Part(
+                self._new_engine(),
+                None,
+                rollups=self._new_rollups(),
+                forest=self._new_forest(),
+                from_committed=True,
+            )
         if rec is not None:
             try:
                 st = load_agg_state(
@@ -273,6 +285,7 @@ class Aggregator:
                     raise CheckpointError(f"the state of partition {st.partition}")
             except (CheckpointError, SignatureError) as e:  # damaged, foreign or forged
                 # nothing of it is run
+                self.refused[p] = rec.offset
                 self.stats.inc("checkpoint_rejected")
                 if isinstance(e, SignatureError):
                     self.stats.inc("state_mac_rejected")

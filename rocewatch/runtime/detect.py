@@ -193,6 +193,7 @@ class DomainStage:
         # what happened to this instance's hold on the stage (lost, fenced, taken back): its
         # own, kept across restores
         self.holds = Stats()
+        self.refused: int | None = None  # the offset of the state record refused (not read again)
         self.active = False
         self.closing = False
         self.group_changed = self.clock.monotonic()  # the last (re)assignment, for --max-idle
@@ -301,12 +302,13 @@ class DomainStage:
 
     def _restore(self, pipe: Pipeline) -> DetectState | None:
         rec = self.store.load_stored(self.n_parts, key=self.state_key)
-        if rec is None:
+        if rec is None or rec.offset == self.refused:  # (refused already: counted once)
             return None
         try:
             return load_detect_state(self.store.open(rec), pipe)
         except (CheckpointError, SignatureError) as e:  # damaged, foreign or forged
             # nothing of it is run
+            self.refused = rec.offset
             self.holds.inc("checkpoint_rejected")
             if isinstance(e, SignatureError):
                 self.holds.inc("state_mac_rejected")
