@@ -30,6 +30,7 @@ MODULES = {
     "collector.nic.ethtool",
     "collector.nic.kafka_output",
     "collector.nic.mlxlink",
+    "collector.nic.roce_config",
     "collector.nic.samples",
     "collector.nic.spool",
     "collector.nic.sysfs",

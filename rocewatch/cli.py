@@ -51,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--sysfs", action="store_true", help="also lay out a fake sysfs tree per node (sysfs/)"
     )
+    s.add_argument(
+        "--config-fault",
+        action="append",
+        default=[],
+        metavar="KIND[=TARGET]",
+        help="a RoCE configuration fault in nic_config/switch_config.jsonl (repeatable): "
+        "nic_pcp_trust, pfc_wrong_priority, uplink_mtu, spine_no_ecn, no_roce_v2_gid",
+    )
 
     r = sub.add_parser("replay", help="replay a scenario directory through the detectors")
     r.add_argument("scenario_dir", type=Path)
@@ -201,6 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-idle", type=float, default=0.0, help="--gnmic-topic: exit after this idle time"
     )
 
+    ck = sub.add_parser("check", help="configuration checks")
+    cksub = ck.add_subparsers(dest="check_command", required=True)
+    ckr = cksub.add_parser(
+        "roce",
+        help="RoCE configuration of NICs and switches, both ends of every cable "
+        "(like netq check roce); exits 1 on an error",
+    )
+    ckr.add_argument("dir", type=Path, help="topology.yaml, nic_config.jsonl, switch_config.jsonl")
+    ckr.add_argument("--json", action="store_true")
+    ckr.add_argument("--priority", type=int, help="RoCE's lossless priority (default: the jobs')")
+    ckr.add_argument("--no-table", action="store_true", help="findings only")
+
     t = sub.add_parser("topology", help="topology file tools")
     tsub = t.add_subparsers(dest="topology_command", required=True)
     tc = tsub.add_parser("check", help="validate a topology file")
@@ -236,6 +256,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             return oc.cmd_actions(args.config, args.db, args.node, args.json)
         command = "reject" if args.command == "approve" and args.reject else args.command
         return oc.cmd_command(args.config, args.db, command, args.node, args.wait)
+    if args.command == "check":
+        from rocewatch.roce.report import cmd_check_roce
+
+        return cmd_check_roce(args.dir, args.json, args.priority, not args.no_table)
     from rocewatch.config import load_config
     from rocewatch.runtime.memory import tune_gc
 
@@ -263,6 +287,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             progress=lambda d, t: bar.update(d / max(t, 1)),
             int_pcap=args.int,
         )
+        if args.config_fault:
+            from rocewatch.sim.roce_config import parse_fault, write_roce_config
+
+            write_roce_config(args.out_dir, sim_cfg, [parse_fault(f) for f in args.config_fault])
         if args.sysfs:
             from rocewatch.sim.sysfs import write_scenario_sysfs
 
