@@ -106,10 +106,10 @@ class KubernetesConfig:
     taint_effect: str = "NoSchedule"  # NoExecute kills pods at once, past their budgets
     event_namespace: str = "default"
     conflict_retries: int = 5
-    timeout_s: float = 15.0  # per API call
+    timeout_s: float = 15.0
     evict: bool = True  # after the cordon, evict the node's pods (Eviction API, policy/v1)
     skip_namespaces: tuple[str, ...] = ()  # pods in these namespaces are never evicted
-    grace_period_s: int | None = None  # each eviction's grace period; None: the pod's own
+    grace_period_s: int | None = None  # each eviction's grace period; null: the pod's own
     drain_timeout_s: float = 900.0  # pods still there after this: "stuck after <timeout>"
     backoff_s: float = 5.0  # wait after an eviction a budget forbids (429); doubles
     backoff_max_s: float = 60.0  # the longest wait between eviction passes
