@@ -787,7 +787,9 @@ def _condition_reason(node: dict[str, Any]) -> str | None:
 
 
 def _budget_name(body: Any) -> str:
-    """The PodDisruptionBudget a 429 names (its ``DisruptionBudget`` cause), "" if none."""
+    """The PodDisruptionBudget a 429 names, "" if none: the Status's ``DisruptionBudget``
+    cause says "The disruption budget <name> needs 2 healthy pods and has 2 currently" (or "...
+    <name> is still being processed by the server." before the disruption controller saw it)."""
     try:
         status = json.loads(body or "{}")
     except (TypeError, ValueError):
@@ -795,7 +797,8 @@ def _budget_name(body: Any) -> str:
     if not isinstance(status, dict):
         return ""
     for cause in (status.get("details") or {}).get("causes") or []:
-        if isinstance(cause, dict) and cause.get("type") == "DisruptionBudget":
+        # (a StatusCause's type is spelled "reason" in JSON)
+        if isinstance(cause, dict) and cause.get("reason") == "DisruptionBudget":
             m = _PDB_CAUSE.search(str(cause.get("message") or ""))
             if m:
                 return m.group(1)

@@ -30,6 +30,7 @@ from actions.kubernetes import (
     UNCORDONED_BY_OPERATOR,
     KubernetesConfig,
     KubernetesExecutor,
+    _budget_name,
     fault_reason,
 )
 from actions.membership import KubernetesPods, LiveJobs, MembershipConfig
@@ -797,4 +798,21 @@ def test_eviction_settings_are_validated() -> None:
         with pytest.raises(ConfigError):
             config_from_dict({"executors": {"kubernetes": bad}})
     assert fault_reason("rocewatch: PFCStorm origin mlx5_3") == "PFCStorm"
+
+
+def test_the_budget_is_named_from_the_429_status() -> None:
+    """The API server's answer to an eviction a budget forbids, as kube-apiserver 1.34 sends it
+    (a StatusCause's type is spelled ``reason`` in JSON); bad bodies name nothing."""
+    body = (
+        '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Cannot '
+        'evict pod as it would violate the pod\'s disruption budget.","reason":"TooManyReq'
+        'uests","details":{"causes":[{"reason":"DisruptionBudget","message":"The disruption '
+        'budget train-budget needs 3 healthy pods and has 3 currently"}]},"code":429}\n'
+    )
+    assert _budget_name(body) == "train-budget"
+    processing = body.replace("needs 3 healthy pods and has 3 currently", "is still being "
+                              "processed by the server.")  # fmt: skip
+    assert _budget_name(processing) == "train-budget"
+    for bad in ("", "not json", "[]", '{"details": {"causes": [1, {"reason": "Other"}]}}', None):
+        assert _budget_name(bad) == ""
     assert fault_reason("rocewatch: ") == "RoCEFabricFault"
