@@ -460,6 +460,7 @@ def test_executor_from_config_with_a_kubeconfig(
 
     from actions.routing import RoutingExecutor
     from rocewatch.config import config_from_dict
+    from rocewatch.runtime.detect import kube_nodes
 
     node = names("gpu-01")
     kube.node(node)
@@ -488,6 +489,19 @@ def test_executor_from_config_with_a_kubeconfig(
     assert ex.drain(node, "kubernetes", "rocewatch: PCIeDowngrade mlx5_1") == "done"
     assert taints(kube, node) == [{"key": TAINT_KEY, "value": "true", "effect": "NoExecute"}]
     until(lambda: ex.drain_states() == {node: "done"}, "the drain of a node without pods done")
+    # what the detect stage hands it when it takes the stage: the topology's Kubernetes nodes
+    watched = names("gpu-02")
+    kube.node(watched)
+    topo = topology([node, watched])
+    assert kube_nodes(topo, None) == {"kubernetes": sorted([node, watched])}
+    ex.watch(kube_nodes(topo, None))
+
+    def condition(n: str) -> tuple[str, str]:
+        c = conditions(kube.read_node(n)).get(CONDITION) or {}
+        return c.get("status", ""), c.get("reason", "")
+
+    until(lambda: condition(watched) == ("False", HEALTHY_REASON), "the healthy condition")
+    assert condition(node) == ("True", "PCIeDowngrade")  # drained: left as it is
     ex.close()
     missing = config_from_dict({"executors": {"kubernetes": {"kubeconfig": "/nonexistent"}}})
     assert (
@@ -671,6 +685,26 @@ def test_a_drain_a_budget_holds_is_stuck_after_its_timeout_and_never_forced(
         step=lambda: kube.finish_deletions(node),
     )  # fmt: skip
     assert ex.counts["forced"] == 0
+
+
+def test_force_after_timeout_deletes_what_a_budget_holds_only_when_configured(
+    kube: KubeCluster, names: Callable[[str], str]
+) -> None:
+    """Forcing needs pods delete, which rbac.yaml does not grant: the admin's token here."""
+    node = names("gpu-01")
+    kube.node(node)
+    ns = names("db")
+    kube.pod(ns, "db-0", node, {"app": "db"})
+    kube.pdb(ns, "db", {"app": "db"}, 1)
+    until(lambda: settled(kube, ns, "db", 0), "the budget's status")
+    ex = executor(kube, kube.admin_token, evict=True, drain_timeout_s=0.3, backoff_s=0.1,
+                  backoff_max_s=0.2, force_after_timeout=True, grace_period_s=0)  # fmt: skip
+    assert ex.drain(node, "kubernetes", "rocewatch: FlakyLink mlx5_0") == "done"
+    until(lambda: ex.drain_state(node) == "done", "forced through")
+    assert kube.pods_on(node) == {}
+    assert ex.counts["forced"] == 1 and ex.counts["stuck"] == 1
+    assert reasons(kube, node)[-2:] == ["RoCEFabricDrainStuck", "RoCEFabricDrainDone"]
+    assert "; forced" in events(kube, node)[-2]["message"]
 
 
 def test_a_manual_uncordon_is_recorded_and_not_reverted(
