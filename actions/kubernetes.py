@@ -222,6 +222,16 @@ class KubernetesExecutor:
     def drain(self, node: str, scheduler: str, reason: str) -> str:
         if scheduler != "kubernetes":
             return f"refused: {scheduler} node is not managed by Kubernetes"
+        # not beside the background thread's work on a node (a watch pass setting the healthy
+        # condition it read before this cordon): it takes a few calls at most
+        busy = self._busy.acquire(timeout=self.config.timeout_s)
+        try:
+            return self._drain(node, reason)
+        finally:
+            if busy:
+                self._busy.release()
+
+    def _drain(self, node: str, reason: str) -> str:
         seen: dict[str, Any] = {}
         try:
             outcome = self._with_retries(node, lambda n: self._drain_patch(n, reason, seen))
@@ -438,14 +448,17 @@ class KubernetesExecutor:
             return
         cfg = self.config
         blocked = ""
+        refused = False  # another answer than 429 (logged): backed off like a budget
         late = time.monotonic() >= d.deadline
         for pod in pods:
             meta = pod.get("metadata") or {}
             if meta.get("deletionTimestamp"):
                 continue  # evicted, terminating: waited for
             if late and cfg.force_after_timeout:
-                self._delete_pod(meta)
-                self.counts["forced"] += 1
+                if self._delete_pod(meta):
+                    self.counts["forced"] += 1
+                else:
+                    refused = True
                 continue
             budget = self._evict(meta)
             if budget is None:
@@ -453,6 +466,8 @@ class KubernetesExecutor:
                 self.counts["evicted"] += 1
             elif budget:
                 blocked = blocked or budget
+            else:
+                refused = True
         if late and d.state[: len(_STUCK)] != _STUCK:
             state = stuck(cfg.drain_timeout_s)
             self.counts["stuck"] += 1
@@ -477,7 +492,7 @@ class KubernetesExecutor:
             state = EVICTING
         self._set_state(d, state)
         with self._lock:
-            if blocked or late:
+            if blocked or refused or late:
                 d.backoff = min(max(d.backoff * 2, cfg.backoff_s), cfg.backoff_max_s)
             else:
                 d.backoff = 0.0
@@ -533,7 +548,8 @@ class KubernetesExecutor:
         log.info("kubernetes: evicted %s/%s", ns, name)
         return None
 
-    def _delete_pod(self, meta: dict[str, Any]) -> None:
+    def _delete_pod(self, meta: dict[str, Any]) -> bool:
+        """Delete one pod past its budget (force_after_timeout); False if refused (logged)."""
         from kubernetes.client.exceptions import ApiException
 
         name, ns = meta.get("name", ""), meta.get("namespace", "")
@@ -547,7 +563,9 @@ class KubernetesExecutor:
             log.error("kubernetes: deleted %s/%s past its budget (force_after_timeout)", ns, name)
         except ApiException as e:
             if e.status != 404:
-                raise
+                log.error("kubernetes: forced deletion of %s/%s refused: %s", ns, name, _failed(e))
+                return False
+        return True
 
     def _set_state(self, d: _Drain, state: str) -> None:
         if state == d.state and d.next_at:
