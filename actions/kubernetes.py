@@ -443,7 +443,6 @@ class KubernetesExecutor:
             return
         pods = self._pods(node)
         if not pods:
-            d.state = DONE
             self._finish(d, f"rocewatch: every pod evicted ({d.evicted} by this drain)")
             return
         cfg = self.config
@@ -567,30 +566,42 @@ class KubernetesExecutor:
                 return False
         return True
 
+    # A state is recorded on the node (and its Event written) before drain_state() says it.
     def _set_state(self, d: _Drain, state: str) -> None:
         if state == d.state and d.next_at:
             return
-        d.state = state
         with self._lock:
             if d.node not in self._drains:
                 return  # returned meanwhile
-            self._held[d.node] = state
         self._annotate(d.node, {STATE_ANNOTATION: state})
+        with self._lock:
+            d.state = state
+            if d.node in self._drains:
+                self._held[d.node] = state
 
     def _finish(self, d: _Drain, message: str) -> None:
         with self._lock:
-            if self._drains.pop(d.node, None) is None:
+            if d.node not in self._drains:
                 return
-            self._held[d.node] = d.state
-        self._annotate(d.node, {STATE_ANNOTATION: d.state})
+        self._annotate(d.node, {STATE_ANNOTATION: DONE})
         log.warning("kubernetes: drain of %s done (%d pods evicted)", d.node, d.evicted)
         self._event(d.node, "RoCEFabricDrainDone", message, "Normal")
+        with self._lock:
+            if self._drains.pop(d.node, None) is not None:
+                d.state = DONE
+                self._held[d.node] = DONE
 
     def _uncordoned(self, node: str, cur: dict[str, Any]) -> None:
         """Someone uncordoned a node rocewatch cordoned: record it once, step back."""
         with self._lock:
-            self._drains.pop(node, None)
-            self._held[node] = UNCORDONED
+            self._drains.pop(node, None)  # no more evictions
+        try:
+            self._record_uncordon(node, cur)
+        finally:
+            with self._lock:
+                self._held[node] = UNCORDONED
+
+    def _record_uncordon(self, node: str, cur: dict[str, Any]) -> None:
         if UNCORDONED_ANNOTATION in _annotations(cur):
             return  # recorded already
         self.counts["uncordoned_by_hand"] += 1
