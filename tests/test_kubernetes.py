@@ -1,7 +1,10 @@
 """KubernetesExecutor and live pod membership with the real ``kubernetes`` client against a real
 kube-apiserver on etcd (tests/support/kube.py): its merge and strategic-merge patches, status
 subresource, resourceVersion conflicts and RBAC, with deploy/kubernetes/rbac.yaml applied as
-written and the executor using the token of the ServiceAccount it binds.
+written and the executor using the token of the ServiceAccount it binds. Evictions go through
+the real Eviction API, against PodDisruptionBudgets whose status the real kube-controller-
+manager's disruption controller keeps; the tests play the kubelet (pods bound by spec.nodeName,
+marked Ready through the status subresource, evicted pods' final deletion).
 
 One server serves the whole run, so every test makes Nodes of its own (``names``)."""
 
