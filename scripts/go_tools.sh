@@ -62,7 +62,9 @@ install gnmi_cli "github.com/openconfig/gnmi/cmd/gnmi_cli@$GNMI_VERSION"
 # builds beside the old one.
 kube_module() { # prints the throw-away module's directory, made once
     local mod="$GO_DIR/kube-build/$KUBE_VERSION" gomod staging
-    if [ -s "$mod/go.mod" ] && grep -q "^require k8s.io/kubernetes $KUBE_VERSION\$" "$mod/go.mod"; then
+    # (go may move the require into a block: either spelling is this version's module)
+    if [ -s "$mod/go.mod" ] &&
+        grep -Eq "^(require )?[[:space:]]*k8s\.io/kubernetes $KUBE_VERSION( |\$)" "$mod/go.mod"; then
         printf '%s\n' "$mod"
         return 0
     fi
@@ -113,7 +115,9 @@ build_kube() { # COMMAND (kube-apiserver | kube-controller-manager) MINUTES
     say "$cmd: built $bin in $(($(date +%s) - t0)) s ($("$bin" --version))"
 }
 build_kube kube-apiserver 7
-# after the API server: its module and build caches make this one a few minutes only
+# after the API server: its module and build caches make this one a few minutes only (measured
+# cold, after kube-apiserver's build: 2.6 CPU-minutes, 125 s user + 33 s system, and 29 more
+# modules; 498 s of wall time on 2 cores shared with five other builds)
 build_kube kube-controller-manager 3
 
 say "binaries in $GOBIN: $(ls "$GOBIN" | tr '\n' ' ')"
