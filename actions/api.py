@@ -65,8 +65,26 @@ class ApiConfig:
     max_connections: int = 256  # open connections kept; the longest idle goes first past it
     max_body_bytes: int = 65536  # a larger body (or declared Content-Length) answers 413
     workers: int = 4  # threads that run store reads and command writes
+    # the API's address as operators reach it, for links in notifications (generatorURL);
+    # default: from listen (a wildcard address becomes this host's name)
+    public_url: str | None = None
+
+    def incident_url(self) -> str:
+        """Where incident pages are served ('' without an API)."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        if not self.listen:
+            return ""
+        host, _, port = self.listen.rpartition(":")
+        if host.strip("[]") in ("0.0.0.0", "::", ""):
+            host = socket.getfqdn()
+        return f"{'https' if self.tls_cert else 'http'}://{host}:{port}"
 
     def validate(self) -> None:
+        if self.public_url is not None and not self.public_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ConfigError(f"api.public_url {self.public_url!r} must be an http(s) URL")
         if self.listen is None:
             return
         host, _, port = self.listen.rpartition(":")
