@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -81,9 +82,7 @@ class ApiConfig:
         return f"{'https' if self.tls_cert else 'http'}://{host}:{port}"
 
     def validate(self) -> None:
-        if self.public_url is not None and not self.public_url.startswith(
-            ("http://", "https://")
-        ):
+        if self.public_url is not None and not self.public_url.startswith(("http://", "https://")):
             raise ConfigError(f"api.public_url {self.public_url!r} must be an http(s) URL")
         if self.listen is None:
             return
@@ -135,9 +134,8 @@ class _Conn:
 
 
 class OperatorApi:
-    """Serves the API in a thread of its own (an asyncio loop). ``store`` may be None (then
-    alerts/actions answer 503). ``routes`` adds more handlers (the incident pages), called
-    with this API so they share its authorisation and worker threads."""
+    """Serves the API and the incident pages (actions/incident_page.py) in a thread of its own
+    (an asyncio loop). ``store`` may be None (then alerts, actions and pages answer 503)."""
 
     def __init__(
         self,
@@ -145,7 +143,6 @@ class OperatorApi:
         queue: CommandQueue,
         store: Any = None,
         pending: Callable[[], list[str]] | None = None,
-        routes: Callable[[OperatorApi, web.Application], None] | None = None,
     ) -> None:
         config.validate()
         if config.listen is None:
@@ -181,8 +178,10 @@ class OperatorApi:
         self.app.router.add_post("/api/v1/{command}", self._post_command)
         self.public: set[str] = set()  # paths served without a token (the login form)
         self.cookie_ok: Callable[[web.Request], bool] = lambda r: False
-        if routes is not None:
-            routes(self, self.app)
+        self.login_path: str | None = None  # where a browser without a session is sent
+        from actions import incident_page
+
+        incident_page.install(self, self.app)
         self._busy: set[RequestHandler] = set()  # connections with a request in progress
         self._conns: dict[RequestHandler, _Conn] = {}
         self._loop = asyncio.new_event_loop()
@@ -337,6 +336,13 @@ class OperatorApi:
                 log.warning(
                     "api: unauthorized %s %s from %s", request.method, request.path, request.remote
                 )
+                if (
+                    self.login_path
+                    and request.method == "GET"
+                    and request.path != "/"
+                    and not (request.path.startswith("/api/"))
+                ):
+                    raise web.HTTPSeeOther(f"{self.login_path}?next={quote(request.path_qs)}")
                 return _json(
                     401, {"error": "unauthorized"}, {"WWW-Authenticate": 'Bearer realm="rocewatch"'}
                 )

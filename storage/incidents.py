@@ -563,9 +563,11 @@ def record_actions(store: Any, conn: Connection, actions: Iterable[Action]) -> N
         g = Graph()
         host = f"host:{a.node}"
         g.node(host, "host", a.node, "node")
-        have = conn.execute(
+        have = conn.execute(  # the NICs the incident blames (not its victims on that node)
             select(NODES.c.node_id).where(
-                NODES.c.incident_id == iid, NODES.c.node_id.like(f"nic:{a.node}/%")
+                NODES.c.incident_id == iid,
+                NODES.c.node_id.like(f"nic:{a.node}/%"),
+                NODES.c.kind.in_(("origin", "end", "entity")),
             )
         ).scalars()
         for nic in have:
