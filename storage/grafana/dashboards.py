@@ -532,6 +532,100 @@ FROM actions WHERE $__timeFilter(time) ORDER BY time DESC""",
             ),
         ],
     )
+    d["incident"] = incident_dashboard()
+    return d
+
+
+# --- the incident dashboard: the pause graph of one incident (storage/incidents.py) ----------
+# An incident shows while the dashboard's range overlaps it (so a range without it is empty).
+IN_RANGE = (
+    "i.id = $incident AND i.started_at <= $__timeTo() "
+    "AND coalesce(i.ended_at, $__timeTo()) >= $__timeFrom()"
+)
+NODE_COLOR = """CASE n.kind WHEN 'origin' THEN '#d62728' WHEN 'end' THEN '#d62728'
+         WHEN 'victim' THEN '#ff7f0e' WHEN 'entity' THEN '#ff7f0e' WHEN 'job' THEN '#1f77b4'
+         WHEN 'host' THEN '#9467bd' ELSE '#7f7f7f' END"""
+# Grafana's Node graph reads a "nodes" and an "edges" frame by these field names (its data API):
+# nodes id, title, subtitle, mainstat, secondarystat, arc__* (fractions summing to 1),
+# detail__*, color; edges id, source, target, mainstat, thickness, color
+NODES_SQL = f"""SELECT n.node_id AS id,
+       n.title AS title,
+       n.kind || CASE WHEN n.subtitle <> '' THEN ': ' || n.subtitle ELSE '' END AS subtitle,
+       round((n.share * 100)::numeric, 1) AS mainstat,
+       coalesce(to_char(n.first_paused AT TIME ZONE 'UTC', 'HH24:MI:SS.MS'), '') AS secondarystat,
+       coalesce(n.share, 0) AS arc__paused,
+       1 - coalesce(n.share, 0) AS arc__unpaused,
+       n.kind AS detail__kind,
+       coalesce(to_char(n.first_paused AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), '')
+         AS detail__first_paused,
+       coalesce(array_to_string(ARRAY(
+         SELECT jsonb_array_elements_text(CASE WHEN jsonb_typeof(n.detail->'ports') = 'array'
+                                          THEN n.detail->'ports' ELSE '[]'::jsonb END)), ', '), '')
+         AS detail__ports,
+       {NODE_COLOR} AS color
+FROM incident_nodes n JOIN incidents i ON i.id = n.incident_id
+WHERE {IN_RANGE}
+ORDER BY n.id"""
+EDGES_SQL = f"""SELECT e.edge_id AS id, e.source AS source, e.target AS target,
+       e.kind || coalesce(' ' || round((e.share * 100)::numeric, 1) || '%', '') AS mainstat,
+       1 + 4 * coalesce(e.share, 0.2) AS thickness,
+       CASE e.kind WHEN 'pauses' THEN '#d62728' WHEN 'cable' THEN '#d62728'
+         WHEN 'runs' THEN '#1f77b4' ELSE '#9467bd' END AS color
+FROM incident_edges e JOIN incidents i ON i.id = e.incident_id
+WHERE {IN_RANGE}
+ORDER BY e.id"""
+TIMELINE_SQL = f"""SELECT ev.time AS "time", ev.kind AS what, ev.summary,
+       coalesce(ev.detail->'alert'->'annotations'->>'evidence', '') AS evidence
+FROM incident_events ev JOIN incidents i ON i.id = ev.incident_id
+WHERE {IN_RANGE}
+ORDER BY ev.time, ev.id"""
+INCIDENT_VAR_SQL = """SELECT id AS __value,
+       '#' || id || ' ' || status || ': ' || title AS __text
+FROM incidents
+WHERE started_at <= $__timeTo() AND (ended_at IS NULL OR ended_at >= $__timeFrom())
+ORDER BY (status = 'open') DESC, started_at DESC"""
+
+
+def incident_dashboard() -> dict[str, Any]:
+    graph = panel("Pause graph", "nodeGraph", NODES_SQL, 0, 0, 24, 16, fmt="table")
+    graph["targets"][0]["refId"] = "nodes"
+    graph["targets"].append({**graph["targets"][0], "refId": "edges", "rawSql": EDGES_SQL})
+    links = [  # from a node to the series that show it
+        {"title": "Pause time (PFC dashboard)", "url": "/d/rw-pfc?${__url_time_range}"},
+        {"title": "ECN and CNP (congestion dashboard)",
+         "url": "/d/rw-congestion?${__url_time_range}"},
+    ]  # fmt: skip
+    graph["fieldConfig"]["overrides"] = [
+        {"matcher": {"id": "byName", "options": "arc__paused"},
+         "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}},
+                        {"id": "displayName", "value": "paused"}]},
+        {"matcher": {"id": "byName", "options": "arc__unpaused"},
+         "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": "green"}},
+                        {"id": "displayName", "value": "not paused"}]},
+        {"matcher": {"id": "byName", "options": "mainstat"},
+         "properties": [{"id": "unit", "value": "percent"},
+                        {"id": "displayName", "value": "pause share"}]},
+        {"matcher": {"id": "byName", "options": "id"},
+         "properties": [{"id": "links", "value": links}]},
+    ]  # fmt: skip
+    timeline = panel("Timeline", "table", TIMELINE_SQL, 0, 16, 24, 10, fmt="table")
+    d = dashboard("rw-incident", "rocewatch: incident", [graph, timeline], hours=24)
+    d["templating"] = {
+        "list": [
+            {
+                "name": "incident",
+                "label": "Incident",
+                "type": "query",
+                "datasource": DS,
+                "query": INCIDENT_VAR_SQL,
+                "definition": INCIDENT_VAR_SQL,
+                "refresh": 2,  # on a time range change
+                "includeAll": False,
+                "multi": False,
+                "sort": 0,
+            }
+        ]
+    }
     return d
 
 
