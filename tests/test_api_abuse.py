@@ -10,19 +10,25 @@ process holds no more threads than the API's loop and its workers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.client
 import json
+import os
 import select
+import signal
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from actions.api import ApiConfig, OperatorApi
 from actions.operator import MemoryCommands
@@ -169,7 +175,7 @@ def test_the_api_survives_idle_floods_slow_bodies_and_bad_lengths(
         slow.sendall(
             b"POST /api/v1/approve HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
             + TOKEN.encode()
-            + b"\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{\"n"
+            + b'\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{"n'
         )
         assert ask(srv, ctx) == (200, {"nodes": []})  # not held up by the trickling body
         slow.settimeout(BODY_S + 5)
@@ -219,9 +225,7 @@ def test_keep_alive_connections_serve_several_requests_then_idle_out(
     """The timeouts do not cut an operator's connection short while it is in use."""
     srv, ctx, _ = served
     if ctx is None:
-        c: http.client.HTTPConnection = http.client.HTTPConnection(
-            "127.0.0.1", srv.port, timeout=5
-        )
+        c: http.client.HTTPConnection = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
     else:
         c = http.client.HTTPSConnection("127.0.0.1", srv.port, timeout=5, context=ctx)
     for _ in range(3):
@@ -238,3 +242,147 @@ def test_keep_alive_connections_serve_several_requests_then_idle_out(
         time.sleep(0.1)
     assert closed
     c.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def proc_threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Threads: line for {pid}")
+
+
+def scrape(port: int, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def test_the_detector_keeps_up_with_its_stream_while_its_api_is_attacked(
+    kafka_bootstrap: str,
+    kafka_topics: Any,
+    tmp_path: Path,
+    scenario: Path,
+    replay_result: Any,
+) -> None:
+    """`rocewatch detect` (a real process, real broker) serves its API while the scenario
+    streams at 1.5x telemetry speed; 1,000 idle connections, slow request lines, slow bodies
+    and bad lengths hit the API meanwhile. The detector's thread count stays bounded, the
+    API answers, the consumer lag falls back to zero once the stream ends and the alerts and
+    actions are exactly the replay's."""
+    from tests.test_kafka_pipeline import kafka_cfg, sorted_actions, wait_for_outputs
+
+    cfg = kafka_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
+    from rocewatch.bus.publish import publish_scenario
+    from rocewatch.bus.topics import ensure_topics
+
+    ensure_topics(cfg.kafka)
+    k = cfg.kafka
+    api_port, metrics_port = free_port(), free_port()
+    conf = tmp_path / "rocewatch.yaml"
+    conf.write_text(
+        yaml.safe_dump(
+            {
+                "topology": cfg.topology,
+                "state_dir": cfg.state_dir,
+                "metrics_port": metrics_port,
+                "api": {
+                    "listen": f"127.0.0.1:{api_port}",
+                    "token": TOKEN,
+                    "idle_timeout_s": IDLE_S,
+                },
+                "kafka": {
+                    "bootstrap_servers": k.bootstrap_servers,
+                    "group_id": k.group_id,
+                    "commit_interval_s": 0.5,
+                    "idle_flush_s": 3.0,
+                    "session_timeout_ms": 6000,
+                    "topics": dataclasses.asdict(k.topics),
+                },
+            }
+        )
+    )
+    log_path = tmp_path / "detect.log"
+    with log_path.open("wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rocewatch.cli", "detect", "--config", str(conf)],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    idle: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 120
+        while "detect stage active" not in log_path.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        threads_before = proc_threads(proc.pid)
+        pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.5), daemon=True)
+        pub.start()
+
+        class Target:  # what ask() and raw() need of an OperatorApi
+            port = api_port
+
+        srv: Any = Target()
+        srv_workers = ApiConfig().workers
+        for _ in range(1000):
+            idle.append(socket.create_connection(("127.0.0.1", api_port), timeout=5))
+        slow = socket.create_connection(("127.0.0.1", api_port), timeout=5)
+        slow.sendall(b"POST /api/v1/approve HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                     + TOKEN.encode() + b"\r\nContent-Length: 40\r\n\r\n{")  # fmt: skip
+        auth = b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+        post = b"POST /api/v1/approve HTTP/1.1\r\nHost: x\r\n"
+        assert raw(srv, None, post + auth + b"Content-Length: -1\r\n\r\n")[0] == 400
+        assert raw(srv, None, post + auth + b"Content-Length: 1000000000000\r\n\r\n")[0] == 413
+        lags: list[float] = []
+        ingested: list[float] = []
+        threads: list[int] = []
+        while pub.is_alive():  # the attack goes on while the stream does
+            assert ask(srv, None)[0] == 200  # every request answered within the second
+            threads.append(proc_threads(proc.pid))
+            lag = scrape(metrics_port, "rocewatch_consumer_lag_records_total")
+            if lag is not None:
+                lags.append(lag)
+            n = scrape(metrics_port, "rocewatch_samples_ingested_total")
+            if n is not None:
+                ingested.append(n)
+            for i, s in enumerate(idle):  # idle connections come back as fast as closed
+                if closed_by_server(s):
+                    s.close()
+                    idle[i] = socket.create_connection(("127.0.0.1", api_port), timeout=5)
+            time.sleep(0.2)
+        # the API's loop thread is there already; its workers start on demand, and the
+        # detector's own threads (producer sender, metrics scrapes) come with the stream
+        bound = threads_before + srv_workers + 8  # (the http.server API: one per connection)
+        assert max(threads) <= bound, (threads_before, threads)
+        assert len(ingested) >= 3 and ingested[-1] > ingested[0]  # it consumed throughout
+        wait_for_outputs(kafka_bootstrap, cfg, replay_result.alerts, replay_result.actions)
+        deadline = time.monotonic() + 30
+        while (scrape(metrics_port, "rocewatch_consumer_lag_records_total") or 0) > 0:
+            assert time.monotonic() < deadline, f"lag stays up: {lags[-10:]}"
+            time.sleep(0.5)
+        print(f"lag during the attack: max {max(lags, default=0):.0f} records, "
+              f"threads {threads_before} -> max {max(threads)}")  # fmt: skip
+    finally:
+        for s in idle:
+            s.close()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    from tests.test_kafka_pipeline import read_topic
+
+    acts = [json.loads(m.value) for m in read_topic(kafka_bootstrap, k.topics.actions)]
+    assert sorted_actions(acts) == sorted_actions(replay_result.actions)
