@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Table, and_, or_, select
+from sqlalchemy import Connection, Table, and_, or_, select, text
 
 from rocewatch.model import Action, Alert
 from storage.models import (
@@ -337,8 +337,15 @@ def latest_with_alert(conn: Connection, fingerprint: str) -> int | None:
     return None if r is None else int(r["incident_id"])
 
 
+INCIDENT_LOCK = 0x696E6364  # 'incd': one writer files alerts at a time on a shared PostgreSQL
+
+
 def record_alerts(store: Any, conn: Connection, alerts: Iterable[Alert], now: dt.datetime) -> None:
     """File alert events under their incidents (called by ``Store.write_alerts``)."""
+    if conn.dialect.name == "postgresql":
+        # several sinks (one per detect instance) write at once: without the lock two of them
+        # could each open an incident for one storm (SQLite serialises writers itself)
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": INCIDENT_LOCK})
     for a in sorted(alerts, key=lambda x: (x.starts_at, x.fingerprint)):
         starts = ns_to_datetime(a.starts_at)
         iid = find_for_alert(conn, a.fingerprint, starts)
