@@ -116,7 +116,7 @@ class _QuietBadRequests(logging.Filter):
 
 
 _http_log = logging.getLogger(__name__ + ".http")
-_http_log.addFilter(_QuietBadRequests())
+_QUIET = _QuietBadRequests()
 
 
 class _Refused(asyncio.Protocol):
@@ -169,6 +169,7 @@ class OperatorApi:
         self.sock = socket.create_server((host, int(port)), family=family, backlog=128)
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
+        _http_log.addFilter(_QUIET)  # (once: a logger keeps one of each filter)
         self.executor = ThreadPoolExecutor(config.workers, thread_name_prefix="rocewatch-api")
         self.app = web.Application(middlewares=[self._guard], client_max_size=config.max_body_bytes)
         self.app.router.add_get("/api/v1/alerts", self._alerts)

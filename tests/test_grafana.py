@@ -182,6 +182,7 @@ EXPECT = {
     # the incident dashboard, on the storm's incident ($incident)
     "Pause graph": ["gpu-008/mlx5_7"],
     "Timeline": ["PFC storm on priority 3 originating at gpu-008/mlx5_7"],
+    "Pause and ECN of $entity (click a node of the graph)": ["gpu-008/mlx5_7 p3 nic_tx_pause_us"],
 }
 
 
@@ -197,7 +198,7 @@ def test_every_dashboard_query_returns_the_faults(
     store, truth = filled_pg
     start = dt.datetime.fromtimestamp(truth["start_ns"] / 1e9, tz=dt.UTC)
     end = dt.datetime.fromtimestamp(truth["end_ns"] / 1e9, tz=dt.UTC)
-    var = {"incident": storm_incident(store)}
+    var = {"incident": storm_incident(store), "entity": "gpu-008/mlx5_7"}
     q = expand(sql, start - dt.timedelta(minutes=5), end + dt.timedelta(minutes=5), var)
     with store.engine.connect() as conn:
         rows = [tuple(r) for r in conn.execute(text(q)).all()]
@@ -237,7 +238,14 @@ def test_the_node_graph_queries_return_grafanas_nodes_and_edges_frames(
     start = dt.datetime.fromtimestamp(truth["start_ns"] / 1e9, tz=dt.UTC)
     end = dt.datetime.fromtimestamp(truth["end_ns"] / 1e9, tz=dt.UTC)
     t0, t1 = start - dt.timedelta(minutes=5), end + dt.timedelta(minutes=5)
-    (var,) = dash["templating"]["list"]
+    var, entity = dash["templating"]["list"]
+    assert entity["name"] == "entity"  # set by the nodes' data link
+    (link, *_) = next(
+        o["properties"][0]["value"]
+        for o in graph["fieldConfig"]["overrides"]
+        if o["matcher"]["options"] == "id"
+    )
+    assert "var-entity=${__data.fields.title}" in link["url"]
     with store.engine.connect() as conn:
         offered = conn.execute(text(expand(var["query"], t0, t1))).mappings().all()
         incident = storm_incident(store)

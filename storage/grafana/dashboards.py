@@ -579,6 +579,23 @@ TIMELINE_SQL = f"""SELECT ev.time AS "time", ev.kind AS what, ev.summary,
 FROM incident_events ev JOIN incidents i ON i.id = ev.incident_id
 WHERE {IN_RANGE}
 ORDER BY ev.time, ev.id"""
+# a node's own series: pause (received and sent) and ECN marking of the entity a node of the
+# graph stands for (a NIC "node/nic", a switch port, or every port of a switch), $entity being
+# set by the node's data link
+ENTITY_SERIES_SQL = f"""SELECT bucket_start AS time,
+       device || '/' || port || CASE WHEN qual <> '' THEN ' p' || qual ELSE '' END || ' '
+         || metric AS metric,
+       mean AS value
+FROM metric_rollups
+WHERE metric IN ('pfc_rx_pause_us', 'pfc_tx_pause_us', 'nic_rx_pause_us', 'nic_tx_pause_us',
+                 'queue_ecn_marked_pkts', 'nic_ecn_marked_pkts')
+  AND $__timeFilter(bucket_start) AND {FINEST}
+  AND (device || '/' || port = '$entity' OR device = '$entity')
+  AND (device, port, qual, metric) IN (
+    SELECT device, port, qual, metric FROM metric_rollups
+    WHERE $__timeFilter(bucket_start) AND (device || '/' || port = '$entity' OR device = '$entity')
+    GROUP BY 1, 2, 3, 4 ORDER BY max(mean) DESC LIMIT 20)
+ORDER BY 1, 2"""
 INCIDENT_VAR_SQL = """SELECT id AS __value,
        '#' || id || ' ' || status || ': ' || title AS __text
 FROM incidents
@@ -591,6 +608,9 @@ def incident_dashboard() -> dict[str, Any]:
     graph["targets"][0]["refId"] = "nodes"
     graph["targets"].append({**graph["targets"][0], "refId": "edges", "rawSql": EDGES_SQL})
     links = [  # from a node to the series that show it
+        {"title": "Pause and ECN of this node",
+         "url": "/d/rw-incident?var-incident=${incident}&var-entity=${__data.fields.title}"
+                "&${__url_time_range}"},
         {"title": "Pause time (PFC dashboard)", "url": "/d/rw-pfc?${__url_time_range}"},
         {"title": "ECN and CNP (congestion dashboard)",
          "url": "/d/rw-congestion?${__url_time_range}"},
@@ -608,8 +628,12 @@ def incident_dashboard() -> dict[str, Any]:
         {"matcher": {"id": "byName", "options": "id"},
          "properties": [{"id": "links", "value": links}]},
     ]  # fmt: skip
-    timeline = panel("Timeline", "table", TIMELINE_SQL, 0, 16, 24, 10, fmt="table")
-    d = dashboard("rw-incident", "rocewatch: incident", [graph, timeline], hours=24)
+    series_panel = panel(
+        "Pause and ECN of $entity (click a node of the graph)", "timeseries",
+        ENTITY_SERIES_SQL, 0, 16, 24, 8,
+    )  # fmt: skip
+    timeline = panel("Timeline", "table", TIMELINE_SQL, 0, 24, 24, 10, fmt="table")
+    d = dashboard("rw-incident", "rocewatch: incident", [graph, series_panel, timeline], hours=24)
     d["templating"] = {
         "list": [
             {
@@ -623,7 +647,14 @@ def incident_dashboard() -> dict[str, Any]:
                 "includeAll": False,
                 "multi": False,
                 "sort": 0,
-            }
+            },
+            {
+                "name": "entity",
+                "label": "Entity",
+                "type": "textbox",
+                "query": "",
+                "current": {"text": "", "value": ""},
+            },
         ]
     }
     return d
