@@ -211,8 +211,10 @@ class OperatorApi:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
-        else:
+        else:  # never started
             self.sock.close()
+            if not self._loop.is_closed():
+                self._loop.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:

@@ -358,8 +358,13 @@ def layout(nodes: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[str
     for e in edges:
         if e["kind"] in ("pauses", "cable") and e["source"] in ids and e["target"] in ids:
             out[e["source"]].append(e["target"])
-    start = [i for i in ids if kind[i] == "origin"] or [i for i in ids if kind[i] == "end"][:1]
-    col: dict[str, int] = {i: 0 for i in start}
+    start = (
+        sorted(i for i in ids if kind[i] == "origin")
+        or sorted(i for i in ids if kind[i] == "end")[:1]
+    )
+    hosted = {e["target"] for e in edges if e["kind"] == "hosts"}
+    first = 1 if hosted & set(start) else 0  # room for the host on the left
+    col: dict[str, int] = {i: first for i in start}
     frontier = list(start)
     while frontier:
         nxt = []
@@ -443,7 +448,7 @@ def svg_graph(inc: dict[str, Any]) -> str:
             f"<rect x='{x}' y='{y}' width='{BOX_W}' height='{BOX_H}' rx='6' fill='{fill}' "
             f"stroke='{stroke}' stroke-width='{thick}'{dash}></rect>"
             f"<text x='{x + 8}' y='{y + 18}' font-weight='600'>{_e(_cut(n['title'], 24))}</text>"
-            f"<text x='{x + 8}' y='{y + 36}' fill='#555'>{_e(_cut(sub, 28))}</text>"
+            f"<text x='{x + 8}' y='{y + 36}' fill='#555'>{_e(_cut(sub, 26))}</text>"
             f"<title>{_e(chr(10).join(tip))}</title></g>"
         )
     parts.append("</svg>")
