@@ -380,7 +380,7 @@ def record_alerts(store: Any, conn: Connection, alerts: Iterable[Alert], now: dt
 
 
 def _open_incident(store: Any, conn: Connection, a: Alert, now: dt.datetime) -> int:
-    key = incident_key(a)
+    key = incident_key(a)[:256]
     starts = ns_to_datetime(a.starts_at)
     window = ns_to_datetime(max(0, a.starts_at - JOIN_WINDOW_NS))
     r = _one(
@@ -399,7 +399,7 @@ def _open_incident(store: Any, conn: Connection, a: Alert, now: dt.datetime) -> 
         INCIDENTS.insert()
         .values(
             key=key,
-            kind=kind_of(a),
+            kind=kind_of(a)[:32],
             title=title_of(a)[:512],
             severity=lab.get("severity", ""),
             status="open",
@@ -449,7 +449,7 @@ def _promote(conn: Connection, iid: int, a: Alert) -> None:
             INCIDENTS.update()
             .where(INCIDENTS.c.id == iid)
             .values(
-                kind=kind_of(a),
+                kind=kind_of(a)[:32],
                 title=title_of(a)[:512],
                 severity=a.labels.get("severity", ""),
                 labels={k: v for k, v in a.labels.items() if k != "alertname"},

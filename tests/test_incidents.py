@@ -277,3 +277,18 @@ def test_notifications_link_their_incident(store: Store) -> None:
     assert set(item.alert) == {  # the Alertmanager alert object, nothing renamed or dropped
         "status", "fingerprint", "labels", "annotations", "startsAt", "endsAt", "generatorURL"
     }  # fmt: skip
+
+
+def test_overlong_names_are_cut_not_refused(store: Store) -> None:
+    """Names as long as the alerts table takes make longer incident keys and node ids: they
+    are cut, not refused (a write the database refused would hold the sink's batch)."""
+    long = "x" * 128  # the alerts table's switch and port columns
+    a = Alert(
+        {"alertname": "PortAnomaly", "severity": "warning", "switch": long, "port": long},
+        {"summary": "odd"},
+        T0,
+    )
+    assert store.write_alerts([a]) == 1
+    (inc,) = store.incidents()
+    full = store.incident(inc["id"])
+    assert full is not None and len(full["nodes"]) == 1
