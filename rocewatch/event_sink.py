@@ -101,6 +101,10 @@ class EventSink:
 
             self.store = Store(cfg.storage_url)
             self.store.create_schema()
+            if cfg.topology:  # incident graphs follow the pause over its cables
+                from rocewatch.core.topology import Topology
+
+                self.store.topology = Topology.load(cfg.topology)
         from rocewatch.notify.service import open_dispatcher
 
         self.notifier = open_dispatcher(cfg, self.store)

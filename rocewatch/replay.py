@@ -77,6 +77,8 @@ def replay(
     if not sources:
         raise ConfigError(f"{scenario}: no telemetry (switch.jsonl, nic.jsonl or int.pcap)")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if store is not None and store.topology is None:
+        store.topology = topology  # incident graphs follow the pause over its cables
     pipeline = Pipeline(
         topology, config, stats=stats, rollup_s=ROLLUP_S if store is not None else None
     )

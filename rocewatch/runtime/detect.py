@@ -77,6 +77,19 @@ def kube_api(cfg: Config) -> Any:
     return make
 
 
+def kube_nodes(topology: Any, domain: str | None) -> dict[str, list[str]]:
+    """The topology's Kubernetes nodes (of ``domain`` when the stage runs one), for the
+    executor that watches them."""
+    return {
+        "kubernetes": sorted(
+            n
+            for n in topology.nodes
+            if topology.scheduler_of(n) == "kubernetes"
+            and (domain is None or topology.domain_of(n) == domain)
+        )
+    }
+
+
 DETECT_STATE_KIND = "detect-state"  # a detect stage's
 
 
@@ -228,6 +241,7 @@ class DomainStage:
         # after a fence: when to take the stage back if the group still gives it to this
         # instance (nobody else holds it: the fence came from a transaction timeout, say)
         self.retake_at: float | None = None
+        self.routing: RoutingExecutor | None = None
         # a checkpoint whose frames are being serialised: (state, steps offset, snapshot)
         self.saving: tuple[DetectState, int, StateSnapshot] | None = None
 
@@ -254,7 +268,8 @@ class DomainStage:
 
     def _take_over(self, tps: list[TopicPartition]) -> None:
         self.writer.start()  # fences the previous holder and aborts what it left open
-        executor = FencedExecutor(RoutingExecutor(self.cfg.executors), self.writer.fence)
+        routing = RoutingExecutor(self.cfg.executors)
+        executor = FencedExecutor(routing, self.writer.fence)
         # the pipeline is built from today's configuration and topology, and the state record's
         # data laid over it: an edited configuration file is what runs after a restart
         st = self._restore(self._new_pipeline(executor))
@@ -275,6 +290,11 @@ class DomainStage:
         self.live_jobs = build_live_jobs(
             st.pipeline.topology, self.cfg.membership, kube_api(self.cfg), static=self.static_jobs
         )
+        if self.cfg.policy.mode != "dry-run":
+            # the Kubernetes executor's background work: the healthy condition on the nodes it
+            # watches, the drains (evictions) of an earlier holder, uncordons by hand
+            routing.watch(kube_nodes(st.pipeline.topology, self.domain))
+        self.routing = routing
         self.active = True
         self.started = self.heard = self.clock.monotonic()
         self.seen = {p: self.started for p in st.part_closed}
@@ -336,6 +356,9 @@ class DomainStage:
 
     def _drop(self, why: str) -> None:
         self.active = False
+        if self.routing is not None:
+            self.routing.close()  # its evictions go on with the next holder
+            self.routing = None
         self.state = None
         self.saving = None
         self.pending_snapshot = None
