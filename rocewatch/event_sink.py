@@ -105,7 +105,7 @@ class EventSink:
                 from rocewatch.core.topology import Topology
 
                 self.store.topology = Topology.load(cfg.topology)
-        from rocewatch.notify.service import open_dispatcher
+        from rocewatch.runtime.notifier import open_dispatcher
 
         self.notifier = open_dispatcher(cfg, self.store)
         self.own_metrics = metrics is None

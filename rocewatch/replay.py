@@ -87,7 +87,7 @@ def replay(
     t0 = time.perf_counter()
     notifier = None
     if config.notify.enabled:
-        from rocewatch.notify.service import open_dispatcher
+        from rocewatch.runtime.notifier import open_dispatcher
 
         notifier = open_dispatcher(config, store)
     if notifier is not None:

@@ -12,12 +12,12 @@ from typing import Any, NamedTuple
 from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 
+from rocewatch.bus.config import KafkaConfig
 from rocewatch.bus.signing import StateKeys
 from rocewatch.bus.topics import (
     MAX_MESSAGE_BYTES,
     record_limit,
 )
-from rocewatch.config import KafkaConfig
 from rocewatch.core import checkpoint
 from rocewatch.core.errors import RetryableError
 
