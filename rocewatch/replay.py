@@ -21,6 +21,7 @@ from rocewatch.core.progress import Progress
 from rocewatch.core.stats import Stats
 from rocewatch.core.topology import Topology
 from rocewatch.pipeline import ROLLUP_S, Output, Pipeline
+from rocewatch.runtime.outputs import OutputWriter
 from rocewatch.sources import merged, scenario_sources
 
 log = logging.getLogger(__name__)
@@ -93,16 +94,10 @@ def replay(
     if notifier is not None:
         notifier.start()
 
+    writer = OutputWriter(store, notifier)
+
     def sink(out: Output) -> None:
-        if notifier is not None and out.alerts:
-            notifier.enqueue(out.alerts)  # durable before anything else sees them
-        if store is not None:
-            if out.alerts or out.inhibited:
-                store.write_alerts(out.alerts + out.inhibited)  # inhibited: kept, not notified
-            if out.actions:
-                store.write_actions(out.actions)
-            for r in out.rollups:
-                store.write_rollups(r)
+        writer.write(out.alerts, out.inhibited, out.actions, out.rollups)
 
     try:
         for df, wm in merged(sources, pipeline.engine.lateness_ns()):

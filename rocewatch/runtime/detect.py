@@ -49,6 +49,7 @@ from rocewatch.pipeline import (
 )
 from rocewatch.runtime.aggregate import STATE_VERSION
 from rocewatch.runtime.delivery import Published, output_partitions, send_events
+from rocewatch.runtime.outputs import OutputWriter
 from rocewatch.runtime.steps import DomainRoutes, StepsMessage, coded_step, decode_steps
 from rocewatch.runtime.timing import (
     DEAF_S,
@@ -666,7 +667,9 @@ class DomainStage:
             # database, an idempotent upsert, so a step evaluated again after a takeover is no
             # harm; with the published events' times (as JSON keeps them), as the sink stores
             try:
-                self.alert_db.write_alerts([Alert.from_json(a.to_json()) for a in out.inhibited])
+                OutputWriter(self.alert_db).write(
+                    inhibited=[Alert.from_json(a.to_json()) for a in out.inhibited]
+                )
             except RetryableError as e:
                 self.stats.inc("inhibited_not_stored", len(out.inhibited))
                 log.warning("inhibited alerts not stored: %s", e)
