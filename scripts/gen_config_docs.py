@@ -337,6 +337,15 @@ def _nested(annotation: Any) -> type[Any] | None:
     return _DATACLASSES.get(name)
 
 
+def _nested_items(annotation: Any) -> type[Any] | None:
+    """The dataclass of each item of a ``tuple[SomeConfig, ...]`` field (``build`` reads a
+    list of mappings into it)."""
+    from rocewatch.config import _DATACLASSES
+
+    m = re.fullmatch(r"tuple\[(\w+), \.\.\.\]", annotation) if isinstance(annotation, str) else None
+    return _DATACLASSES.get(m.group(1)) if m else None
+
+
 def walk(
     cls: type[Any],
     prefix: str,
@@ -354,9 +363,14 @@ def walk(
             continue
         path = f"{prefix}.{f.name}" if prefix else f.name
         sub = (nested or {}).get(f.name) or _nested(f.type)
+        items = _nested_items(f.type)
         if sub is not None:
             keys.append(Key(path, "mapping", "(section)", comments.get(f.name) or _note(path)))
             keys.extend(walk(sub, path))
+        elif items is not None:  # a list of sections (``build`` reads each item as one)
+            doc = comments.get(f.name) or _note(path)
+            keys.append(Key(path, "list of mappings", _default_text(f), doc))
+            keys.extend(walk(items, f"{path}[]"))
         else:
             doc = comments.get(f.name) or _note(path)
             keys.append(Key(path, _type_text(f.type), _default_text(f), doc))

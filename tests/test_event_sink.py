@@ -31,6 +31,7 @@ from rocewatch.runtime.service import DetectService
 from storage.store import Store
 from tests.notify_receiver import Receiver, free_port
 from tests.pg_fresh import fresh_database
+from tests.support.state_keys import SIGNING
 from tests.support.until_done import run_service, stop_when_done
 from tests.test_kafka_resilience import scrape
 from tests.test_notify import SECRET, check_signed, events
@@ -68,6 +69,7 @@ def sink_cfg(bootstrap: str, kafka_topics: Any, db: str, hook_port: int | None) 
         topics=topics,
         group_id=kafka_topics("group"),
         session_timeout_ms=6000,
+        state_signing=SIGNING,
     )
     notify = NotifyConfig()
     if hook_port is not None:

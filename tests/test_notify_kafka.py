@@ -16,6 +16,7 @@ from rocewatch.runtime.service import DetectService
 from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import default_scenario
 from tests.notify_receiver import Receiver, free_port
+from tests.support.state_keys import SIGNING
 from tests.support.until_done import run_service, stop_when_done
 from tests.test_kafka_pipeline import read_topic
 from tests.test_notify import SECRET, check_signed, events
@@ -35,6 +36,7 @@ def test_detect_service_sends_every_alert_event_once(
         commit_interval_s=0.5,
         idle_flush_s=2.0,
         session_timeout_ms=6000,
+        state_signing=SIGNING,
     )
     rx = Receiver(free_port()).start()
     hook = WebhookConfig(name="ops", url=f"http://127.0.0.1:{rx.port}/", secret=SECRET)
