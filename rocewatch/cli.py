@@ -178,6 +178,22 @@ def build_parser() -> argparse.ArgumentParser:
     il.add_argument("--interval-ms", type=float, default=100.0, help="aggregation interval")
     il.add_argument("--metrics-port", type=int, help="serve /metrics here (else the config's)")
 
+    nc = sub.add_parser(
+        "nccl-collect",
+        help="follow a job's NCCL Inspector directory and publish its telemetry to Kafka "
+        "(or a JSON lines file); docs/nccl.md",
+    )
+    nc.add_argument("dir", type=Path, help="the job's NCCL_INSPECTOR_DUMP_DIR")
+    nc.add_argument("--job", required=True, help="the job's name (the topology's, if listed)")
+    nc.add_argument("--debug-dir", type=Path, help="NCCL_DEBUG=INFO logs (else DIR/debug)")
+    nc.add_argument("--topology", type=Path, help="topology file (else the config's)")
+    nc.add_argument("--config", type=Path, help="rocewatch config (Kafka settings)")
+    nc.add_argument(
+        "--out", type=Path, help="write samples as JSON lines here (- for stdout), not Kafka"
+    )
+    nc.add_argument("--interval", type=float, default=1.0, help="seconds between reads")
+    nc.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: forever)")
+
     isd = sub.add_parser(
         "int-send", help="send a scenario's int.pcap (or a pcap file) as UDP datagrams"
     )
@@ -369,6 +385,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_evaluate(args.out, args.json, args.quick, args.config, args.verbose)
     if args.command == "int-listen":
         return _int_listen(args)
+    if args.command == "nccl-collect":
+        return _nccl_collect(args)
     if args.command == "int-send":
         return _int_send(args)
     if args.command == "collect" or (
@@ -465,6 +483,45 @@ def _int_listen(args: argparse.Namespace) -> int:
         for c in close:
             c.close()  # type: ignore[attr-defined]
     print(" ".join(f"{k}={v}" for k, v in sorted(coll.counts().items())))
+    return 0
+
+
+def _nccl_collect(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    import polars as pl
+
+    from collector.inband.live import sample_lines
+    from collector.nccl.service import NcclCollector
+    from collector.output import LinesOutput, Output
+    from rocewatch.config import load_config
+    from rocewatch.core.topology import Topology
+
+    cfg = load_config(args.config)
+    topo_path = args.topology or (Path(cfg.topology) if cfg.topology else None)
+    topology = Topology.load(topo_path) if topo_path is not None else None
+    sink: Output[pl.DataFrame]
+    if args.out is not None:
+        sink = LinesOutput(args.out, sample_lines)
+    else:
+        from rocewatch.bus.publish import TelemetryPublisher
+        from rocewatch.bus.topics import ensure_topics
+
+        ensure_topics(cfg.kafka)
+        sink = TelemetryPublisher(cfg.kafka, source=f"nccl-collect:{args.job}")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    coll = NcclCollector(args.dir, args.job, topology, sink, args.debug_dir)
+    try:
+        coll.run(args.interval, stop, args.duration)
+    except KeyboardInterrupt:
+        coll.poll(final=True)
+    finally:
+        coll.close()
+        sink.close()
+    counts = {"samples": coll.sent, **coll.stats.counts}
+    print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
     return 0
 
 

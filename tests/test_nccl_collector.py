@@ -269,3 +269,57 @@ def test_tail_of_a_whole_job_matches_the_recording(tmp_path: Path) -> None:
     ref = ref.filter(pl.col("metric") != "nccl_rank_gpu")
     key = ["ts", "device", "port", "qual", "metric"]
     assert df.sort(key).equals(ref.sort(key))
+
+
+def test_collector_sends_samples_and_the_join_as_files_grow(tmp_path: Path) -> None:
+    from collector.nccl.service import NcclCollector
+
+    got: list[pl.DataFrame] = []
+
+    class Sink:
+        def __call__(self, df: pl.DataFrame) -> None:
+            got.append(df)
+
+        def close(self) -> None:
+            pass
+
+    shutil.copytree(JOB / "debug", tmp_path / "debug")
+    files = sorted(JOB.glob("*.log"))
+    for p in files:
+        (tmp_path / p.name).write_bytes(b"".join(p.read_bytes().splitlines(keepends=True)[:4]))
+    coll = NcclCollector(tmp_path, "job-a", topo(), Sink())
+    assert coll.poll() > 0
+    first = pl.concat(got)
+    join = first.filter(pl.col("metric") == "nccl_rank_gpu")
+    assert join.filter(pl.col("port") == "rank1")["qual"].to_list() == [f"{COMM}/mlx5_1"]
+    # the first dump's 3 collectives are complete in every file: their lags are out
+    assert first.filter(pl.col("metric") == "nccl_kernel_start_lag_us").height == 12
+    for p in files:
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    got.clear()
+    coll.poll(final=True)
+    rest = pl.concat(got)
+    assert rest.filter(pl.col("metric") == "nccl_kernel_start_lag_us").height == 12
+    assert rest.filter(pl.col("metric") == "nccl_rank_gpu").height == 0  # the map is unchanged
+    assert coll.stats.get("nccl_malformed_lines") == 2  # rank 1's cut record, a garbage line
+    assert coll.stats.get("nccl_debug_unparsed") == 1  # read once, though polled twice
+    coll.close()
+
+
+def test_nccl_collect_command_writes_json_lines(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    shutil.copytree(JOB, tmp_path / "job")
+    out = tmp_path / "out.jsonl"
+    res = subprocess.run(
+        [sys.executable, "-m", "rocewatch.cli", "nccl-collect", str(tmp_path / "job"),
+         "--job", "job-a", "--out", str(out), "--duration", "0.01", "--interval", "0.01"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    lag = [r for r in rows if r["metric"] == "nccl_kernel_start_lag_us" and r["port"] == "rank3"]
+    assert len(lag) == 6 and min(r["value"] for r in lag) > 250
+    assert "nccl_malformed_lines=2" in res.stdout and "nccl_debug_unparsed=1" in res.stdout
