@@ -7,8 +7,9 @@ collectives of a key gives one observation, the median over the ranks that repor
 baseline is the median of the last ``baseline_n`` observations while the key was healthy
 (at least ``min_baseline`` of them before anything is judged). The key drops when the median
 of its observations over the last ``window_s`` is below ``1 - drop`` of the baseline, and
-fires once that held ``hold_s``; it resolves when the median is back above ``1 - drop / 2``
-of the baseline, or after ``stale_s`` of silence. The ``cause`` annotation names a fabric
+fires once that held ``hold_s``; it resolves when the median, or its two newest
+observations, are back above ``1 - drop / 2`` of the baseline, or after ``stale_s`` of
+silence. The ``cause`` annotation names a fabric
 alert firing on a node of the communicator (PCIeDowngrade, FlakyLink, PFCStorm, Straggler,
 ECNCongestion, TransportErrors), and follows them while it fires; with none, "unknown".
 """
@@ -141,8 +142,15 @@ class BusBandwidthDropDetector(Stateful):
                 k.since = 0
                 if now >= (1 - cfg.drop / 2) * base:
                     k.active = False
-                if not k.active and fresh:
-                    k.baseline = [*k.baseline, newest[1]][-cfg.baseline_n :]
+            # back: its two newest observations at the baseline again (the window's median
+            # would hold a recovered key for half a window more)
+            back = (
+                len(k.recent) >= 2 and min(v for _, v in k.recent[-2:]) >= (1 - cfg.drop / 2) * base
+            )
+            if k.active and back:
+                k.active, k.since = False, 0
+            if not k.active and not k.since and fresh:
+                k.baseline = [*k.baseline, newest[1]][-cfg.baseline_n :]
             if k.active:
                 out.append(self._finding(qual, k, firing))
         return out

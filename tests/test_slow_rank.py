@@ -87,3 +87,22 @@ def test_config_is_validated() -> None:
         SlowRankConfig(min_lag_us=0)
     with pytest.raises(ConfigError):
         BusBandwidthDropConfig(drop=1.0)
+
+
+def test_a_storm_is_the_cause_of_the_jobs_nccl_alerts_which_do_not_page(tmp_path: Path) -> None:
+    from rocewatch.sim import PfcStorm
+
+    cfg = healthy_scenario(nodes=4, duration_s=15, seed=2)
+    storm = PfcStorm(onset_s=7.0, duration_s=5.0, node="gpu-001", nic="mlx5_3")
+    scen = write_scenario(dataclasses.replace(cfg, faults=(storm,)), tmp_path / "s", nccl=True)
+    replay(scen, tmp_path / "out")
+    alerts = _alerts(tmp_path / "out")
+    assert any(a.name == "PFCStorm" for a in alerts)
+    assert not [a for a in alerts if a.name in ("SlowRank", "BusBandwidthDrop")]
+    held = [
+        Alert.from_json(json.loads(x))
+        for x in (tmp_path / "out" / "inhibited.jsonl").read_text().splitlines()
+    ]
+    drops = [a for a in held if a.name == "BusBandwidthDrop"]
+    assert len(drops) == 1 and drops[0].annotations["cause"] == "PFCStorm"
+    assert not [a for a in held if a.name == "SlowRank"]  # a storm makes no rank late

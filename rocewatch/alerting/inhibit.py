@@ -229,6 +229,12 @@ DEFAULT_RULES_DOC: tuple[dict[str, Any], ...] = (
         "target_matchers": ['alertname="QueueBuildup"', 'switch=~".+"', 'port=~".+"'],
         "equal": ["switch", "port"],
     },
+    # a storm stalls the jobs it pauses: their NCCL alerts follow from it (docs/nccl.md)
+    {
+        "source_matchers": ['alertname="PFCStorm"'],
+        "target_matchers": ['alertname=~"SlowRank|BusBandwidthDrop"', 'job=~".+"'],
+        "equal": ["job"],
+    },
     # a fabric event slows its members down: the incident is the one alert
     {
         "source_matchers": ['alertname="FabricIncident"'],

@@ -11,7 +11,9 @@ with per-channel kernel times) to ``nccl/<job>/<host>-pid<pid>.log``, and its
 The faults show as NCCL sees them: a NIC whose PCIe link trained down makes its rank start
 ``PCIE_LATE_US`` late and the job's collectives slower (the ring runs at the slowest link's
 pace); a Straggler NIC makes its rank ``STRAGGLER_LATE_US`` late; a ``SlowGpu`` makes its rank
-``lag_us`` late with a clean fabric. Every rank gets a few microseconds of launch jitter.
+``lag_us`` late with a clean fabric; a PFC storm from a NIC of the job slows all its
+collectives (``STORM_SLOW``) without making one rank late. Every rank gets a few
+microseconds of launch jitter.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import orjson
 
-from rocewatch.sim.faults import PcieDowngrade, SlowGpu, Straggler
+from rocewatch.sim.faults import PcieDowngrade, PfcStorm, SlowGpu, Straggler
 
 if TYPE_CHECKING:
     from rocewatch.sim.simulator import Simulator
@@ -34,6 +36,7 @@ EXEC_US = 40_000.0
 BUSBW_GBS = 180.0
 MSG_BYTES = 1 << 31
 CHANNELS = 2
+STORM_SLOW = 3.0  # a paused job's collectives take this many times longer
 
 
 def comm_id(job: str) -> str:
@@ -56,6 +59,13 @@ def write_nccl(out: Path, sim: Simulator, period_s: float = 0.5, dump_s: float =
         late = np.zeros((n_ranks, n_coll))
         slow = np.ones(n_coll)  # the job's collective time factor
         for f in sim.faults:
+            if isinstance(f, PfcStorm) and f.origin == "nic" and f.node in nodes:
+                # the job's NICs are paused: every collective of the job crawls
+                t0 = start_us + f.onset_s * 1e6
+                t1 = start_us + f.end_s(cfg.duration_s) * 1e6
+                on = (t_coll >= t0) & (t_coll < t1)
+                slow[on] = np.maximum(slow[on], STORM_SLOW)
+                continue
             if not isinstance(f, PcieDowngrade | Straggler | SlowGpu) or f.node not in nodes:
                 continue
             r = nodes.index(str(f.node)) * fab.n_rails + fab.rail_nics.index(str(f.nic))
