@@ -69,35 +69,47 @@ class CollJoin:
     """Joins the ranks of one communicator by ``coll_sn`` into per-rank start lags.
 
     A collective is complete when every one of its ``n_ranks`` reported it. One still
-    incomplete once its communicator reached ``horizon`` sequence numbers further is given up:
-    its lags are emitted if at least half the ranks (and 3) reported, and it is counted
-    (``nccl_partial_collectives``) either way. At most ``max_pending`` collectives wait.
+    incomplete once every rank of its communicator reported a collective ``horizon`` sequence
+    numbers further is given up (those ranks lost it: Inspector's ring overwrote it): its lags
+    are emitted if at least half the ranks (and 3) reported, and it is counted
+    (``nccl_partial_collectives``) either way. Ranks are followed by sequence number, not by
+    arrival, so files read one after another (a recording) or each at its own dump cadence
+    (live) join alike. At most ``max_pending`` collectives wait; past that the oldest is
+    given up.
     """
 
-    def __init__(self, stats: Stats, horizon: int = 64, max_pending: int = 100_000) -> None:
+    def __init__(self, stats: Stats, horizon: int = 8, max_pending: int = 100_000) -> None:
         self.stats = stats
         self.horizon = horizon
         self.max_pending = max_pending
         self.pending: dict[tuple[str, int], _Pending] = {}
-        self.newest: dict[str, int] = {}
+        self.rank_sn: dict[str, dict[int, int]] = {}  # comm -> rank -> newest coll_sn
+        self.low: dict[str, int] = {}  # comm -> the sn every rank has reached
 
     def add(self, comm: str, sn: int, n_ranks: int, start: RankStart) -> list[tuple[str, int]]:
         key = (comm, sn)
+        done: list[tuple[str, int]] = []
         p = self.pending.get(key)
         if p is None:
             if len(self.pending) >= self.max_pending:
                 self.stats.inc("nccl_pending_over_limit")
-                return []
+                done.append(next(iter(self.pending)))  # the oldest waiting
             p = self.pending[key] = _Pending(n_ranks)
         p.starts[start.rank] = start
-        done = [key] if len(p.starts) >= p.n_ranks else []
-        if sn > self.newest.get(comm, -1):
-            self.newest[comm] = sn
-            done += [
-                k
-                for k in self.pending
-                if k[0] == comm and k[1] < sn - self.horizon and k not in done
-            ]
+        if len(p.starts) >= p.n_ranks:
+            done.append(key)
+        ranks = self.rank_sn.setdefault(comm, {})
+        if sn > ranks.get(start.rank, -1):
+            ranks[start.rank] = sn
+            if len(ranks) >= n_ranks:
+                low = min(ranks.values())
+                if low > self.low.get(comm, -1):
+                    self.low[comm] = low
+                    done += [
+                        k
+                        for k in self.pending
+                        if k[0] == comm and k[1] < low - self.horizon and k not in done
+                    ]
         return done
 
     def flush(self) -> list[tuple[str, int]]:
@@ -105,7 +117,9 @@ class CollJoin:
         return list(self.pending)
 
     def take(self, key: tuple[str, int]) -> dict[int, RankStart] | None:
-        p = self.pending.pop(key)
+        p = self.pending.pop(key, None)
+        if p is None:  # given up already
+            return None
         if len(p.starts) < p.n_ranks:
             self.stats.inc("nccl_partial_collectives")
             if len(p.starts) < max(3, (p.n_ranks + 1) // 2):
@@ -199,7 +213,7 @@ class InspectorDecoder:
     """
 
     def __init__(
-        self, topology: Topology | None = None, stats: Stats | None = None, horizon: int = 64
+        self, topology: Topology | None = None, stats: Stats | None = None, horizon: int = 8
     ) -> None:
         self.topology = topology
         self.stats = stats or Stats()
