@@ -5,7 +5,6 @@ congestion that must stay silent."""
 
 from __future__ import annotations
 
-import pickle
 import re
 from collections.abc import Callable
 
@@ -19,6 +18,7 @@ from rocewatch.errors import ConfigError
 from rocewatch.model import Alert, conform
 from rocewatch.pipeline import Pipeline
 from rocewatch.topology import Topology
+from tests.support.restart import restart_pipeline
 
 S = 1_000_000_000
 T0 = 1_795_946_400 * S
@@ -254,15 +254,23 @@ def test_absolute_share_fires_without_history() -> None:
     assert (a.starts_at - (T0 + 2 * S)) / S <= 3.0
 
 
-def test_state_pickles_mid_episode() -> None:
+def test_a_checkpoint_taken_mid_episode_carries_on() -> None:
+    """The detector's state through the product's codec (rocewatch/runtime/checkpoint.py)
+    while a run is under way, laid over a pipeline built anew from the configuration: the
+    alerts are those of the uninterrupted run, with the same startsAt."""
     frames = telemetry(40, 1.0, with_fault(dcqcn(), 20.0, 15.0))
     cut = next(i for i, f in enumerate(frames) if int(f["ts"].min()) > T0 + 21 * S)
+    whole = run(frames)
     p = feed(pipeline(), frames[:cut])
     det = next(d for d in p.detectors if isinstance(d, EcnCongestionDetector))
     assert det.runs  # a run under way, not yet an alert
-    p = feed(pickle.loads(pickle.dumps(p)), frames[cut:])
+    p = restart_pipeline(p, only=("ecn_congestion",))
+    back = next(d for d in p.detectors if isinstance(d, EcnCongestionDetector))
+    assert back is not det and back.runs.keys() == det.runs.keys()
+    p = feed(p, frames[cut:])
     p.finish()
     assert sorted(entity(a) for a in ecn(p)) == sorted([FIELD, FIELD_NIC])
+    assert [a.to_json() for a in ecn(p)] == [a.to_json() for a in ecn(whole)]
 
 
 def test_config_from_file_and_validation() -> None:

@@ -163,11 +163,11 @@ def _statics(kind: str) -> tuple[np.ndarray, np.ndarray]:
     return floor, direction
 
 
-@dataclass
 # the record types a model file holds besides data (its arrays are in them)
 MODEL_TYPES = checkpoint.StateTypes([KindModel, CompiledForest])
 
 
+@dataclass
 class ForestModel:
     """What ``save`` persists: a forest per entity kind, thresholds, and how it was trained.
 
