@@ -26,8 +26,8 @@ def own_types(part: Any) -> StateTypes:
     return StateTypes(type(part).STATE_TYPES)
 
 
-def restart_detector(det: Any, fresh: D) -> D:
-    """``det``'s state, through the codec with only the types it declares, restored into
+def restart_part(det: Any, fresh: D) -> D:
+    """``det``'s state (a detector or any stateful part), through the codec with only the types it declares, restored into
     ``fresh`` (the same detector built anew from today's configuration)."""
     fresh.restore(through_codec(det.state(), own_types(det)))  # type: ignore[attr-defined]
     return fresh
