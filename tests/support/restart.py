@@ -27,8 +27,9 @@ def own_types(part: Any) -> StateTypes:
 
 
 def restart_part(det: Any, fresh: D) -> D:
-    """``det``'s state (a detector or any stateful part), through the codec with only the types it declares, restored into
-    ``fresh`` (the same detector built anew from today's configuration)."""
+    """``det``'s state (a detector's, or any stateful part's) through the codec with only the
+    types it declares, restored into ``fresh`` (the same part built anew from today's
+    configuration)."""
     fresh.restore(through_codec(det.state(), own_types(det)))  # type: ignore[attr-defined]
     return fresh
 
