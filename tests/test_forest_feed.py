@@ -5,7 +5,6 @@ every step's rows itself scores, window by window, entity by entity."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import polars as pl
 import pytest

@@ -59,8 +59,6 @@ def restart_pipeline(
     if detectors is not None:
         q.detectors = detectors(q)
     data = through_codec(p.state(), Pipeline.state_types())
-    data["detectors"] = {
-        d.name: through_codec(d.state(), own_types(d)) for d in p.detectors
-    }
+    data["detectors"] = {d.name: through_codec(d.state(), own_types(d)) for d in p.detectors}
     q.restore(data)
     return q
