@@ -273,6 +273,27 @@ def test_a_checkpoint_taken_mid_episode_carries_on() -> None:
     assert [a.to_json() for a in ecn(p)] == [a.to_json() for a in ecn(whole)]
 
 
+@pytest.mark.slow  # 40 s of telemetry twice: 3 to 5 s on a loaded machine
+def test_a_restored_detector_takes_todays_sustain() -> None:
+    """Restarted mid-run with ``sustain_s`` 5 s instead of 2: the restored run keeps its start,
+    and the alerts wait for today's 5 s (``Sustain.PARAMS``)."""
+    frames = telemetry(40, 1.0, with_fault(dcqcn(), 20.0, 15.0))
+    cut = next(i for i, f in enumerate(frames) if int(f["ts"].min()) > T0 + 21 * S)
+    whole = {entity(a): a.starts_at for a in ecn(run(frames))}
+    p = feed(pipeline(), frames[:cut])
+    cfg = Config(detectors={"ecn_congestion": EcnCongestionConfig(sustain_s=5.0)})
+    p = restart_pipeline(p, cfg, only=("ecn_congestion",))
+    (det,) = p.detectors
+    assert isinstance(det, EcnCongestionDetector) and det.sustain.sustain_s == 5.0
+    p = feed(p, frames[cut:])
+    p.finish()
+    later = {entity(a): a.starts_at for a in ecn(p)}
+    assert later.keys() == whole.keys() == {FIELD, FIELD_NIC}
+    for k, t in later.items():
+        # (readings every second: 2 to 3 s later than under the 2 s it started with)
+        assert 1.5 <= (t - whole[k]) / S <= 3.5, (k, (t - whole[k]) / S)
+
+
 def test_config_from_file_and_validation() -> None:
     cfg = config_from_dict({"detectors": {"ecn_congestion": {"min_mark_share": 0.15}}})
     assert cfg.detectors["ecn_congestion"].min_mark_share == 0.15
