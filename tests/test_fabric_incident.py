@@ -81,7 +81,7 @@ def run(
             topology=TOPO,
             start=end - STEP,
             end=end,
-            firing=lambda: [a.labels for a in life.firing.values()],
+            firing=lambda life=life: [a.labels for a in life.firing.values()],
         )
         events += life.update("transport_errors", end, findings)
         events += life.update(det.name, end, det.evaluate(ctx))
