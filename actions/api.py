@@ -31,8 +31,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from actions.operator import COMMANDS, CommandQueue, pending_approvals
-from rocewatch.errors import ConfigError
-from rocewatch.model import Action
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Action
 
 log = logging.getLogger(__name__)
 

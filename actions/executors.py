@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Protocol
 
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actions.executors import DRAINED_BY_OTHER
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

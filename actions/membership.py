@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rocewatch.errors import ConfigError
-from rocewatch.topology import Job, Topology
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.topology import Job, Topology
 
 log = logging.getLogger(__name__)
 

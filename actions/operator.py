@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from actions.policy import DrainPolicy
-from rocewatch.model import Action
+from rocewatch.core.model import Action
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ Candidates: an alert named in ``drain_on`` with a ``node`` label, never one with
 decided when its hold-down expires (``startsAt + hold_down_s <= now``) if it still fires.
 Times are telemetry time in nanoseconds, so replay decides exactly as live operation does.
 
->>> from rocewatch.topology import Topology
+>>> from rocewatch.core.topology import Topology
 >>> topo = Topology.from_dict({"switches": [{"name": "leaf-0"}],
 ...     "nodes": [{"name": f"gpu-{i}", "nics": [{"nic": "mlx5_0"}]} for i in range(10)]})
 >>> p = DrainPolicy(PolicyConfig(), topo)
@@ -58,9 +58,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actions.executors import DryRunExecutor, Executor
-from rocewatch.errors import ConfigError, Fenced
-from rocewatch.model import ALERTNAMES, Action, Alert, rfc3339
-from rocewatch.topology import Topology
+from rocewatch.core.errors import ConfigError, Fenced
+from rocewatch.core.model import ALERTNAMES, Action, Alert, rfc3339
+from rocewatch.core.topology import Topology
 
 log = logging.getLogger(__name__)
 

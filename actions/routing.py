@@ -24,7 +24,7 @@ from typing import Any
 from actions.executors import Executor, SlurmConfig, SlurmExecutor
 from actions.kubernetes import KubernetesConfig
 from actions.slurmrest import SlurmRestConfig
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

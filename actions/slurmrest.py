@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actions.executors import SlurmBackend, SlurmNode
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

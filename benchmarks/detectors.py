@@ -31,13 +31,12 @@ sys.path[:] = [str(ROOT)] + [
 ]
 
 
-def state_bytes(pipe: object) -> int:
-    """The size of a pipeline's checkpoint (each part's state, as data)."""
+def state_bytes(data: object) -> int:
+    """The size of a part of a pipeline's checkpoint (its state, as data)."""
+    from rocewatch.core import checkpoint
     from rocewatch.pipeline import Pipeline
-    from rocewatch.runtime import checkpoint
 
-    assert isinstance(pipe, Pipeline)
-    return len(checkpoint.dumps(pipe.state(), "pipeline", Pipeline.state_types()))
+    return len(checkpoint.dumps(data, "pipeline", Pipeline.state_types()))
 
 
 def main() -> int:
@@ -86,16 +85,17 @@ def main() -> int:
     series = pipe.engine.rates.state.height + sum(
         1 for _ in frames[-1].filter(frames[-1]["raw"].is_null()).iter_rows()
     )
+    st = pipe.state()
     parts = {
-        "rate_state": state_bytes(pipe.engine.rates),
-        "window_history": state_bytes(list(pipe.engine.history)),
-        "detectors": state_bytes(pipe.detectors),
-        "lifecycle": state_bytes(pipe.lifecycle),
-        "policy": state_bytes(pipe.policy),
+        "rate_state": state_bytes(st["engine"]["rates"]),
+        "window_history": state_bytes(st["engine"]["history"]),
+        "detectors": state_bytes(st["detectors"]),
+        "lifecycle": state_bytes(st["lifecycle"]),
+        "policy": state_bytes(st["policy"]),
     }
     if args.rollups:
-        parts["rollups"] = state_bytes(pipe._rollup_levels())
-    pending = state_bytes(pipe.engine.pending)
+        parts["rollups"] = state_bytes(st["rollups"])
+    pending = state_bytes(st["engine"]["pending"])
     detector_state = sum(parts.values())
     pipe.finish()
     result = {

@@ -148,7 +148,7 @@ def bench_pcap(
 ) -> tuple[float, int]:
     from collector.inband import iter_pcap_chunks, parse_buffer
     from collector.inband.aggregate import IntAggregator
-    from rocewatch.stats import Stats
+    from rocewatch.core.stats import Stats
 
     best = float("inf")
     reports = 0
@@ -202,7 +202,7 @@ def bench_udp(
 ) -> dict[str, float]:
     from collector.inband.live import IntCollector
     from collector.inband.udp import UdpListener, UdpListenerConfig
-    from rocewatch.stats import Stats
+    from rocewatch.core.stats import Stats
 
     blob = work / "dgrams.bin"
     with blob.open("wb") as fh:
@@ -266,7 +266,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from collector.inband import write_pcap
-    from rocewatch.topology import Topology
+    from rocewatch.core.topology import Topology
 
     topo = Topology.from_dict(topology())
     with tempfile.TemporaryDirectory(prefix="rw-inband-bench-") as tmp:

@@ -1,1 +1,1 @@
-"""Collectors: turn what devices speak into columnar sample batches (rocewatch.model)."""
+"""Collectors: turn what devices speak into columnar sample batches (rocewatch.core.model)."""

@@ -17,9 +17,9 @@ from collector.nic.samples import I64_MAX as _I64_MAX
 from collector.nic.samples import I64_MIN as _I64_MIN
 from collector.nic.samples import U64 as _U64
 from collector.nic.samples import Columns, SnapshotReader, number
-from rocewatch.model import SAMPLE_SCHEMA, empty_samples, is_counter
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
+from rocewatch.core.model import SAMPLE_SCHEMA, empty_samples, is_counter
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 
 
 class _Columns(Columns):

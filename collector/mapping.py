@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 MAPPINGS_DIR = Path(__file__).parent / "mappings"
 _PREFIX = re.compile(r"(?<=/)[A-Za-z0-9_.-]+:")  # "openconfig-interfaces:" module prefixes
@@ -33,7 +33,7 @@ class Target:
 def _check_metric(name: str, where: str) -> None:
     # here, not at the top: the node agent maps its counters without the telemetry model
     # (Polars); see NicMapper's check_metrics
-    from rocewatch.model import METRICS, UNKNOWN_PREFIXES
+    from rocewatch.core.model import METRICS, UNKNOWN_PREFIXES
 
     if name not in METRICS and not name.startswith(UNKNOWN_PREFIXES):
         raise ConfigError(f"{where}: unknown canonical metric {name!r}")
@@ -172,7 +172,7 @@ NIC_NAME: dict[str, str] = {
     "nic_tx_pause_us": "tx_prio{q}_pause_duration",
 }
 NIC_SECTION: dict[str, tuple[str, str]] = {}
-_UNMAPPED = tuple(UNMAPPED_PREFIX.values())  # rocewatch.model.UNKNOWN_PREFIXES
+_UNMAPPED = tuple(UNMAPPED_PREFIX.values())  # rocewatch.core.model.UNKNOWN_PREFIXES
 for _e in _load([MAPPINGS_DIR / "mlx5.yaml"])[0]["entries"]:
     if "path" in _e and not str(_e["metric"]).startswith(_UNMAPPED) and "qual" not in _e:
         NIC_SECTION.setdefault(_e["metric"], (_e["section"], _e["path"]))

@@ -20,7 +20,7 @@ from typing import IO, Any, Generic, Protocol, TypeVar
 
 import orjson
 
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 B = TypeVar("B")
 B_contra = TypeVar("B_contra", contravariant=True)

@@ -5,30 +5,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from detectors.windows import WindowEngine
-from rocewatch.errors import ConfigError
-from rocewatch.topology import Topology
-
-
-@dataclass(frozen=True)
-class Finding:
-    """A condition that holds at this step, for one entity.
-
-    ``ts`` is the telemetry time of the newest sample the condition needed: when the finding is
-    new, it becomes the alert's ``startsAt``.
-    """
-
-    alertname: str
-    labels: dict[str, str]
-    severity: str
-    ts: int
-    summary: str
-    evidence: str
-    description: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Finding
+from rocewatch.core.topology import Topology
 
 
 @dataclass

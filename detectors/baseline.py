@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 
 from detectors.windows import Step
-from rocewatch.topology import NicEnd, PortEnd, Topology
+from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 NS = 1_000_000_000
 # a series that goes this many intervals without a sample missed one (plus jitter of a fifth

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from rocewatch.stats import Stats
+from rocewatch.core.stats import Stats
 
 log = logging.getLogger(__name__)
 NS = 1_000_000_000

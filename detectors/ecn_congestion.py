@@ -71,9 +71,9 @@ from detectors.baseline import (
 )
 from detectors.state import Episode, Key, Row, Sustain, lookup
 from detectors.windows import Step
+from rocewatch.core.errors import ConfigError
 from rocewatch.core.state import Stateful
-from rocewatch.errors import ConfigError
-from rocewatch.topology import Topology
+from rocewatch.core.topology import Topology
 
 QUEUE, NIC = 1, 2
 Q_MARKS, Q_TX, P_TX = "queue_ecn_marked_pkts", "queue_tx_pkts", "port_out_pkts"

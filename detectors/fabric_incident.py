@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from detectors.base import Finding, StepContext
-from rocewatch.alerting.group import encode_members
+from rocewatch.core.members import encode_members
 from rocewatch.core.state import Stateful
-from rocewatch.topology import NicEnd, PortEnd, Topology
+from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 ALERTNAME = "FabricIncident"
 IGNORED = ("FabricIncident", "PortAnomaly")

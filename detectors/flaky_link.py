@@ -51,9 +51,9 @@ import polars as pl
 
 from detectors.base import Finding, StepContext, node_labels, port_labels
 from detectors.state import MISSED_SAMPLE_INTERVALS, EntitySlots
+from rocewatch.core.errors import ConfigError
 from rocewatch.core.state import Stateful
-from rocewatch.errors import ConfigError
-from rocewatch.topology import NicEnd, PortEnd, Topology
+from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from detectors.base import Finding
+from rocewatch.core.model import Alert, Finding, fingerprint
 from rocewatch.core.state import Stateful
-from rocewatch.model import Alert, fingerprint
 
 # annotations that follow the latest finding of a firing alert (rocewatch/alerting/group.py)
 LIVE_ANNOTATIONS = ("members", "ports", "victims")

@@ -30,7 +30,7 @@ from detectors.base import Finding, StepContext, check_positive_numbers, node_la
 from detectors.state import MISSED_SAMPLE_INTERVALS, EntitySlots
 from detectors.windows import Step
 from rocewatch.core.state import Stateful
-from rocewatch.topology import Topology
+from rocewatch.core.topology import Topology
 
 S = 1_000_000_000
 SPEED, MAX_SPEED = "nic_pcie_speed_gts", "nic_pcie_max_speed_gts"

@@ -42,7 +42,7 @@ import polars as pl
 from detectors.base import Finding, StepContext, node_labels, pct, port_labels
 from detectors.state import MISSED_SAMPLE_INTERVALS, NS, EntitySlots, matches
 from rocewatch.core.state import Stateful
-from rocewatch.topology import NicEnd, PortEnd, Topology
+from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 Key = tuple[str, str, str, str]  # (kind "port"|"nic", device, port-or-nic, priority)
 RX_PAUSE = {"port": "pfc_rx_pause_us", "nic": "nic_rx_pause_us"}

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from rocewatch.keys import KEYS, mix, string_hashes
-from rocewatch.model import SERIES_KEY
-from rocewatch.stats import Stats
+from rocewatch.core.keys import KEYS, mix, string_hashes
+from rocewatch.core.model import SERIES_KEY
+from rocewatch.core.stats import Stats
 
 RATE_SCHEMA: dict[str, pl.DataType] = {
     "ts": pl.Int64(),
@@ -57,7 +57,7 @@ _WRAP_MAX_DELTA = np.uint64(1 << 62)
 def series_ids(samples: pl.DataFrame) -> np.ndarray:
     """The 64-bit series id of every row: the series key's four strings (``SERIES_KEY``, in that
     order) hashed one column at a time by Polars, then combined in NumPy (``keys.mix``). A
-    frame whose key is coded (``rocewatch.keys``) carries the same ids in its ``sid`` column.
+    frame whose key is coded (``rocewatch.core.keys``) carries the same ids in its ``sid`` column.
 
     Hashing four narrow columns costs about a third of hashing their struct. The rate state in a
     checkpoint is keyed by these ids, so a checkpoint written with another id function (before

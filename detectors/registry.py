@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from detectors.base import Detector
@@ -14,48 +15,70 @@ from detectors.pfc_storm import PfcStormConfig, PfcStormDetector
 from detectors.queue_buildup import QueueBuildupConfig, QueueBuildupDetector
 from detectors.straggler import StragglerConfig, StragglerDetector
 from detectors.transport_errors import TransportErrorsConfig, TransportErrorsDetector
-from rocewatch.topology import Topology
+from rocewatch.core.topology import Topology
 
-DETECTORS: dict[str, tuple[type[Any], type[Any]]] = {
-    "pfc_storm": (PfcStormDetector, PfcStormConfig),
-    "ecn_congestion": (EcnCongestionDetector, EcnCongestionConfig),
-    "queue_buildup": (QueueBuildupDetector, QueueBuildupConfig),
-    "transport_errors": (TransportErrorsDetector, TransportErrorsConfig),
-    "flaky_link": (FlakyLinkDetector, FlakyLinkConfig),
-    "pcie_downgrade": (PcieDowngradeDetector, PcieDowngradeConfig),
-    "straggler": (StragglerDetector, StragglerConfig),
-    "fabric_incident": (FabricIncidentDetector, FabricIncidentConfig),
-    "isolation_forest": (IsolationForestDetector, IsolationForestConfig),
+
+@dataclass(frozen=True)
+class Entry:
+    """What the rest of rocewatch knows of one detector: all of it is here.
+
+    ``name`` (the key) is its module's name and its config section (``detectors.<name>``);
+    ``config`` its frozen config dataclass, validated when built from the file; ``alertname``
+    what it raises (CONTRACTS.md section 6); ``STATE_TYPES`` on the class what its state
+    holds. ``reads_alerts``: it reads the alerts firing (``StepContext.firing``) besides
+    telemetry, so it runs after every other detector of the step. ``domain_aware``: it is
+    told the fabric domain its pipeline runs for (``domain``). ``stage1_feed``: in the
+    scale-out service it takes per-window values made by stage 1 (``feed_from_stage1`` /
+    ``offer``) instead of reading the steps' rows of its own metrics. Which alert inhibits which
+    is not detector knowledge: inhibit rules (rocewatch/alerting/inhibit.py) decide that.
+    """
+
+    detector: type[Any]
+    config: type[Any]
+    alertname: str
+    reads_alerts: bool = False
+    domain_aware: bool = False
+    stage1_feed: bool = False
+
+
+DETECTORS: dict[str, Entry] = {
+    "pfc_storm": Entry(PfcStormDetector, PfcStormConfig, "PFCStorm", domain_aware=True),
+    "ecn_congestion": Entry(EcnCongestionDetector, EcnCongestionConfig, "ECNCongestion"),
+    "queue_buildup": Entry(QueueBuildupDetector, QueueBuildupConfig, "QueueBuildup"),
+    "transport_errors": Entry(TransportErrorsDetector, TransportErrorsConfig, "TransportErrors"),
+    "flaky_link": Entry(FlakyLinkDetector, FlakyLinkConfig, "FlakyLink"),
+    "pcie_downgrade": Entry(PcieDowngradeDetector, PcieDowngradeConfig, "PCIeDowngrade"),
+    "straggler": Entry(StragglerDetector, StragglerConfig, "Straggler"),
+    "fabric_incident": Entry(
+        FabricIncidentDetector, FabricIncidentConfig, "FabricIncident", reads_alerts=True
+    ),
+    "isolation_forest": Entry(
+        IsolationForestDetector,
+        IsolationForestConfig,
+        "PortAnomaly",
+        reads_alerts=True,
+        stage1_feed=True,
+    ),
 }
-
-# Detectors that read the alerts firing (``StepContext.firing``) besides telemetry: they run
-# after every other detector of the step, whatever their place above, so they see this step's
-# alerts. Which alert silences which other is not detector knowledge: inhibit rules
-# (rocewatch/alerting/inhibit.py, docs/alerting.md) decide what is notified and drained on.
-READS_ALERTS = frozenset({"fabric_incident", "isolation_forest"})
 
 # the alertname each detector raises (docs/formats.md section 6)
-ALERTNAMES: dict[str, str] = {
-    "pfc_storm": "PFCStorm",
-    "ecn_congestion": "ECNCongestion",
-    "queue_buildup": "QueueBuildup",
-    "transport_errors": "TransportErrors",
-    "flaky_link": "FlakyLink",
-    "pcie_downgrade": "PCIeDowngrade",
-    "straggler": "Straggler",
-    "fabric_incident": "FabricIncident",
-    "isolation_forest": "PortAnomaly",
-}
+ALERTNAMES: dict[str, str] = {name: e.alertname for name, e in DETECTORS.items()}
+
+
+def entry_of(det: Any) -> Entry:
+    """The registry entry of a built detector (by its ``name``, the config section)."""
+    return DETECTORS[det.name]
 
 
 def _enabled(configs: dict[str, Any]) -> list[tuple[type[Any], Any]]:
     """(class, config) of every enabled detector, in registry order, those that read the
     alerts firing last."""
     out = []
-    for _, (cls, cfg_cls) in sorted(
-        DETECTORS.items(), key=lambda kv: kv[0] in READS_ALERTS
+    for name, e in sorted(
+        DETECTORS.items(), key=lambda kv: kv[1].reads_alerts
     ):  # (a stable sort: registry order otherwise)
-        cfg = configs.get(cls.name) or cfg_cls()
+        cls = e.detector
+        cfg = configs.get(name) or e.config()
         if getattr(cfg, "enabled", True) is not False:
             out.append((cls, cfg))
     return out
@@ -74,6 +97,6 @@ def metrics_read(configs: dict[str, Any], fed: bool = False) -> frozenset[str]:
     return frozenset(
         m
         for cls, _ in _enabled(configs)
-        if not (fed and cls is IsolationForestDetector)
+        if not (fed and DETECTORS[cls.name].stage1_feed)
         for m in cls.reads
     )

@@ -130,7 +130,7 @@ class Episode:
     severity: str = ""
     info: tuple[Any, ...] = ()  # what the detector needs to describe it, as of firing
     # the sampling intervals (ns) of its last few rows (a default: a checkpoint of an episode
-    # written before it existed restores with none, rocewatch/runtime/checkpoint.py)
+    # written before it existed restores with none, rocewatch/core/checkpoint.py)
     intervals: tuple[int, ...] = ()
     # end of the last step a row said the enter condition (``last_cool``: level <= 0) or the
     # stay condition (``last_cold``: level COLD) did not hold: news, not a missed sample

@@ -97,9 +97,9 @@ import polars as pl
 from detectors.base import Finding, StepContext, check_positive_numbers, node_labels, pct
 from detectors.state import MISSED_SAMPLE_INTERVALS, EntitySlots
 from detectors.windows import Step
+from rocewatch.core.errors import ConfigError
 from rocewatch.core.state import Stateful
-from rocewatch.errors import ConfigError
-from rocewatch.topology import Topology
+from rocewatch.core.topology import Topology
 
 S = 1_000_000_000
 PAUSE, ECN, TPUT = "nic_tx_pause_us", "nic_ecn_marked_pkts", "nic_tx_rdma_bytes"

@@ -71,9 +71,9 @@ from detectors.state import (
     counter_timing,
 )
 from detectors.windows import Step
+from rocewatch.core.errors import ConfigError
 from rocewatch.core.state import Stateful
-from rocewatch.errors import ConfigError
-from rocewatch.topology import Topology
+from rocewatch.core.topology import Topology
 
 OOS = "nic_out_of_sequence"
 ERRORS = (

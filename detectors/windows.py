@@ -20,11 +20,11 @@ import numpy as np
 import polars as pl
 
 from detectors.rates import RateEngine, series_ids
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.keys import KEYS
+from rocewatch.core.model import SERIES_KEY
 from rocewatch.core.state import StateMismatch
-from rocewatch.errors import ConfigError
-from rocewatch.keys import KEYS
-from rocewatch.model import SERIES_KEY
-from rocewatch.stats import Stats
+from rocewatch.core.stats import Stats
 
 AGG_SCHEMA: dict[str, pl.DataType] = {
     "device": pl.String(),
@@ -331,7 +331,7 @@ class WindowEngine:
         return {
             "step_ns": self.step_ns,
             "rates": self.rates.state,
-            # buffered samples with coded keys (rocewatch.keys) keep their strings: codes
+            # buffered samples with coded keys (rocewatch.core.keys) keep their strings: codes
             # mean something only in the process that made them
             "pending": [(KEYS.decode(f), lo, hi) for f, lo, hi in self.pending],
             "closed_ns": self.closed_ns,

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rocewatch.errors import ConfigError, run_command
+from rocewatch.core.errors import ConfigError, run_command
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from rocewatch.metrics import Reading
+    from rocewatch.core.metrics import Reading
 
 log = logging.getLogger("rocewatch")
 
@@ -50,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--int", action="store_true", help="also write int.pcap (INT reports)")
     s.add_argument(
         "--sysfs", action="store_true", help="also lay out a fake sysfs tree per node (sysfs/)"
+    )
+    s.add_argument(
+        "--config-fault",
+        action="append",
+        default=[],
+        metavar="KIND[=TARGET]",
+        help="a RoCE configuration fault in nic_config/switch_config.jsonl (repeatable): "
+        "nic_pcp_trust, pfc_wrong_priority, uplink_mtu, spine_no_ecn, no_roce_v2_gid",
     )
 
     r = sub.add_parser("replay", help="replay a scenario directory through the detectors")
@@ -201,6 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-idle", type=float, default=0.0, help="--gnmic-topic: exit after this idle time"
     )
 
+    ck = sub.add_parser("check", help="configuration checks")
+    cksub = ck.add_subparsers(dest="check_command", required=True)
+    ckr = cksub.add_parser(
+        "roce",
+        help="RoCE configuration of NICs and switches, both ends of every cable "
+        "(like netq check roce); exits 1 on an error",
+    )
+    ckr.add_argument("dir", type=Path, help="topology.yaml, nic_config.jsonl, switch_config.jsonl")
+    ckr.add_argument("--json", action="store_true")
+    ckr.add_argument("--priority", type=int, help="RoCE's lossless priority (default: the jobs')")
+    ckr.add_argument("--no-table", action="store_true", help="findings only")
+
     t = sub.add_parser("topology", help="topology file tools")
     tsub = t.add_subparsers(dest="topology_command", required=True)
     tc = tsub.add_parser("check", help="validate a topology file")
@@ -236,6 +256,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             return oc.cmd_actions(args.config, args.db, args.node, args.json)
         command = "reject" if args.command == "approve" and args.reject else args.command
         return oc.cmd_command(args.config, args.db, command, args.node, args.wait)
+    if args.command == "check":
+        from rocewatch.roce.report import cmd_check_roce
+
+        return cmd_check_roce(args.dir, args.json, args.priority, not args.no_table)
     from rocewatch.config import load_config
     from rocewatch.runtime.memory import tune_gc
 
@@ -254,7 +278,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             sim_cfg = sc.SCENARIOS[args.scenario](
                 nodes=args.nodes, duration_s=args.duration, seed=args.seed
             )
-        from rocewatch.progress import Progress
+        from rocewatch.core.progress import Progress
 
         bar = Progress("simulate", 1, enabled=sys.stderr.isatty())
         write_scenario(
@@ -263,6 +287,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             progress=lambda d, t: bar.update(d / max(t, 1)),
             int_pcap=args.int,
         )
+        if args.config_fault:
+            from rocewatch.sim.roce_config import parse_fault, write_roce_config
+
+            write_roce_config(args.out_dir, sim_cfg, [parse_fault(f) for f in args.config_fault])
         if args.sysfs:
             from rocewatch.sim.sysfs import write_scenario_sysfs
 
@@ -301,7 +329,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
         return 0
     if args.command == "publish":
-        from rocewatch.bus.publish import publish_scenario
+        from rocewatch.runtime.publish import publish_scenario
 
         cfg = load_config(args.config)
         n = publish_scenario(args.scenario_dir, cfg, rate=args.rate)
@@ -343,7 +371,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         args.command == "topology" and args.topology_command == "discover"
     ):
         from collector.gnmi.service import run_collect, run_discover
-        from rocewatch.topology import Topology
+        from rocewatch.core.topology import Topology
 
         cfg = load_config(args.config)
         topo_file = args.topology or (Path(cfg.topology) if cfg.topology else None)
@@ -363,7 +391,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
         return run_discover(cfg, topo, args.target, args.out, args.timeout)
     if args.command == "topology":
-        from rocewatch.topology import Topology
+        from rocewatch.core.topology import Topology
 
         t = Topology.load(args.file)
         print(
@@ -378,7 +406,7 @@ def _readings_endpoint(port: int | None, read: Callable[[], Iterable[Reading]]) 
     """A /metrics endpoint on ``port`` serving ``read()``; None without a port."""
     if not port:
         return None
-    from rocewatch.metrics import ReadingsEndpoint
+    from rocewatch.core.metrics import ReadingsEndpoint
 
     ep = ReadingsEndpoint(port, read)
     log.info("serving /metrics on port %d", ep.port)
@@ -395,7 +423,7 @@ def _int_listen(args: argparse.Namespace) -> int:
     from collector.inband.udp import UdpListener, UdpListenerConfig
     from collector.output import LinesOutput, Output
     from rocewatch.config import load_config
-    from rocewatch.topology import Topology
+    from rocewatch.core.topology import Topology
 
     cfg = load_config(args.config)
     topo_path = args.topology or (Path(cfg.topology) if cfg.topology else None)

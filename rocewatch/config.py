@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from collector.nic.config import AgentConfig
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from actions.api import ApiConfig
@@ -452,7 +452,7 @@ def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
                 f"{where}.detectors.{name}: unknown detector "
                 f"(known: {', '.join(sorted(DETECTORS))})"
             )
-        built[name] = build(DETECTORS[name][1], d, f"{where}.detectors.{name}")
+        built[name] = build(DETECTORS[name].config, d, f"{where}.detectors.{name}")
     cfg = build(Config, doc, where)
     policy = build(PolicyConfig, actions, f"{where}.actions")
     if not isinstance(storage, dict):

@@ -10,8 +10,8 @@ import orjson
 
 from detectors.registry import ALERTNAMES
 from rocewatch.config import Config
+from rocewatch.core.progress import Progress
 from rocewatch.pipeline import Output, Pipeline
-from rocewatch.progress import Progress
 from rocewatch.replay import write_jsonl
 
 

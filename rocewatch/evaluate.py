@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rocewatch.model import Action, Alert
+from rocewatch.core.model import Action, Alert
 
 if TYPE_CHECKING:
     from rocewatch.config import Config

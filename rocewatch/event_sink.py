@@ -50,10 +50,10 @@ from rocewatch.bus.topics import (
     wait_for_partitions,
 )
 from rocewatch.config import Config
-from rocewatch.errors import BadInput, ConfigError, PermanentError, RetryableError
-from rocewatch.model import Action, Alert
+from rocewatch.core.errors import BadInput, ConfigError, PermanentError, RetryableError
+from rocewatch.core.model import Action, Alert
+from rocewatch.core.stats import Stats
 from rocewatch.runtime.steps import decode_rollups
-from rocewatch.stats import Stats
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class EventSink:
         self.own_metrics = metrics is None
         self.metrics: Any = metrics
         if metrics is None and cfg.metrics_port:
-            from rocewatch.metrics import ServiceMetrics
+            from rocewatch.core.metrics import ServiceMetrics
 
             self.metrics = ServiceMetrics(cfg.metrics_port)
         ensure_topics(k, extra)

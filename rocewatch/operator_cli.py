@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rocewatch.errors import ConfigError
-from rocewatch.model import rfc3339
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import rfc3339
 
 
 def open_store(config: Path | None, db: str | None) -> Any:

@@ -29,12 +29,12 @@ from detectors.windows import Step, WindowEngine
 from rocewatch.alerting.group import StormGrouper, views
 from rocewatch.alerting.inhibit import INHIBITED_BY, Inhibitor
 from rocewatch.config import Config
+from rocewatch.core.checkpoint import StateTypes
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import SERIES_KEY, Action, Alert
 from rocewatch.core.state import StateMismatch
-from rocewatch.errors import ConfigError
-from rocewatch.model import SERIES_KEY, Action, Alert
-from rocewatch.runtime.checkpoint import StateTypes
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +220,10 @@ class Pipeline:
         self.policy = DrainPolicy(self.config.policy, topology, executor or DryRunExecutor())
         self.domain = domain
         self.policy.domain = domain
+        # a detector that keeps track of the fabric domain learns the one it runs for
+        for det in self.detectors:
+            if DETECTORS[det.name].domain_aware:
+                det.domain = domain  # type: ignore[attr-defined]
         self.grouper = StormGrouper(topology, self.config.lifecycle.resolve_after_s)
         self.inhibitor = Inhibitor(self.config.inhibit)
         self.actions: list[Action] = []
@@ -351,7 +355,7 @@ class Pipeline:
             AlertLifecycle,
             StormGrouper,
             Inhibitor,
-            *(cls for cls, _ in DETECTORS.values()),
+            *(e.detector for e in DETECTORS.values()),
         ]
         # (and the actions it retains, as the lifecycle retains its alerts)
         return StateTypes([Action, *(t for part in parts for t in part.STATE_TYPES)])

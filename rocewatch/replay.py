@@ -16,12 +16,12 @@ from typing import Any
 import orjson
 
 from rocewatch.config import Config
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.progress import Progress
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import ROLLUP_S, Output, Pipeline
-from rocewatch.progress import Progress
 from rocewatch.sources import merged, scenario_sources
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import polars as pl
 from collector.decode import GnmicEventDecoder, NicSnapshotDecoder
 from detectors.clock_guard import ClockGuard
 from detectors.windows import WindowConfig
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 
 MAX_LINE_BYTES = 4 << 20  # a longer line is garbage, not telemetry
 
@@ -68,7 +68,7 @@ class LineFileSource:
                     break
         except (EOFError, OSError, zlib.error) as e:
             if not self._lines:  # not a recording at all (a .gz that is not gzip)
-                from rocewatch.errors import ConfigError
+                from rocewatch.core.errors import ConfigError
 
                 raise ConfigError(f"{self.path}: cannot read: {e}") from e
             # a compressed recording cut short (an interrupted copy): what it held counts
@@ -121,7 +121,7 @@ class PcapSource:
                 path, chunk_bytes=chunk_bytes, stats=self._pstats
             )
         except ValueError as e:
-            from rocewatch.errors import ConfigError
+            from rocewatch.core.errors import ConfigError
 
             raise ConfigError(str(e)) from e  # the reader's message names the file
 

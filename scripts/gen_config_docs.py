@@ -480,7 +480,7 @@ def sections() -> tuple[Section, ...]:
         ),
     ]
     out += _inhibit_sections()
-    for name, (_, cfg_cls) in DETECTORS.items():
+    for name, cfg_cls in ((n, e.config) for n, e in DETECTORS.items()):
         path = f"detectors.{name}"
         out.append(Section(f"detectors.{name}", path, tuple(walk(cfg_cls, path))))
     return tuple(out)
@@ -490,7 +490,7 @@ def _loader_known(doc: dict[str, Any]) -> list[str]:
     """The keys the loader lists as known when ``doc`` holds an unknown one (sections it reads
     by hand keep their key lists in code)."""
     from rocewatch.config import config_from_dict
-    from rocewatch.errors import ConfigError
+    from rocewatch.core.errors import ConfigError
 
     try:
         config_from_dict(doc)

@@ -21,6 +21,7 @@ bash scripts/go_tools.sh
 step "lint and types"
 python3 -m ruff check .
 python3 -m mypy
+lint-imports --no-cache  # the layers contract (.importlinter): imports only go down
 
 step "start PostgreSQL, munged and slurmctld (private, under ${ROCEWATCH_SERVICES_DIR:-/tmp/rocewatch-services})"
 trap 'bash scripts/services.sh stop || true' EXIT

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, inspect, text
 
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

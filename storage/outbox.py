@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy import Table, and_, func, or_, select, update
 from sqlalchemy.orm import aliased
 
-from rocewatch.model import Alert
+from rocewatch.core.model import Alert
 from storage.models import OutboxRow, ns_to_datetime
 from storage.store import Store
 

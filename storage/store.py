@@ -27,8 +27,8 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 
-from rocewatch.errors import ConfigError, PermanentError, RetryableError
-from rocewatch.model import Action, Alert
+from rocewatch.core.errors import ConfigError, PermanentError, RetryableError
+from rocewatch.core.model import Action, Alert
 from storage.models import (
     ENTITY_LABELS,
     SCHEMA_VERSION,

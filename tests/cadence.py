@@ -23,9 +23,9 @@ import numpy as np
 import polars as pl
 
 from rocewatch.config import Config
-from rocewatch.model import Alert, conform
+from rocewatch.core.model import Alert, conform
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
-from rocewatch.topology import Topology
 
 S = 1_000_000_000
 T0 = 1_795_946_400 * S

@@ -24,7 +24,7 @@ from collector.nic.agent import AgentConfig, NicAgent
 from collector.nic.ethtool import EthtoolReader, parse_ethtool_s
 from collector.nic.mlxlink import parse_mlxlink
 from collector.nic.spool import Spool
-from rocewatch.stats import Stats
+from rocewatch.core.stats import Stats
 from tests.support.kafka_read import read_to_end
 
 FIX = Path(__file__).parent / "fixtures" / "mlx5"
@@ -332,7 +332,7 @@ def test_cli_agent_runs_at_100ms(tmp_path: Path) -> None:
 # product's other parts (collector/nic/cli.py, rocewatch.config's lazy sections)
 HEAVY = (
     "polars", "numpy", "pyarrow", "sklearn", "sqlalchemy", "alembic", "grpc", "google.protobuf",
-    "kubernetes", "detectors", "actions", "storage", "rocewatch.model", "rocewatch.wire",
+    "kubernetes", "detectors", "actions", "storage", "rocewatch.core.model", "rocewatch.wire",
     "rocewatch.pipeline", "rocewatch.notify", "collector.decode", "collector.gnmi",
 )  # fmt: skip
 

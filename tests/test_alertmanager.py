@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from rocewatch.config import config_from_dict
-from rocewatch.model import Alert
+from rocewatch.core.model import Alert
 from rocewatch.notify.alertmanager import AlertmanagerNotifier
 from rocewatch.notify.base import AlertmanagerConfig, RetryConfig
 from rocewatch.notify.dispatcher import Dispatcher
@@ -185,7 +185,7 @@ def test_alertmanager_down_keeps_events_and_delivers_them_when_it_returns(tmp_pa
     once it answers, each alert arrives once in its latest state (an alert that fired and
     resolved during the outage arrives resolved only, as Alertmanager needs), on the outbox's
     clock rather than waited for."""
-    from rocewatch.model import ZERO_TIME
+    from rocewatch.core.model import ZERO_TIME
     from tests.notify_receiver import Receiver
 
     t0 = 1_795_946_400_000_000_000

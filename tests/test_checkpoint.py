@@ -1,4 +1,4 @@
-"""The checkpoint format (rocewatch/runtime/checkpoint.py, docs/formats/checkpoint.md).
+"""The checkpoint format (rocewatch/core/checkpoint.py, docs/formats/checkpoint.md).
 
 What a user relies on: a restarted detector runs the configuration it is started with, and
 carries on from its parts' state as if it had never stopped; a checkpoint holds that state as
@@ -34,11 +34,11 @@ import pytest
 from detectors.base import Finding
 from detectors.registry import DETECTORS
 from rocewatch.config import Config
-from rocewatch.model import Alert
+from rocewatch.core import checkpoint
+from rocewatch.core.checkpoint import CheckpointError, StateTypes
+from rocewatch.core.model import Alert
+from rocewatch.core.stats import Stats
 from rocewatch.pipeline import Pipeline
-from rocewatch.runtime import checkpoint
-from rocewatch.runtime.checkpoint import CheckpointError, StateTypes
-from rocewatch.stats import Stats
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -250,7 +250,7 @@ def test_configuration_can_never_be_a_state_type() -> None:
     # the sections an operator edits are among them
     names = {c.__name__ for c in configs}
     assert {"Config", "PolicyConfig", "KafkaConfig", "LifecycleConfig", "InhibitConfig"} <= names
-    assert {cfg.__name__ for _, cfg in DETECTORS.values()} <= names
+    assert {e.config.__name__ for e in DETECTORS.values()} <= names
     assert len(configs) > 30
     for c in configs:
         with pytest.raises(TypeError, match="configuration or an error, not state"):
@@ -277,21 +277,21 @@ def test_the_pipelines_state_types_are_records_only() -> None:
     """What a pipeline's state may hold besides data: small records its parts declare. No
     configuration, topology, executor, detector or other part; nothing that acts on the world
     (a forged state could otherwise point one at something); no exception."""
-    from rocewatch import topology
+    from rocewatch.core import topology
 
     types = Pipeline.state_types()
     assert len(types) > 10
     # every part's declared types are in it (the detectors', the lifecycle's alerts, ...)
-    for cls, _ in DETECTORS.values():
+    for cls in (e.detector for e in DETECTORS.values()):
         assert set(cls.STATE_TYPES) <= set(types.names), cls
     assert {Alert, Finding} <= set(types.names)
     topo_classes = {c for c in vars(topology).values() if isinstance(c, type)}
-    detector_classes = {cls for cls, _ in DETECTORS.values()}
+    detector_classes = {e.detector for e in DETECTORS.values()}
     for c, name in types.names.items():
         assert types.by_name[name] is c
         assert c.__module__.split(".")[0] in PRODUCT, c
         assert not checkpoint.is_config(c) and not issubclass(c, BaseException), c
-        assert c not in topo_classes and c.__module__ != "rocewatch.topology", c
+        assert c not in topo_classes and c.__module__ != "rocewatch.core.topology", c
         assert c not in detector_classes and c is not Pipeline, c
         assert not c.__name__.endswith(("Detector", "Executor", "Config", "Pipeline")), c
         assert "Client" not in c.__name__ and "Engine" not in c.__name__, c
@@ -351,11 +351,12 @@ def test_a_product_record_type_is_refused_where_it_is_not_declared() -> None:
     raw = checkpoint.dumps({"f": f}, "test", StateTypes([Finding]))
     assert checkpoint.loads(raw, "test", StateTypes([Finding]))["f"] == f
     for types in (checkpoint.NO_TYPES, StateTypes([Alert])):
-        with pytest.raises(CheckpointError, match=r"not declared here: 'base\.Finding'"):
+        name = re.escape(repr(StateTypes.name(Finding)))
+        with pytest.raises(CheckpointError, match=f"not declared here: {name}"):
             checkpoint.loads(raw, "test", types)
     # a named tuple's name naming a class that is not a tuple is refused, not half-built
     with pytest.raises(CheckpointError, match="not declared here"):
-        checkpoint.loads(record(["$N", "base.Finding", 1]), types=StateTypes([Finding]))
+        checkpoint.loads(record(["$N", StateTypes.name(Finding), 1]), types=StateTypes([Finding]))
 
 
 def test_damaged_records_are_refused() -> None:
@@ -435,9 +436,9 @@ def stage_records(marker: Path) -> dict[str, bytes]:
 def test_the_scale_out_stages_refuse_a_forged_state_record(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, what: str
 ) -> None:
+    from rocewatch.core.topology import Topology
     from rocewatch.runtime.aggregate import Aggregator
     from rocewatch.runtime.detect import DomainStage
-    from rocewatch.topology import Topology
     from tests.test_topology import GOOD
 
     marker = tmp_path / "ran"
@@ -557,7 +558,7 @@ def test_the_pipelines_state_holds_no_configuration(
     assert named and named <= set(Pipeline.state_types().by_name)
     for n in named:
         c = Pipeline.state_types().by_name[n]
-        assert not checkpoint.is_config(c) and c.__module__ != "rocewatch.topology", n
+        assert not checkpoint.is_config(c) and c.__module__ != "rocewatch.core.topology", n
     text = orjson.dumps(head).decode()
     for value in ("s3cr3t-7", "hooks.example", "0.987654", "Config", "topology"):
         assert value not in text, value

@@ -8,7 +8,7 @@ import pytest
 
 import detectors.windows  # noqa: F401  (a section's module, imported once at collection)
 from rocewatch.config import config_from_dict, load_config
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 
 @pytest.mark.parametrize(

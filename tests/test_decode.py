@@ -4,7 +4,7 @@ import orjson
 import polars as pl
 
 from collector.decode import GnmicEventDecoder, NicSnapshotDecoder
-from rocewatch.topology import Topology
+from rocewatch.core.topology import Topology
 
 TOPO = Topology.from_dict(
     {

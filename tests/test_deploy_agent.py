@@ -222,7 +222,7 @@ def test_lean_wheel_runs_the_agent_alone(tmp_path: Path) -> None:
     modules = {n for n in names if n.endswith(".py")}
     assert "collector/nic/agent.py" in modules and "collector/mappings/mlx5.yaml" in names
     assert not {m for m in modules if m.startswith(("detectors/", "actions/", "storage/"))}
-    assert not modules & {"rocewatch/pipeline.py", "rocewatch/model.py", "collector/decode.py"}
+    assert not modules & {"rocewatch/pipeline.py", "rocewatch/core/model.py", "collector/decode.py"}
 
     site = tmp_path / "site"
     script = f"""

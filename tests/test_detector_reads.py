@@ -165,7 +165,7 @@ def test_every_detector_reads_only_the_metrics_it_declares(full: FullReplays) ->
     }, raised
     assert set(recorded) == set(DETECTORS)
     for det, seen in recorded.items():
-        cls = DETECTORS[det][0]
+        cls = DETECTORS[det].detector
         assert seen <= cls.reads, f"{det} reads {sorted(seen - cls.reads)} it does not declare"
         if cls.reads:
             assert seen, f"{det} read nothing: the recording missed its reads"
@@ -198,8 +198,8 @@ def test_disabled_detectors_take_their_metrics_out_of_the_steps() -> None:
     forest_off = metrics_read(
         {"isolation_forest": dataclasses.replace(IsolationForestConfig(), enabled=False)}
     )
-    only_forest = DETECTORS["isolation_forest"][0].reads - frozenset().union(
-        *(cls.reads for n, (cls, _) in DETECTORS.items() if n != "isolation_forest")
+    only_forest = DETECTORS["isolation_forest"].detector.reads - frozenset().union(
+        *(e.detector.reads for n, e in DETECTORS.items() if n != "isolation_forest")
     )
     assert only_forest and not (only_forest & forest_off)
     assert forest_off | only_forest == every
@@ -209,6 +209,6 @@ def test_a_forest_fed_by_stage_one_takes_its_own_metrics_out_of_the_steps() -> N
     """In scale-out the aggregate stage computes the forest's window values: the steps carry
     only what the rule detectors read."""
     rules = frozenset().union(
-        *(cls.reads for n, (cls, _) in DETECTORS.items() if n != "isolation_forest")
+        *(e.detector.reads for n, e in DETECTORS.items() if n != "isolation_forest")
     )
     assert metrics_read({}, fed=True) == rules < metrics_read({})

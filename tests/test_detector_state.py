@@ -18,9 +18,9 @@ import pytest
 
 from detectors.registry import DETECTORS
 from rocewatch.config import Config
-from rocewatch.errors import ConfigError
+from rocewatch.core import checkpoint
+from rocewatch.core.errors import ConfigError
 from rocewatch.pipeline import Pipeline
-from rocewatch.runtime import checkpoint
 from tests.support.restart import own_types, restart_part, through_codec
 
 NAMES = list(DETECTORS)
@@ -95,7 +95,7 @@ def test_a_detectors_state_round_trips_exactly_mid_fault(
     restored into a detector built anew, is the same state (the same record, byte for byte)."""
     topology, p = mid_fault
     (det,) = [d for d in p.detectors if d.name == name]
-    cls, _ = DETECTORS[name]
+    cls = DETECTORS[name].detector
     again = restart_part(det, cls(topology, det.config))
     assert again is not det
     assert encoded(again) == encoded(det)
@@ -110,7 +110,7 @@ def test_a_fresh_detectors_state_holds_none_of_its_configuration(name: str) -> N
     from rocewatch.sim.scenarios import default_scenario
 
     topology = Simulator(default_scenario(nodes=2, duration_s=0.5, seed=3)).topology
-    cls, cfg_cls = DETECTORS[name]
+    cls, cfg_cls = DETECTORS[name].detector, DETECTORS[name].config
     old = cls(topology, cfg_cls())
     tried = 0
     for setting, cfg in changed_configs(cfg_cls):
@@ -130,7 +130,7 @@ def test_restored_helpers_take_todays_configuration_mid_fault(
     ``Threshold``) has today's values where the new detector has the same helper."""
     topology, p = mid_fault
     (det,) = [d for d in p.detectors if d.name == name]
-    cls, cfg_cls = DETECTORS[name]
+    cls, cfg_cls = DETECTORS[name].detector, DETECTORS[name].config
     data = through_codec(det.state(), own_types(det))
     for setting, cfg in changed_configs(cfg_cls):
         fresh = cls(topology, cfg)

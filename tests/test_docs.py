@@ -20,7 +20,7 @@ import pytest
 
 from collector.gnmi.config import gnmi_config
 from rocewatch.config import config_from_dict
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = "zz_probe"

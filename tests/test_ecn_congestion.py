@@ -14,10 +14,10 @@ import pytest
 
 from detectors.ecn_congestion import EcnCongestionConfig, EcnCongestionDetector
 from rocewatch.config import Config, config_from_dict
-from rocewatch.errors import ConfigError
-from rocewatch.model import Alert, conform
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Alert, conform
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
-from rocewatch.topology import Topology
 from tests.support.restart import restart_pipeline
 
 S = 1_000_000_000
@@ -255,7 +255,7 @@ def test_absolute_share_fires_without_history() -> None:
 
 
 def test_a_checkpoint_taken_mid_episode_carries_on() -> None:
-    """The detector's state through the product's codec (rocewatch/runtime/checkpoint.py)
+    """The detector's state through the product's codec (rocewatch/core/checkpoint.py)
     while a run is under way, laid over a pipeline built anew from the configuration: the
     alerts are those of the uninterrupted run, with the same startsAt."""
     frames = telemetry(40, 1.0, with_fault(dcqcn(), 20.0, 15.0))

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rocewatch.core.model import Action, Alert
 from rocewatch.evaluate import Case, aggregate, percentile, run_case, score_run
-from rocewatch.model import Action, Alert
 
 S = 1_000_000_000
 T0 = 1_795_946_400 * S

@@ -11,8 +11,8 @@ import numpy as np
 import polars as pl
 import pytest
 
+from rocewatch.core.model import Alert
 from rocewatch.evaluate import MATRIX, Cell, cell_config, late_bound, run_matrix, score_run
-from rocewatch.model import Alert
 from rocewatch.sim import Simulator, config_from_dict, config_to_dict
 
 S = 1_000_000_000

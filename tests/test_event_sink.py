@@ -19,14 +19,14 @@ from kafka import KafkaProducer
 from polars.testing import assert_frame_equal
 from sqlalchemy.engine import make_url
 
-from rocewatch.bus.delivery import Published, send_events
-from rocewatch.bus.publish import publish_scenario
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
+from rocewatch.core.model import Action, Alert
 from rocewatch.event_sink import EventSink
-from rocewatch.model import Action, Alert
 from rocewatch.notify.base import NotifyConfig, RetryConfig, WebhookConfig
 from rocewatch.pipeline import Output
 from rocewatch.replay import replay
+from rocewatch.runtime.delivery import Published, send_events
+from rocewatch.runtime.publish import publish_scenario
 from rocewatch.runtime.service import DetectService
 from storage.store import Store
 from tests.notify_receiver import Receiver, free_port

@@ -9,8 +9,8 @@ from detectors.base import Finding, StepContext
 from detectors.fabric_incident import FabricIncidentConfig, FabricIncidentDetector
 from detectors.lifecycle import AlertLifecycle
 from detectors.registry import ALERTNAMES, DETECTORS
-from rocewatch.model import Alert
-from rocewatch.topology import Topology
+from rocewatch.core.model import Alert
+from rocewatch.core.topology import Topology
 from tests.support.restart import restart_part
 
 T0 = 1_795_946_400_000_000_000

@@ -12,11 +12,11 @@ import pytest
 from detectors.flaky_link import FlakyLinkConfig
 from detectors.state import EntitySlots
 from rocewatch.config import Config, config_from_dict
-from rocewatch.errors import ConfigError
-from rocewatch.model import Alert, conform
+from rocewatch.core.checkpoint import StateTypes
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Alert, conform
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
-from rocewatch.runtime.checkpoint import StateTypes
-from rocewatch.topology import Topology
 from tests import cadence
 from tests.support.restart import restart_pipeline, through_codec
 

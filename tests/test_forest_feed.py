@@ -17,9 +17,9 @@ from detectors.isolation_forest import (
 )
 from detectors.windows import WindowEngine
 from rocewatch.config import Config
+from rocewatch.core.stats import Stats
 from rocewatch.sim import Simulator, build_topology
 from rocewatch.sim.scenarios import default_scenario
-from rocewatch.stats import Stats
 from tests.support.restart import restart_part
 
 CFG = IsolationForestConfig(baseline_s=4.0, retrain_every_s=3.0)

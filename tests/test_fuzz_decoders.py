@@ -32,10 +32,10 @@ from collector.decode import GnmicEventDecoder, NicSnapshotDecoder
 from collector.inband import PcapStats, iter_pcap_chunks, iter_pcap_payloads, write_pcap
 from rocewatch import wire
 from rocewatch.config import Config, load_config
-from rocewatch.errors import BadInput, ConfigError
-from rocewatch.model import SAMPLE_SCHEMA, conform
+from rocewatch.core.errors import BadInput, ConfigError
+from rocewatch.core.model import SAMPLE_SCHEMA, conform
+from rocewatch.core.topology import Topology
 from rocewatch.notify.base import AlertmanagerConfig, WebhookConfig
-from rocewatch.topology import Topology
 
 FUZZ = settings(
     max_examples=200,
@@ -51,7 +51,7 @@ U64 = 1 << 64
 def _quiet_skips() -> Iterator[None]:
     """Skipped input is counted (what the tests check) and logged once per kind per decoder:
     a fresh decoder per example would log thousands of lines, most of these tests' time."""
-    log = logging.getLogger("rocewatch.stats")
+    log = logging.getLogger("rocewatch.core.stats")
     level = log.level
     log.setLevel(logging.ERROR)
     try:
@@ -709,7 +709,7 @@ def _fields(cls: Any) -> list[str]:
 def _detector_keys() -> dict[str, list[str]]:
     from detectors.registry import DETECTORS
 
-    return {name: _fields(cfg) for name, (_, cfg, *_) in DETECTORS.items()}
+    return {name: _fields(e.config) for name, e in DETECTORS.items()}
 
 
 DETECTOR_KEYS = _detector_keys()

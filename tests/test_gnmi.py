@@ -28,13 +28,13 @@ from collector.gnmi import (
 )
 from detectors.windows import WindowConfig
 from rocewatch.config import Config
-from rocewatch.model import SAMPLE_SCHEMA
+from rocewatch.core.model import SAMPLE_SCHEMA
+from rocewatch.core.topology import Topology
 from rocewatch.replay import replay
 from rocewatch.sim import scenarios as sc
 from rocewatch.sim import write_scenario
 from rocewatch.sim.gnmi_target import FabricFeed, GnmiTarget
 from rocewatch.sim.simulator import SimConfig, Simulator
-from rocewatch.topology import Topology
 from tests.pki import issue, new_key, pem, pem_key
 
 # --- certificates ------------------------------------------------------------------------------

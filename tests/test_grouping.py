@@ -7,9 +7,9 @@ import orjson
 
 from detectors.base import Finding, StepContext, node_labels, port_labels
 from rocewatch.alerting.group import StormGrouper, parse_members
-from rocewatch.model import Alert
+from rocewatch.core.model import Alert
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
-from rocewatch.topology import Topology
 from tests import test_inhibit
 from tests.test_inhibit import T0, Scripted, at, named, run
 

@@ -19,11 +19,11 @@ from detectors.base import Finding, StepContext, node_labels, port_labels
 from detectors.fabric_incident import FabricIncidentDetector
 from rocewatch.alerting.inhibit import InhibitConfig, Inhibitor, parse_rule
 from rocewatch.config import Config, config_from_dict
-from rocewatch.errors import ConfigError
-from rocewatch.model import Action, Alert, conform
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Action, Alert, conform
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Output, Pipeline
 from rocewatch.replay import replay
-from rocewatch.topology import Topology
 from storage.store import ALERTS, Store
 from tests.support.restart import restart_pipeline
 

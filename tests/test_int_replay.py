@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from collector.inband import build_report, write_pcap
-from rocewatch.model import parse_rfc3339
+from rocewatch.core.model import parse_rfc3339
 from rocewatch.replay import replay
 
 T0 = 1_795_946_400_000_000_000

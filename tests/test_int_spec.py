@@ -34,9 +34,9 @@ from collector.inband.report import (
     truncated_ipv6,
 )
 from collector.inband.sequence import SEQ_MOD, SequenceTracker
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 from rocewatch.sources import PcapSource
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
 from tests.test_int_replay import topology
 
 NODE = 11  # leaf-0 in tests.test_int_replay.topology(): int_cell_bytes 80, port 1 Ethernet1/1

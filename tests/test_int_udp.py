@@ -21,11 +21,11 @@ from collector.inband import build_report, write_pcap
 from collector.inband.live import IntCollector
 from collector.inband.udp import UdpListener, UdpListenerConfig
 from rocewatch.config import Config
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
 from rocewatch.sim.inband import UdpSender
 from rocewatch.sources import PcapSource
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
 from tests.notify_receiver import free_port
 from tests.support.prom import Samples, scrape
 from tests.test_int_replay import T0, int_payloads, topology

@@ -33,8 +33,8 @@ from detectors.transport_errors import TransportErrorsConfig
 from detectors.windows import Step, WindowEngine
 from rocewatch.cli import main
 from rocewatch.config import config_from_dict
-from rocewatch.errors import ConfigError
-from rocewatch.runtime import checkpoint
+from rocewatch.core import checkpoint
+from rocewatch.core.errors import ConfigError
 from rocewatch.sim import (
     JobSpec,
     PcieDowngrade,

@@ -19,13 +19,14 @@ import pytest
 import yaml
 from kafka import KafkaProducer
 
-from rocewatch.bus.publish import TelemetryPublisher, publish_scenario
+from rocewatch.bus.publish import TelemetryPublisher
 from rocewatch.bus.topics import ensure_topics
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
+from rocewatch.runtime.publish import publish_scenario
 from rocewatch.runtime.service import DetectService
 from rocewatch.sources import merged, scenario_sources
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
 from tests.support.kafka_read import read_to_end
 from tests.support.until_done import run_service, stop_when_done
 
@@ -263,8 +264,8 @@ def test_event_read_back_matches_the_event_made_in_memory():
     Telemetry times carry nanoseconds; the JSON keeps milliseconds. The ids must agree anyway,
     or a restarted detector publishes every event since its checkpoint a second time.
     """
-    from rocewatch.bus.delivery import _action_id, _alert_id, _event_id
-    from rocewatch.model import Action, Alert
+    from rocewatch.core.model import Action, Alert
+    from rocewatch.runtime.delivery import _action_id, _alert_id, _event_id
 
     cfg = Config()
     t = 1_795_000_000_123_456_789  # sub-millisecond part, as sample times have

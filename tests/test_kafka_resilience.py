@@ -24,15 +24,15 @@ from rocewatch.bus.publish import (
     TelemetryPublisher,
     WatchedProducer,
     make_producer,
-    publish_scenario,
 )
 from rocewatch.bus.topics import ensure_topics
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
-from rocewatch.errors import ProducerFailed
+from rocewatch.core.errors import ProducerFailed
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
+from rocewatch.runtime.publish import publish_scenario
 from rocewatch.sim.scenarios import default_scenario
 from rocewatch.sources import merged, scenario_sources
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
 from tests.support.kafka_read import read_to_end
 from tests.test_kafka_pipeline import wait_for_outputs
 

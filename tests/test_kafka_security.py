@@ -29,10 +29,10 @@ from rocewatch.bus.preflight import KafkaAuthError, KafkaTlsError, preflight
 from rocewatch.bus.publish import TelemetryPublisher
 from rocewatch.bus.topics import ensure_topics
 from rocewatch.config import Config, KafkaConfig, TopicsConfig, load_config
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 from rocewatch.sources import merged, scenario_sources
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
 from tests.support.kafka_read import read_to_end
 
 USER = "rocewatch"

@@ -26,9 +26,9 @@ from actions.kubernetes import (
     KubernetesExecutor,
 )
 from actions.membership import KubernetesPods, LiveJobs, MembershipConfig
-from rocewatch.errors import ConfigError
-from rocewatch.model import Alert
-from rocewatch.topology import Job, Topology
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Alert
+from rocewatch.core.topology import Job, Topology
 from tests.support.kube import KubeCluster
 
 RBAC = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes" / "rbac.yaml"

@@ -20,7 +20,7 @@ from actions.membership import (
 )
 from detectors.base import node_labels
 from rocewatch.config import config_from_dict
-from rocewatch.topology import Job, Topology
+from rocewatch.core.topology import Job, Topology
 
 
 def topo(names: list[str], scheduler: str = "slurm", jobs: list[Any] | None = None) -> Topology:
@@ -139,7 +139,7 @@ def test_membership_from_a_real_slurm_job(slurmd_node: str) -> None:
 def test_membership_config() -> None:
     cfg = config_from_dict({"membership": {"slurm": True, "interval_s": 5, "job_labels": ["a"]}})
     assert cfg.membership == MembershipConfig(slurm=True, interval_s=5, job_labels=("a",))
-    from rocewatch.errors import ConfigError
+    from rocewatch.core.errors import ConfigError
 
     with pytest.raises(ConfigError):
         config_from_dict({"membership": {"interval_s": 0}})

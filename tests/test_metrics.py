@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from rocewatch.config import Config
-from rocewatch.metrics import ServiceMetrics
-from rocewatch.model import Alert
+from rocewatch.core.metrics import ServiceMetrics
+from rocewatch.core.model import Alert
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
 from rocewatch.sources import merged, scenario_sources
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
 from storage.outbox import Outbox
 from storage.store import Store
 from tests.notify_receiver import Receiver, free_port
@@ -150,8 +150,8 @@ def test_agent_metrics_show_the_spool_backlog(tmp_path: Path) -> None:
     import threading
 
     from collector.nic.agent import AgentConfig, NicAgent
-    from rocewatch.errors import RetryableError
-    from rocewatch.metrics import ReadingsEndpoint
+    from rocewatch.core.errors import RetryableError
+    from rocewatch.core.metrics import ReadingsEndpoint
 
     agent = NicAgent(
         AgentConfig(

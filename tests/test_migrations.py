@@ -11,8 +11,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import column, inspect, table, text
 
-from rocewatch.errors import ConfigError
-from rocewatch.model import Alert
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Alert
 from storage import SCHEMA_VERSION, Store, migrate
 from storage.models import Base, ns_to_datetime
 from storage.store import ALERTS, _alert_row

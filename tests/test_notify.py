@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from rocewatch.errors import ConfigError
-from rocewatch.model import Alert
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Alert
 from rocewatch.notify.base import (
     DELIVERY_HEADER,
     SIGNATURE_HEADER,

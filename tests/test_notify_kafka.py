@@ -9,9 +9,9 @@ from pathlib import Path
 
 import orjson
 
-from rocewatch.bus.publish import publish_scenario
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
 from rocewatch.notify.base import NotifyConfig, RetryConfig, WebhookConfig
+from rocewatch.runtime.publish import publish_scenario
 from rocewatch.runtime.service import DetectService
 from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import default_scenario

@@ -22,9 +22,9 @@ import pytest
 from actions import DrainPolicy, PolicyConfig
 from actions.api import ApiConfig, OperatorApi
 from actions.operator import MemoryCommands, apply_pending
-from rocewatch.errors import ConfigError
-from rocewatch.model import Action, Alert
-from rocewatch.topology import Topology
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Action, Alert
+from rocewatch.core.topology import Topology
 from storage.store import Store
 
 S = 1_000_000_000
@@ -400,7 +400,7 @@ def test_a_fenced_detect_stage_drains_nothing() -> None:
     a detect stage that lost its place to another instance records no outcome and acts on no
     scheduler (the scale-out FencedExecutor proves its place before each drain)."""
     from rocewatch.bus.transactions import FencedExecutor
-    from rocewatch.errors import Fenced
+    from rocewatch.core.errors import Fenced
 
     def fence() -> None:
         raise Fenced("another instance took the detect stage over")

@@ -12,7 +12,7 @@ import pytest
 
 from collector.inband.live import sample_lines
 from collector.output import LinesOutput, json_lines
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 
 def test_a_file_output_appends_each_batch_as_it_comes_and_close_keeps_everything(

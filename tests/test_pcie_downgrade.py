@@ -9,10 +9,10 @@ import pytest
 
 from detectors.pcie_downgrade import PcieDowngradeConfig
 from rocewatch.config import Config
-from rocewatch.errors import ConfigError
-from rocewatch.model import Alert, conform
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Alert, conform
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
-from rocewatch.topology import Topology
 from tests import cadence
 from tests.support.restart import restart_pipeline
 

@@ -7,9 +7,9 @@ import pytest
 
 from detectors.pfc_storm import PfcStormConfig
 from rocewatch.config import Config
-from rocewatch.model import conform
+from rocewatch.core.model import conform
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
-from rocewatch.topology import Topology
 from tests import cadence
 from tests.support.restart import restart_pipeline
 

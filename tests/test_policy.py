@@ -14,9 +14,9 @@ import pytest
 
 from actions import DrainPolicy, DryRunExecutor, PolicyConfig, SlurmConfig, SlurmExecutor
 from actions.executors import DRAINED_BY_OTHER, parse_show_node
-from rocewatch.errors import ConfigError
-from rocewatch.model import Action, Alert
-from rocewatch.topology import Topology
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Action, Alert
+from rocewatch.core.topology import Topology
 
 T0 = 1_795_946_400_000_000_000  # 2026-11-29T10:00:00Z
 S = 1_000_000_000

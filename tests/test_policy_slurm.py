@@ -20,8 +20,8 @@ import pytest
 from actions import DrainPolicy, PolicyConfig, SlurmConfig, SlurmExecutor
 from actions.executors import parse_show_node
 from actions.operator import apply_pending
-from rocewatch.model import Action, Alert
-from rocewatch.topology import Topology
+from rocewatch.core.model import Action, Alert
+from rocewatch.core.topology import Topology
 from storage.store import Store
 
 SLURM_NODES = [n for n in os.environ.get("ROCEWATCH_TEST_SLURM_NODES", "").split(",") if n]

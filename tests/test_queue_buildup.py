@@ -13,10 +13,10 @@ import pytest
 
 from detectors.queue_buildup import QueueBuildupConfig
 from rocewatch.config import Config, config_from_dict
-from rocewatch.errors import ConfigError
-from rocewatch.model import Alert, conform
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Alert, conform
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
-from rocewatch.topology import Topology
 from tests.support.restart import restart_pipeline
 
 S = 1_000_000_000

@@ -2,7 +2,7 @@ import polars as pl
 import pytest
 
 from detectors.rates import RateEngine
-from rocewatch.model import SAMPLE_SCHEMA
+from rocewatch.core.model import SAMPLE_SCHEMA
 
 S = 1_000_000_000
 

@@ -17,7 +17,7 @@ import orjson
 import pytest
 import yaml
 
-from rocewatch.model import parse_rfc3339
+from rocewatch.core.model import parse_rfc3339
 from rocewatch.replay import replay
 
 if TYPE_CHECKING:

@@ -28,6 +28,8 @@ from kafka.structs import TopicPartition
 from detectors.registry import metrics_read
 from detectors.windows import AGG_SCHEMA
 from rocewatch.config import Config
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 from rocewatch.runtime.aggregate import Aggregator, forest_window_s
 from rocewatch.runtime.detect import DetectStage, DomainStage
 from rocewatch.runtime.service import DetectService
@@ -39,8 +41,6 @@ from rocewatch.runtime.timing import (
     POLL_MS,
     TAKEOVER_RETRY_S,
 )
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
 from tests.support.clock import FakeClock
 
 POLL_S = POLL_MS / 1000

@@ -28,8 +28,7 @@ from kafka.structs import TopicPartition
 
 from detectors.registry import metrics_read
 from rocewatch.bus import transactions
-from rocewatch.bus.delivery import Published, send_events
-from rocewatch.bus.publish import make_producer, publish_scenario
+from rocewatch.bus.publish import make_producer
 from rocewatch.bus.state_store import StateSnapshot, StateStore
 from rocewatch.bus.topics import (
     MAX_MESSAGE_BYTES,
@@ -39,10 +38,12 @@ from rocewatch.bus.topics import (
 )
 from rocewatch.bus.transactions import DetectWriter, FencedExecutor
 from rocewatch.config import Config, KafkaConfig, TopicsConfig
-from rocewatch.errors import ConfigError, Fenced, ProducerFailed
-from rocewatch.model import Alert
+from rocewatch.core.errors import ConfigError, Fenced, ProducerFailed
+from rocewatch.core.model import Alert
 from rocewatch.pipeline import Output
 from rocewatch.replay import replay
+from rocewatch.runtime.delivery import Published, send_events
+from rocewatch.runtime.publish import publish_scenario
 from rocewatch.runtime.service import DetectService
 from rocewatch.runtime.steps import StepsMessage, decode_steps, encode_steps
 from rocewatch.runtime.timing import SYSTEM_CLOCK
@@ -301,7 +302,7 @@ def test_steps_message_round_trip() -> None:
         back = decode_steps(encode_steps(StepsMessage(3, 100, 800, False, [], r, 1, forest)))
         assert back.forest is not None and back.forest.equals(forest)
         assert (back.rows is None) == (r is None) and (r is None or back.rows.equals(r))
-    from rocewatch.errors import BadInput
+    from rocewatch.core.errors import BadInput
 
     with pytest.raises(BadInput):
         decode_steps(b"RWS1\xff\xff\xff\x00{")
@@ -319,7 +320,7 @@ def test_steps_message_round_trip() -> None:
     back = decode_steps(encode_steps(StepsMessage(3, 100, 800, False, [], gaps, offset=1)))
     assert back.rows is not None and back.rows.equals(gaps)
     # the detect stage's coded form has no code for a null: such rows come as strings
-    from rocewatch.keys import KEYS
+    from rocewatch.core.keys import KEYS
 
     back = decode_steps(encode_steps(StepsMessage(3, 100, 800, False, [], gaps)), KEYS)
     assert back.rows is not None and back.rows.equals(gaps)
@@ -519,12 +520,11 @@ def test_each_domains_pipeline_fed_its_routed_steps_raises_what_the_whole_fabric
     import polars as pl
 
     from detectors.windows import Step, WindowEngine
+    from rocewatch.core.stats import Stats
+    from rocewatch.core.topology import Topology
     from rocewatch.pipeline import Pipeline
     from rocewatch.replay import merged, scenario_sources
-    from rocewatch.runtime.detect import tell_domain
     from rocewatch.runtime.steps import DomainRoutes, steps_coded
-    from rocewatch.stats import Stats
-    from rocewatch.topology import Topology
 
     topo = Topology.load(pod_scenario / "topology.yaml")
     cfg = Config()
@@ -545,8 +545,6 @@ def test_each_domains_pipeline_fed_its_routed_steps_raises_what_the_whole_fabric
             src.close()
     whole = Pipeline(topo, cfg, stats=Stats())
     domains = {n: Pipeline(topo, cfg, stats=Stats(), domain=n) for n in routes.names}
-    for name, pipe in domains.items():
-        tell_domain(pipe, name)
     for step in steps:
         whole.evaluate([step])
         coded = steps_coded([step], engine.step_ns, engine.series)
@@ -973,9 +971,9 @@ def test_steps_rows_order_is_canonical() -> None:
     import polars as pl
 
     from detectors.windows import WindowEngine
+    from rocewatch.core.stats import Stats
     from rocewatch.runtime.steps import steps_coded, steps_rows
     from rocewatch.sim import Simulator
-    from rocewatch.stats import Stats
 
     frames = list(Simulator(default_scenario(nodes=2, duration_s=3.0, seed=5)).ticks())
     cfg = Config().window
@@ -1032,8 +1030,8 @@ def test_steps_rows_go_to_their_devices_domain_and_cable_ends_to_both_sides() ->
     (per entity) to the entity's domain only."""
     import polars as pl
 
+    from rocewatch.core.topology import Topology
     from rocewatch.runtime.steps import STEP_SCHEMA, DomainRoutes, code_rows
-    from rocewatch.topology import Topology
     from tests.test_topology import GOOD, pods
 
     routes = DomainRoutes(Topology.from_dict(pods()))
@@ -1092,10 +1090,10 @@ def test_detect_stage_assembles_coded_steps_as_the_strings_give_them() -> None:
 
     from detectors.rates import series_ids
     from detectors.windows import SeriesTable, Step, WindowEngine
-    from rocewatch.keys import KEYS
+    from rocewatch.core.keys import KEYS
+    from rocewatch.core.stats import Stats
     from rocewatch.runtime.steps import coded_step, steps_coded
     from rocewatch.sim import Simulator
-    from rocewatch.stats import Stats
 
     frames = list(Simulator(default_scenario(nodes=2, duration_s=2.0, seed=7)).ticks())
     cfg = Config().window
@@ -1143,9 +1141,9 @@ def test_detect_stage_buffers_each_step_of_a_message_and_counts_late_and_steples
     import polars as pl
 
     from detectors.windows import AGG_SCHEMA
-    from rocewatch.keys import KEYS
+    from rocewatch.core.keys import KEYS
+    from rocewatch.core.stats import Stats
     from rocewatch.runtime.detect import DetectState, DomainStage
-    from rocewatch.stats import Stats
 
     def rows(steps: list[int | None]) -> pl.DataFrame:
         n = len(steps)
@@ -1202,9 +1200,9 @@ def test_a_detect_stage_that_hears_no_partition_judges_none_without_an_owner() -
     when no partition is heard at all (a broker restart slower than ``stall_s`` on a loaded
     machine), the stage is the one not hearing: it waits for every partition, and their silence
     counts from the first word after it. Else the ones behind had their steps dropped as late."""
-    from rocewatch.keys import KEYS
+    from rocewatch.core.keys import KEYS
+    from rocewatch.core.stats import Stats
     from rocewatch.runtime.detect import DetectState, DomainStage
-    from rocewatch.stats import Stats
 
     class Consumer:
         def highwater(self, tp: object) -> int:
@@ -1243,11 +1241,11 @@ def test_detect_checkpoint_keeps_buffered_coded_rows_as_strings() -> None:
 
     from detectors.windows import AGG_SCHEMA
     from rocewatch.bus.state_store import state_record
-    from rocewatch.keys import KEYS
+    from rocewatch.core.keys import KEYS
+    from rocewatch.core.topology import Topology
     from rocewatch.pipeline import Pipeline
     from rocewatch.runtime.aggregate import STATE_VERSION
     from rocewatch.runtime.detect import DetectState, load_detect_state
-    from rocewatch.topology import Topology
     from tests.test_topology import GOOD
 
     def rows(device: str, step: int) -> pl.DataFrame:
@@ -1293,7 +1291,7 @@ def test_a_state_snapshot_is_the_state_when_taken_though_its_frames_serialise_la
     import polars as pl
 
     from rocewatch.bus import state_store
-    from rocewatch.runtime import checkpoint
+    from rocewatch.core import checkpoint
 
     frame = pl.DataFrame({"device": ["leaf-0", "leaf-1"], "value": [1.0, 2.0]})
     last_raw = np.array([10, 20], dtype=np.uint64)

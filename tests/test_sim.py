@@ -16,7 +16,8 @@ import yaml
 
 from collector.decode import GnmicEventDecoder, NicSnapshotDecoder
 from collector.mapping import NIC_SECTION, OPENCONFIG_PATH
-from rocewatch.model import METRICS, SAMPLE_SCHEMA, Kind
+from rocewatch.core.model import METRICS, SAMPLE_SCHEMA, Kind
+from rocewatch.core.topology import Topology
 from rocewatch.sim import (
     AgentGap,
     CounterClear,
@@ -40,7 +41,6 @@ from rocewatch.sim.scenarios import (
     healthy_scenario,
     moe_scenario,
 )
-from rocewatch.topology import Topology
 
 SMALL = SimConfig(nodes=4, nics_per_node=2, spines=2, duration_s=1.0, seed=3)
 REAL_KINDS = {"PfcStorm", "FlakyLink", "PcieDowngrade", "EcnIncast", "TransportErrors"}

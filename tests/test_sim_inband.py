@@ -7,11 +7,11 @@ from pathlib import Path
 import polars as pl
 
 from collector.decode import GnmicEventDecoder
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 from rocewatch.sim import SimConfig, write_scenario
 from rocewatch.sim.fabric import INT_CELL_BYTES
 from rocewatch.sources import PcapSource
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
 
 
 def test_simulated_int_pcap_matches_switch_queues(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from actions.executors import DRAINED_BY_OTHER
 from actions.routing import ExecutorsConfig, RoutingExecutor
 from actions.slurmrest import SlurmRestConfig, SlurmRestExecutor
 from rocewatch.config import config_from_dict
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 TOKEN = "jwt-for-tests"
 

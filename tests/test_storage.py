@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 from sqlalchemy import text
 
-from rocewatch.errors import ConfigError, RetryableError
-from rocewatch.model import Action, Alert
+from rocewatch.core.errors import ConfigError, RetryableError
+from rocewatch.core.model import Action, Alert
 from storage import SCHEMA_VERSION, Store
 
 T0 = 1_795_946_400_000_000_000  # 2026-11-29T10:00:00Z

@@ -12,10 +12,10 @@ import pytest
 
 from detectors.straggler import StragglerConfig
 from rocewatch.config import Config
-from rocewatch.errors import ConfigError
-from rocewatch.model import Alert, conform
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Alert, conform
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
-from rocewatch.topology import Topology
 from tests import cadence
 from tests.support.restart import restart_pipeline, through_codec
 
@@ -553,7 +553,7 @@ def test_a_ten_percent_straggler_without_pause_is_found(interval: float) -> None
 
 @pytest.mark.parametrize("older", [False, True])
 def test_alone_slow_survives_a_checkpoint(older: bool) -> None:
-    # the service's state file is taken mid-fault (rocewatch.runtime.checkpoint, as the detect stage
+    # the service's state file is taken mid-fault (rocewatch.core.checkpoint, as the detect stage
     # writes it); one of a build from before alone_slow has no look back: it is rebuilt
     interval = 1.0
     onset, until, seconds = cadence.timeline(interval, learn_s=2.0)

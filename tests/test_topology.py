@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rocewatch.errors import ConfigError
-from rocewatch.topology import NicEnd, PortEnd, Topology
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 GOOD = {
     "fabric": "t",

@@ -10,10 +10,10 @@ import pytest
 
 from detectors.transport_errors import TransportErrorsConfig
 from rocewatch.config import Config, config_from_dict
-from rocewatch.errors import ConfigError
-from rocewatch.model import conform
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import conform
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
-from rocewatch.topology import Topology
 from tests import cadence
 from tests.support.restart import restart_pipeline
 

@@ -5,7 +5,7 @@ import polars as pl
 
 from detectors.state import NS, counter_timing
 from detectors.windows import AGG_SCHEMA, WindowEngine, window_by_group_by
-from rocewatch.model import SAMPLE_SCHEMA, SERIES_KEY
+from rocewatch.core.model import SAMPLE_SCHEMA, SERIES_KEY
 from rocewatch.sim import Simulator
 from rocewatch.sim.scenarios import SCENARIOS
 from tests import cadence
@@ -112,7 +112,7 @@ def test_series_beyond_the_limit_are_dropped_and_counted():
     import pytest
 
     from detectors.windows import WindowConfig
-    from rocewatch.errors import ConfigError
+    from rocewatch.core.errors import ConfigError
 
     ms = 1_000_000
 

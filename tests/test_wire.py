@@ -6,8 +6,8 @@ import polars as pl
 import pytest
 
 from rocewatch import wire
-from rocewatch.errors import BadInput
-from rocewatch.model import conform
+from rocewatch.core.errors import BadInput
+from rocewatch.core.model import conform
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,7 +107,7 @@ def test_coded_frames_carry_the_same_samples_and_series_ids():
     """The Kafka readers' path: the key as codes into the process's key table, and each row's
     series id; decoding the codes gives exactly ``frames``, and the ids are the strings' ids."""
     from detectors.rates import series_ids
-    from rocewatch.keys import KEYS, is_coded
+    from rocewatch.core.keys import KEYS, is_coded
 
     a, b = sample_frame(1000), sample_frame(10).with_columns(pl.lit("spine-9").alias("device"))
     batches = [wire.parse(wire.encode(a)), wire.parse(wire.encode(b))]
@@ -128,7 +128,7 @@ def test_a_full_key_table_reads_new_names_as_strings(monkeypatch):
     """Telemetry naming ever new devices cannot grow the process's key table without end:
     once full, a message with new strings is read as strings (the same samples), known ones
     stay coded, and the table does not grow."""
-    from rocewatch.keys import KEYS, is_coded
+    from rocewatch.core.keys import KEYS, is_coded
 
     known = sample_frame(100)
     wire.coded_frames([wire.parse(wire.encode(known))])  # its strings are in the table

@@ -36,8 +36,8 @@ from collector.gnmi.config import GnmiConfig, SubscriptionConfig, TargetConfig, 
 from collector.gnmi.decode import LldpTable, NotificationDecoder, notification_events
 from collector.gnmi.paths import to_path
 from collector.mapping import GnmiMapper
-from rocewatch.errors import ConfigError
-from rocewatch.stats import Stats
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.stats import Stats
 
 log = logging.getLogger(__name__)
 
@@ -444,7 +444,7 @@ class Collector:
         if registry is not None:
             # what the decoder counted and skipped (non-numeric values, counters scaled past 64
             # bits, updates with no interface, deletes, unknown paths), read at each scrape
-            from rocewatch.metrics import ReadOnScrape, skipped_readings
+            from rocewatch.core.metrics import ReadOnScrape, skipped_readings
 
             stats = self.stats
             registry.register(ReadOnScrape(lambda: skipped_readings(Stats.merged(stats))))

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocewatch.config import build
-from rocewatch.errors import ConfigError
-from rocewatch.topology import Topology
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.topology import Topology
 
 DEFAULT_PATHS = (
     "/interfaces/interface/state/counters",

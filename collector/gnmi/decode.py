@@ -18,9 +18,9 @@ import polars as pl
 from collector.decode import _U64, _Columns, _number
 from collector.gnmi.paths import flatten
 from collector.mapping import GnmiMapper, default_gnmi_mapper
-from rocewatch.errors import ConfigError
-from rocewatch.model import is_counter
-from rocewatch.stats import Stats
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import is_counter
+from rocewatch.core.stats import Stats
 
 _MEMO_MAX = 200_000
 # entry kinds

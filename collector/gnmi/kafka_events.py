@@ -21,9 +21,9 @@ from rocewatch.bus.poll import poll_group
 from rocewatch.bus.publish import TelemetryPublisher
 from rocewatch.bus.topics import ensure_topics
 from rocewatch.config import Config
-from rocewatch.errors import RetryableError
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
+from rocewatch.core.errors import RetryableError
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from collector.gnmi.decode import LldpTable
-from rocewatch.topology import NicEnd, PortEnd, Topology
+from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 
 def cabling_problems(topology: Topology, lldp: LldpTable) -> list[str]:

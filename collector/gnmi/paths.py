@@ -11,7 +11,7 @@ from typing import Any
 
 from pygnmi.spec.v080 import gnmi_pb2 as pb
 
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 
 def parse_xpath(xpath: str) -> list[tuple[str, dict[str, str]]]:

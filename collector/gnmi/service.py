@@ -20,8 +20,8 @@ from collector.gnmi.config import GnmiConfig, SubscriptionConfig, TargetConfig, 
 from collector.gnmi.lldp import cabling_problems, discover
 from collector.output import LinesOutput, json_lines
 from rocewatch.config import Config
-from rocewatch.errors import ConfigError
-from rocewatch.topology import Topology
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def run_collect(
 
         registry = CollectorRegistry()
         if publisher is not None:
-            from rocewatch.metrics import ReadOnScrape
+            from rocewatch.core.metrics import ReadOnScrape
 
             registry.register(ReadOnScrape(publisher.readings))
         start_http_server(cfg.metrics_port, registry=registry)

@@ -24,7 +24,7 @@ from collector.gnmi.client import Collector
 from collector.gnmi.config import TargetConfig
 from rocewatch.bus.poll import poll_group
 from rocewatch.config import KafkaConfig
-from rocewatch.errors import RetryableError
+from rocewatch.core.errors import RetryableError
 
 log = logging.getLogger(__name__)
 

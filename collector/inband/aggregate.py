@@ -23,9 +23,9 @@ from collections import Counter
 import polars as pl
 
 from collector.inband.sequence import SequenceTracker
-from rocewatch.model import conform, empty_samples
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
+from rocewatch.core.model import conform, empty_samples
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 
 _METRICS = {
     "occ_max": "queue_peak_bytes",

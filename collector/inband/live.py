@@ -20,9 +20,9 @@ from collector.inband.aggregate import IntAggregator
 from collector.inband.report import empty_reports
 from collector.inband.udp import UdpListener
 from collector.output import json_lines
-from rocewatch.metrics import Reading, skipped_readings
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
+from rocewatch.core.metrics import Reading, skipped_readings
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ import polars as pl
 
 from collector.inband.report import DEFAULT_PORT, InbandStats, empty_reports, parse_buffer
 from collector.inband.sequence import SequenceTracker
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

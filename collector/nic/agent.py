@@ -24,13 +24,14 @@ import orjson
 from collector.nic.config import AgentConfig
 from collector.nic.ethtool import EthtoolError, EthtoolReader, ethtool_s_command
 from collector.nic.mlxlink import mlxlink_path, read_mlxlink
+from collector.nic.roce_config import ConfigWatcher
 from collector.nic.spool import Spool
 from collector.nic.sysfs import AttrFiles, RdmaDevice, netdev_speed, rdma_devices
-from rocewatch.errors import ConfigError, RetryableError
-from rocewatch.stats import Stats
+from rocewatch.core.errors import ConfigError, RetryableError
+from rocewatch.core.stats import Stats
 
 if TYPE_CHECKING:
-    from rocewatch.metrics import Reading
+    from rocewatch.core.metrics import Reading
 
 log = logging.getLogger(__name__)
 __all__ = ["AgentConfig", "NicAgent"]
@@ -82,6 +83,39 @@ class NicAgent:
         if not self.nics:
             raise ConfigError(f"agent: no RDMA device under {self.root} and no netdevs configured")
         self.samples = 0
+        # RoCE configuration snapshots (nic_config.jsonl lines), when an output is given
+        self.config_watch: ConfigWatcher | None = None
+        self.config_out: SendLines | None = None
+
+    def watch_config(self, out: SendLines, interval_s: float = 60.0, check_s: float = 5.0) -> None:
+        """Also send each NIC's RoCE configuration to ``out``: at start, every ``interval_s``,
+        and at once when sysfs shows a change (collector/nic/roce_config.py)."""
+        self.config_watch = ConfigWatcher(
+            self.node,
+            [(n.nic, n.netdev) for n in self.nics],
+            self.root,
+            interval_s=interval_s,
+            check_s=check_s,
+            clock=self.clock,
+        )
+        self.config_out = out
+
+    def _config_loop(self, done: threading.Event) -> None:
+        while True:
+            try:
+                self._config_tick()
+            except OSError as e:  # a write that failed: counted, tried again next time
+                self.stats.inc("agent_config_errors", detail=str(e))
+            if done.wait(1.0):
+                return
+
+    def _config_tick(self) -> None:
+        if self.config_watch is None or self.config_out is None:
+            return
+        lines = self.config_watch.lines()
+        if lines:
+            self.config_out(lines)
+            self.stats.inc("agent_config_snapshots", len(lines))
 
     # --- sampling ------------------------------------------------------------------------------
     def _ethtool(self, n: _Nic) -> dict[str, int] | None:
@@ -172,6 +206,13 @@ class NicAgent:
             name="agent-sender",
         )
         sender.start()
+        # configuration reads fork dcb and ethtool: a thread of their own keeps the cadence
+        config = None
+        if self.config_watch is not None:
+            config = threading.Thread(
+                target=self._config_loop, args=(sampling_done,), name="agent-config", daemon=True
+            )
+            config.start()
         interval = self.cfg.interval_s
         t0 = time.monotonic()
         k = 0
@@ -191,6 +232,8 @@ class NicAgent:
             sampling_done.set()
             spool.ready.set()
             sender.join()
+            if config is not None:
+                config.join()
             spool.close()
             if spool.dropped:
                 self.stats.inc("agent_spool_dropped", spool.dropped)
@@ -228,7 +271,7 @@ class NicAgent:
     def readings(self) -> list[Reading]:
         """The agent's /metrics, read at scrape time."""
         # here, not at the top: the Prometheus client is only needed when /metrics is served
-        from rocewatch.metrics import skipped_readings
+        from rocewatch.core.metrics import skipped_readings
 
         sent = self.stats.get("agent_snapshots_sent")
         spool = getattr(self, "spool", None)

@@ -14,7 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
-from rocewatch.errors import run_command
+from rocewatch.core.errors import run_command
 
 log = logging.getLogger("rocewatch.agent")
 
@@ -38,6 +38,16 @@ def add_arguments(ag: argparse.ArgumentParser) -> None:
         "--once",
         action="store_true",
         help="take one snapshot of every NIC, write them as JSON lines (stdout, or --out), exit",
+    )
+    ag.add_argument(
+        "--config-out",
+        type=Path,
+        help="also append each NIC's RoCE configuration (nic_config.jsonl lines: dcb, ethtool -a, "
+        "ecn and GID sysfs) to this file (- for stdout): at start, every --config-interval, "
+        "and at once when sysfs shows a change",
+    )
+    ag.add_argument(
+        "--config-interval", type=float, default=60.0, help="seconds between configuration reads"
     )
     ag.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: forever)")
     ag.add_argument("--metrics-port", type=int, help="serve /metrics here (else the config's)")
@@ -74,11 +84,16 @@ def run(args: argparse.Namespace) -> int:
         over["spool_dir"] = args.spool_dir
     acfg = dataclasses.replace(cfg.agent, **over)  # type: ignore[arg-type]
     agent = NicAgent(acfg)
+    config_out = None
+    if args.config_out is not None:
+        config_out = LinesOutput(args.config_out, joined)
+        agent.watch_config(config_out, interval_s=max(1.0, args.config_interval))
     try:
         if args.once:
             once = LinesOutput(args.out or STDOUT, joined)
             once(agent.sample_lines())
             once.close()
+            agent._config_tick()
             return 0
         sink: Output[list[bytes]]
         if args.out is not None:
@@ -96,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         metrics = None
         port = args.metrics_port or cfg.metrics_port
         if port:
-            from rocewatch.metrics import ReadingsEndpoint
+            from rocewatch.core.metrics import ReadingsEndpoint
 
             metrics = ReadingsEndpoint(port, agent.readings)
             log.info("serving /metrics on port %d", metrics.port)
@@ -112,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         agent.close()
+        if config_out is not None:
+            config_out.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

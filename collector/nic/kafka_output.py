@@ -19,8 +19,8 @@ from collector.mapping import NicMapper
 from collector.nic import batch
 from collector.nic.samples import SnapshotReader
 from rocewatch.config import KafkaConfig
-from rocewatch.errors import RetryableError
-from rocewatch.stats import Stats
+from rocewatch.core.errors import RetryableError
+from rocewatch.core.stats import Stats
 
 log = logging.getLogger(__name__)
 MAX_ROWS_PER_MESSAGE = 8192

@@ -14,14 +14,14 @@ from typing import Any
 import orjson
 
 from collector.mapping import NicMapper, default_nic_mapper, pcie_speed_gts
-from rocewatch.stats import Stats
+from rocewatch.core.stats import Stats
 
 U64 = 1 << 64
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1  # what a sample's ``ts`` (ns, Int64) can hold
 
 
 class Columns:
-    """Sample rows as columns of plain lists (the fields of ``rocewatch.model.SAMPLE_SCHEMA``)."""
+    """Sample rows as columns of plain lists (the fields of ``core.model.SAMPLE_SCHEMA``)."""
 
     __slots__ = ("device", "metric", "port", "qual", "raw", "ts", "value")
 

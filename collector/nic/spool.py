@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 
 class Spool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 # --- config ---------------------------------------------------------------------------------------
 

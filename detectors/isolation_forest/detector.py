@@ -37,9 +37,9 @@ from detectors.isolation_forest.model import (
     fit_kind,
 )
 from detectors.windows import Step
+from rocewatch.core.errors import ConfigError
 from rocewatch.core.state import Stateful
-from rocewatch.errors import ConfigError
-from rocewatch.topology import NicEnd, PortEnd, Topology
+from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ import numpy as np
 
 from detectors.isolation_forest.config import IsolationForestConfig
 from detectors.isolation_forest.features import _FLOOR, FEATURES, KINDS, feature_names
-from rocewatch.errors import ConfigError
-from rocewatch.runtime import checkpoint
-from rocewatch.runtime.checkpoint import CheckpointError
+from rocewatch.core import checkpoint
+from rocewatch.core.checkpoint import CheckpointError
+from rocewatch.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from sklearn.ensemble import IsolationForest

@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from rocewatch.alerting.group import MEMBERS, parse_members, views
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Alert
 from rocewatch.core.state import Stateful
-from rocewatch.errors import ConfigError
-from rocewatch.model import Alert
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import struct
 from typing import Any
 
 from rocewatch.config import KafkaConfig
-from rocewatch.errors import PermanentError
+from rocewatch.core.errors import PermanentError
 
 log = logging.getLogger(__name__)
 

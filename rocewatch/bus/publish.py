@@ -7,7 +7,6 @@ import itertools
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,12 +15,8 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError
 
 from rocewatch import wire
-from rocewatch.bus.topics import ensure_topics
-from rocewatch.config import Config, KafkaConfig
-from rocewatch.errors import ConfigError, ProducerFailed, RetryableError
-from rocewatch.sources import merged, scenario_sources
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
+from rocewatch.config import KafkaConfig
+from rocewatch.core.errors import ProducerFailed, RetryableError
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +190,7 @@ class TelemetryPublisher:
         abandon_producer(dead, timeout=1)
 
     def readings(self) -> list[tuple[str, str, str, dict[str, str], float]]:
-        """Publishing's own numbers for /metrics (``rocewatch.metrics.Reading``)."""
+        """Publishing's own numbers for /metrics (``rocewatch.core.metrics.Reading``)."""
         rows = [
             ("samples_total", "samples handed to Kafka", self.samples),
             (
@@ -325,7 +320,7 @@ class TelemetryPublisher:
         self.producer.close(timeout=1 if producer_is_dead(self.producer) else None)
 
 
-def _time_slices(df: pl.DataFrame, slice_ns: int = PUBLISH_SLICE_NS) -> list[pl.DataFrame]:
+def time_slices(df: pl.DataFrame, slice_ns: int = PUBLISH_SLICE_NS) -> list[pl.DataFrame]:
     """A frame's rows per time slice, in time order (a frame with unknown times: itself)."""
     ts = df.get_column("ts")
     if ts.null_count():
@@ -334,46 +329,3 @@ def _time_slices(df: pl.DataFrame, slice_ns: int = PUBLISH_SLICE_NS) -> list[pl.
     b = df.get_column("ts").to_numpy() // slice_ns
     bounds = [0, *(np.flatnonzero(b[1:] != b[:-1]) + 1).tolist(), df.height]
     return [df.slice(a, z - a) for a, z in itertools.pairwise(bounds)]
-
-
-def publish_scenario(scenario: Path, cfg: Config, rate: float = 0.0) -> int:
-    """Send a scenario directory's recorded telemetry to Kafka (the collectors' side)."""
-    topology = Topology.load(scenario / "topology.yaml")
-    stats = Stats()
-    sources = scenario_sources(scenario, topology, stats)
-    if not sources:
-        raise ConfigError(f"{scenario}: no telemetry to publish")
-    ensure_topics(cfg.kafka)
-    pub = TelemetryPublisher(cfg.kafka, source=f"publish:{scenario.name}")
-    t_wall0 = time.monotonic()
-    t_tel0: int | None = None
-    try:
-        for df, _wm in merged(sources, 0):
-            if df.height == 0:
-                continue
-            if rate <= 0:
-                pub.publish(df)
-                continue
-            # paced one time slice at a time, as collectors send: a whole read-ahead batch
-            # (seconds of telemetry) at once, then silence, would let partitions go idle and
-            # flush between batches, and the next batch's first samples would come late
-            for part in _time_slices(df):
-                lo = int(part["ts"].min())  # type: ignore[arg-type]
-                t_tel0 = lo if t_tel0 is None else t_tel0
-                ahead = (lo - t_tel0) / 1e9 / rate - (time.monotonic() - t_wall0)
-                if ahead > 0:
-                    time.sleep(ahead)
-                pub.publish(part)
-        pub.close()
-    finally:
-        for s in sources:
-            s.close()
-    if stats.counts:
-        log.info("publish skipped input: %s", dict(stats.counts))
-    if pub.dropped_samples:
-        log.warning(
-            "publish buffer was full: dropped %d samples in %d messages",
-            pub.dropped_samples,
-            pub.dropped_messages,
-        )
-    return pub.samples - pub.dropped_samples

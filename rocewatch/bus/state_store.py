@@ -16,8 +16,8 @@ from rocewatch.bus.topics import (
     record_limit,
 )
 from rocewatch.config import KafkaConfig
-from rocewatch.errors import RetryableError
-from rocewatch.runtime import checkpoint
+from rocewatch.core import checkpoint
+from rocewatch.core.errors import RetryableError
 
 # --- the state topic -----------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from kafka.errors import (
 
 from rocewatch.bus.preflight import preflight
 from rocewatch.config import KafkaConfig
-from rocewatch.errors import (
+from rocewatch.core.errors import (
     ConfigError,
     RetryableError,
 )

@@ -18,12 +18,12 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from rocewatch.bus.publish import abandon_producer, make_producer
 from rocewatch.bus.topics import MAX_MESSAGE_BYTES
 from rocewatch.config import KafkaConfig
-from rocewatch.errors import (
+from rocewatch.core.clock import SYSTEM_CLOCK, Clock
+from rocewatch.core.errors import (
     Fenced,
     RetryableError,
     RocewatchError,
 )
-from rocewatch.runtime.timing import SYSTEM_CLOCK, Clock
 
 # the longest a transaction's commit, abort or offsets may wait for the broker; kafka-python
 # waits for them without a bound, and its sender can stay stuck on a connection to a broker

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from rocewatch.model import ZERO_TIME
+from rocewatch.core.model import ZERO_TIME
 from rocewatch.notify.base import AlertmanagerConfig
 from rocewatch.notify.http import post_json
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 SIGNATURE_HEADER = "X-Rocewatch-Signature"
 TIMESTAMP_HEADER = "X-Rocewatch-Timestamp"

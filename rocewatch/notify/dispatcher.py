@@ -15,8 +15,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rocewatch.errors import PermanentError, RetryableError
-from rocewatch.model import Alert
+from rocewatch.core.errors import PermanentError, RetryableError
+from rocewatch.core.model import Alert
 from rocewatch.notify.alertmanager import AlertmanagerNotifier
 from rocewatch.notify.base import Notifier, NotifyConfig, RetryConfig
 from rocewatch.notify.http import RetryLater

@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from rocewatch.errors import PermanentError, RetryableError
+from rocewatch.core.errors import PermanentError, RetryableError
 from rocewatch.notify.base import TlsConfig, redact_url
 
 RETRYABLE_STATUS = {408, 425, 429}

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rocewatch.config import Config
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 from rocewatch.notify.dispatcher import Dispatcher, build_notifiers
 from storage.outbox import Outbox
 from storage.store import Store
@@ -55,7 +55,7 @@ def run_notify(cfg: Config, max_idle_s: float = 0.0) -> int:
         raise ConfigError("notify: no webhooks or alertmanagers configured")
     metrics: Any = None
     if cfg.metrics_port:
-        from rocewatch.metrics import ServiceMetrics
+        from rocewatch.core.metrics import ServiceMetrics
 
         metrics = ServiceMetrics(cfg.metrics_port)
     stop = threading.Event()

@@ -22,13 +22,6 @@ from detectors.isolation_forest import (
 from detectors.registry import metrics_read
 from detectors.windows import Step, WindowEngine
 from rocewatch import wire
-from rocewatch.bus.intake import (
-    SendTimes,
-    admit_record,
-    parse_record,
-    partition_guard,
-    send_dead_letter,
-)
 from rocewatch.bus.poll import poll_group
 from rocewatch.bus.state_store import StateSnapshot, StateStore, state_record
 from rocewatch.bus.topics import (
@@ -37,17 +30,25 @@ from rocewatch.bus.topics import (
     RECORD_OVERHEAD,
 )
 from rocewatch.config import Config
-from rocewatch.errors import (
+from rocewatch.core import checkpoint
+from rocewatch.core.checkpoint import CheckpointError
+from rocewatch.core.errors import (
     BadInput,
     ConfigError,
 )
+from rocewatch.core.stats import Stats
 from rocewatch.pipeline import (
     COARSE_ROLLUP_S,
     ROLLUP_S,
     Rollups,
 )
-from rocewatch.runtime import checkpoint
-from rocewatch.runtime.checkpoint import CheckpointError
+from rocewatch.runtime.intake import (
+    SendTimes,
+    admit_record,
+    parse_record,
+    partition_guard,
+    send_dead_letter,
+)
 from rocewatch.runtime.steps import (
     ROWS_PER_STEPS_MESSAGE,
     CodedRows,
@@ -58,7 +59,6 @@ from rocewatch.runtime.steps import (
     steps_coded,
 )
 from rocewatch.runtime.timing import HEARTBEAT_S, MAX_SKEW_S, SYSTEM_CLOCK, Clock
-from rocewatch.stats import Stats
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,8 @@ from actions.executors import Executor
 from actions.membership import LiveJobs, build_live_jobs
 from actions.operator import MemoryCommands, apply_pending
 from actions.routing import RoutingExecutor
-from detectors.isolation_forest import IsolationForestDetector
-from detectors.pfc_storm import PfcStormDetector
+from detectors.registry import DETECTORS
 from detectors.windows import Step
-from rocewatch.bus.delivery import Published, output_partitions, send_events
 from rocewatch.bus.poll import poll_group
 from rocewatch.bus.state_store import StateSnapshot, StateStore, state_record
 from rocewatch.bus.topics import (
@@ -32,21 +30,24 @@ from rocewatch.bus.topics import (
 )
 from rocewatch.bus.transactions import DetectWriter, FencedExecutor, TransactionFailed
 from rocewatch.config import Config
-from rocewatch.errors import (
+from rocewatch.core import checkpoint
+from rocewatch.core.checkpoint import CheckpointError
+from rocewatch.core.errors import (
     BadInput,
     Fenced,
     RetryableError,
     RocewatchError,
 )
-from rocewatch.keys import KEYS, is_coded
-from rocewatch.model import Alert
+from rocewatch.core.keys import KEYS, is_coded
+from rocewatch.core.model import Alert
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 from rocewatch.pipeline import (
     Output,
     Pipeline,
 )
-from rocewatch.runtime import checkpoint
 from rocewatch.runtime.aggregate import STATE_VERSION
-from rocewatch.runtime.checkpoint import CheckpointError
+from rocewatch.runtime.delivery import Published, output_partitions, send_events
 from rocewatch.runtime.steps import DomainRoutes, StepsMessage, coded_step, decode_steps
 from rocewatch.runtime.timing import (
     DEAF_S,
@@ -55,8 +56,6 @@ from rocewatch.runtime.timing import (
     TAKEOVER_RETRY_S,
     Clock,
 )
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +74,6 @@ def kube_api(cfg: Config) -> Any:
         return client.CoreV1Api(api_client(kcfg))
 
     return make
-
-
-def tell_domain(pipe: Pipeline, domain: str | None) -> None:
-    """PFCStorm learns the fabric domain its pipeline runs for (a restored one too, whatever
-    its record says): a switch of another domain, heard there only on the cable ends facing the
-    domain, is where the pause enters, named at once as replay traces it (``unheard``)."""
-    for det in pipe.detectors:
-        if isinstance(det, PfcStormDetector):
-            det.domain = domain
 
 
 DETECT_STATE_KIND = "detect-state"  # a detect stage's
@@ -301,12 +291,11 @@ class DomainStage:
             retain=False,
             domain=self.domain,
         )
-        # the isolation forest takes its window values from stage 1 (``FeatureFeed``): the
-        # steps do not carry its own metrics
+        # a detector fed by stage 1 (the isolation forest: ``FeatureFeed``) takes its window
+        # values from there: the steps do not carry its own metrics
         for det in pipe.detectors:
-            if isinstance(det, IsolationForestDetector):
-                det.feed_from_stage1()
-        tell_domain(pipe, self.domain)
+            if DETECTORS[det.name].stage1_feed:
+                det.feed_from_stage1()  # type: ignore[attr-defined]
         return pipe
 
     def _restore(self, pipe: Pipeline) -> DetectState | None:
@@ -501,8 +490,8 @@ class DomainStage:
         """A partition's isolation-forest window values to the forest (which drops a window
         sent again after a restart: ``IsolationForestDetector.offer``)."""
         for det in st.pipeline.detectors:
-            if isinstance(det, IsolationForestDetector) and getattr(det, "fed", None) is not None:
-                late = det.offer(p, frame)
+            if DETECTORS[det.name].stage1_feed and getattr(det, "fed", None) is not None:
+                late = det.offer(p, frame)  # type: ignore[attr-defined]
                 if late:
                     self.stats.inc("late_forest_rows", late, detail=f"partition {p}")
 

@@ -25,10 +25,12 @@ from rocewatch.bus.topics import (
     wait_for_partitions,
 )
 from rocewatch.config import Config
-from rocewatch.errors import (
+from rocewatch.core.errors import (
     ConfigError,
     RocewatchError,
 )
+from rocewatch.core.stats import Stats
+from rocewatch.core.topology import Topology
 from rocewatch.runtime.aggregate import Aggregator
 from rocewatch.runtime.detect import DetectStage
 from rocewatch.runtime.memory import reclaim
@@ -40,8 +42,6 @@ from rocewatch.runtime.timing import (
     SYSTEM_CLOCK,
     Clock,
 )
-from rocewatch.stats import Stats
-from rocewatch.topology import Topology
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,12 @@ class DetectService:
             if not cfg.topology:
                 raise ConfigError("detect needs 'topology' (a topology file) in its config")
             topology = Topology.load(cfg.topology)
+        log.info(
+            "topology %s: %d switches, %d nodes",
+            topology.fabric,
+            len(topology.switches),
+            len(topology.nodes),
+        )
         self.cfg = cfg
         # one clock for both stages and what they own: the service's timers (checkpoint and
         # idle cadence) and theirs (heartbeats, idle release, stall, takeover retries)
@@ -112,7 +118,7 @@ class DetectService:
         self.subscribed = False
         self.metrics: Any = None
         if cfg.metrics_port:
-            from rocewatch.metrics import ServiceMetrics
+            from rocewatch.core.metrics import ServiceMetrics
 
             self.metrics = ServiceMetrics(cfg.metrics_port)
         self.summary_path = Path(cfg.state_dir) / f"scaleout-{os.getpid()}.json"

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rocewatch.topology import Topology
+from rocewatch.core.topology import Topology
 
 if TYPE_CHECKING:
     from rocewatch.sim.simulator import SimConfig

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 from rocewatch.sim.fabric import Fabric
 
 if TYPE_CHECKING:

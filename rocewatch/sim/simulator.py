@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from rocewatch.errors import ConfigError
-from rocewatch.model import METRICS, SAMPLE_SCHEMA, Scope
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import METRICS, SAMPLE_SCHEMA, Scope
+from rocewatch.core.topology import Topology
 from rocewatch.sim.fabric import BUFFER_BYTES, LINE_GBPS, NAMINGS, Fabric, JobSpec
 from rocewatch.sim.faults import (
     AgentGap,
@@ -48,7 +49,6 @@ from rocewatch.sim.faults import (
     storm_hops,
     truth,
 )
-from rocewatch.topology import Topology
 
 NS = 1_000_000_000
 LINE_BPS = LINE_GBPS * 1e9 / 8  # bytes per second at line rate

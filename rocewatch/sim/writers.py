@@ -31,9 +31,10 @@ from collector.mapping import (
     QOS_PORT_TAG,
     QUEUE_TAG,
 )
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 from rocewatch.sim.fabric import GNMI_PORT
 from rocewatch.sim.inband import IntReportWriter
+from rocewatch.sim.roce_config import write_roce_config
 from rocewatch.sim.simulator import (
     NIC_COUNTERS,
     NIC_EXTRA,
@@ -257,6 +258,7 @@ def write_scenario(
     (out / "topology.yaml").write_text(
         yaml.safe_dump(sim.topology.to_dict(), sort_keys=False, width=120)
     )
+    write_roce_config(out, cfg, fabric=sim.fabric)  # nic_config.jsonl, switch_config.jsonl
     sw, nw = SwitchWriter(sim), NicWriter(sim)
     if int_pcap and cfg.cadenced:
         raise ConfigError("INT reports are simulated for runs at the default sampling only")

@@ -1,7 +1,7 @@
 """The Kafka wire format (proto/rocewatch/v1/telemetry.proto): encode and decode sample batches.
 
 >>> import polars as pl
->>> from rocewatch.model import conform
+>>> from rocewatch.core.model import conform
 >>> df = conform(pl.DataFrame({"ts": [1], "device": ["leaf-0"], "port": ["Ethernet1"],
 ...     "qual": ["3"], "metric": ["pfc_rx_pause_us"], "value": [5.0], "raw": [5]}))
 >>> decode(encode(df)).equals(df)
@@ -17,9 +17,9 @@ import numpy as np
 import polars as pl
 from google.protobuf.message import DecodeError
 
-from rocewatch.errors import BadInput
-from rocewatch.keys import KEYS, mix
-from rocewatch.model import SAMPLE_SCHEMA, SERIES_KEY, empty_samples
+from rocewatch.core.errors import BadInput
+from rocewatch.core.keys import KEYS, mix
+from rocewatch.core.model import SAMPLE_SCHEMA, SERIES_KEY, empty_samples
 from rocewatch.wire.telemetry_pb2 import TelemetryBatch
 
 SCHEMA_VERSION = 1
@@ -154,7 +154,7 @@ def frames(batches: list[Decoded]) -> pl.DataFrame:
 
 
 def coded_frames(batches: list[Decoded]) -> pl.DataFrame:
-    """Like ``frames``, but the key as codes into the process's key table (``rocewatch.keys``)
+    """Like ``frames``, but the key as codes into the process's key table (``rocewatch.core.keys``)
     with each row's series id (``sid``): no string is gathered per sample, and each message's
     dictionary is looked up once (a collector sends the same one again and again)."""
     if not batches:

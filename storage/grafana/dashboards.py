@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rocewatch.model import ALERTNAMES
+from rocewatch.core.model import ALERTNAMES
 
 OUT = Path(__file__).parent / "provisioning" / "dashboards" / "rocewatch"
 DS = {"type": "grafana-postgresql-datasource", "uid": "rocewatch-pg"}

@@ -1,5 +1,5 @@
 """A restart as the service makes one: each part's ``state()`` through the product's checkpoint
-codec (rocewatch/runtime/checkpoint.py), laid over parts built anew from the configuration
+codec (rocewatch/core/checkpoint.py), laid over parts built anew from the configuration
 (rocewatch/core/state.py). What the detector tests use for "a checkpoint taken mid-fault"."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from rocewatch.config import Config
+from rocewatch.core import checkpoint
+from rocewatch.core.checkpoint import StateTypes
 from rocewatch.pipeline import Pipeline
-from rocewatch.runtime import checkpoint
-from rocewatch.runtime.checkpoint import StateTypes
 
 KIND = "test-state"
 D = TypeVar("D")

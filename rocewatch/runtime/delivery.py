@@ -15,7 +15,7 @@ from kafka import KafkaConsumer
 from kafka.structs import TopicPartition
 
 from rocewatch.config import Config
-from rocewatch.model import Action, Alert, rfc3339
+from rocewatch.core.model import Action, Alert, rfc3339
 from rocewatch.pipeline import Output
 
 

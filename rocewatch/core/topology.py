@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from rocewatch.errors import ConfigError
+from rocewatch.core.errors import ConfigError
 
 ROLES = ("leaf", "spine", "core")
 SCHEDULERS = ("slurm", "kubernetes")

@@ -209,6 +209,24 @@ def fingerprint(labels: dict[str, str]) -> str:
     return h.hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class Finding:
+    """A condition that holds at this step, for one entity.
+
+    ``ts`` is the telemetry time of the newest sample the condition needed: when the finding is
+    new, it becomes the alert's ``startsAt``.
+    """
+
+    alertname: str
+    labels: dict[str, str]
+    severity: str
+    ts: int
+    summary: str
+    evidence: str
+    description: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class Alert:
     """One alert instance, from firing to (maybe) resolved; serialises as Alertmanager's object."""

@@ -50,7 +50,7 @@ import numpy as np
 import orjson
 import polars as pl
 
-from rocewatch.errors import BadInput
+from rocewatch.core.errors import BadInput
 
 MAGIC = b"RWCKPT"
 FORMAT_MAJOR = 2

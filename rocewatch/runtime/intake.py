@@ -13,8 +13,8 @@ import numpy as np
 from detectors.clock_guard import ClockGuard
 from rocewatch import wire
 from rocewatch.config import Config
-from rocewatch.errors import BadInput
-from rocewatch.stats import Stats
+from rocewatch.core.errors import BadInput
+from rocewatch.core.stats import Stats
 
 
 def parse_record(m: Any) -> tuple[wire.Decoded, int, int]:

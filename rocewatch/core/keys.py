@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from rocewatch.model import SERIES_KEY
+from rocewatch.core.model import SERIES_KEY
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplying by it permutes 64-bit words
 _FMIX1 = np.uint64(0xFF51AFD7ED558CCD)

@@ -34,7 +34,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from rocewatch.stats import Stats
+from rocewatch.core.stats import Stats
 
 BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -66,7 +66,7 @@ class ServiceMetrics:
             registry=r,
         )
         self.firing = Gauge("rocewatch_alerts_firing", "alerts firing now", registry=r)
-        # state files and state-topic records refused (rocewatch.runtime.checkpoint): each one is a
+        # state files and state-topic records refused (rocewatch.core.checkpoint): each one is a
         # restart from committed offsets, and a forged one is someone writing to the topic
         self.ckpt_rejected = Counter(
             "rocewatch_checkpoint_rejected_total",
