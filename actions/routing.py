@@ -127,3 +127,34 @@ class RoutingExecutor:
     def resume(self, node: str, scheduler: str) -> str:
         ex = self._executor(scheduler)
         return ex if isinstance(ex, str) else ex.resume(node, scheduler)
+
+    def watch(self, nodes_by_scheduler: dict[str, list[str]]) -> None:
+        """Hand each executor that watches its nodes (Kubernetes: the healthy condition, the
+        drains of an earlier run, uncordons by hand) the topology's nodes of its scheduler.
+        Only a configured one is built: a failure is logged, never raised."""
+        for scheduler, nodes in nodes_by_scheduler.items():
+            if not nodes or scheduler != "kubernetes" or self.config.kubernetes is None:
+                continue  # (only the Kubernetes executor watches nodes)
+            ex = self._executor(scheduler)
+            if isinstance(ex, str):
+                log.error("%s nodes not watched: %s", scheduler, ex)
+                continue
+            watch = getattr(ex, "watch", None)
+            if callable(watch):
+                watch(nodes)
+
+    def drain_states(self) -> dict[str, str]:
+        """Each node's drain state, as the executors that have one report it."""
+        out: dict[str, str] = {}
+        for ex in self._by_scheduler.values():
+            states = getattr(ex, "drain_states", None)
+            if callable(states):
+                out.update(states())
+        return out
+
+    def close(self) -> None:
+        """Stop the executors' background work (an instance that hands its stage over)."""
+        for ex in self._by_scheduler.values():
+            close = getattr(ex, "close", None)
+            if callable(close):
+                close()

@@ -105,16 +105,27 @@ def detect(
 ) -> dict[str, float]:
     """One `rocewatch detect` instance (both stages in this process) on ``topic``: its drain
     wall and CPU time, and the publish -> evaluated latencies of what it read."""
+    import secrets
     import threading
 
-    from rocewatch.config import Config, KafkaConfig, TopicsConfig
+    from rocewatch.config import (
+        Config,
+        KafkaConfig,
+        StateKeyConfig,
+        StateSigningConfig,
+        TopicsConfig,
+    )
     from rocewatch.runtime.service import DetectService
 
+    # the state topic's MAC key (`rocewatch detect` does not start without one)
+    key_file = state.parent / f"{state.name}.key"
+    key_file.write_text(secrets.token_hex(32))
     names = ("alerts", "actions", "dead_letter", "steps", "state", "rollups")
     k = KafkaConfig(
         bootstrap_servers=bootstrap,
         group_id=f"bench-{topic}",
         topics=TopicsConfig(telemetry=topic, **{n: f"{topic}.{n}" for n in names}),
+        state_signing=StateSigningConfig(key=StateKeyConfig(id="bench", file=str(key_file))),
     )
     svc = DetectService(Config(kafka=k, state_dir=str(state)), topology=topology)  # type: ignore[arg-type]
     svc.subscribe()

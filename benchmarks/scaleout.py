@@ -48,6 +48,7 @@ import importlib.util
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -160,6 +161,8 @@ def run(
     admin.create_topics([NewTopic(topics["telemetry"], PARTITIONS, 1)])
     admin.close()
     state = tmp / f"state-{prefix}"
+    key_file = tmp / f"{prefix}.key"  # the state topic's MAC key, shared by the instances
+    key_file.write_text(secrets.token_hex(32))
     conf = tmp / f"{prefix}.yaml"
     conf.write_text(
         yaml.safe_dump(
@@ -175,6 +178,7 @@ def run(
                     "session_timeout_ms": 10000,
                     "scale_out": True,
                     "topics": topics,
+                    "state_signing": {"key": {"id": "bench", "file": str(key_file)}},
                 },
             }
         )

@@ -30,6 +30,7 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -176,6 +177,8 @@ def _write_config(tmp: Path, bootstrap: str, topology_file: Path, prefix: str, p
     import yaml
 
     names = ("telemetry", "alerts", "actions", "dead_letter", "steps", "state", "rollups")
+    key_file = tmp / "state.key"  # the state topic's MAC key
+    key_file.write_text(secrets.token_hex(32))
     conf = tmp / "soak.yaml"
     conf.write_text(
         yaml.safe_dump(
@@ -194,6 +197,7 @@ def _write_config(tmp: Path, bootstrap: str, topology_file: Path, prefix: str, p
                     "publish_buffer_bytes": 16 << 20,
                     "publish_when_full": "block",
                     "topics": {n: f"{prefix}.{n}" for n in names},
+                    "state_signing": {"key": {"id": "soak", "file": str(key_file)}},
                 },
             }
         )

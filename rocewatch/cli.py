@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     isd.add_argument("--to", default="127.0.0.1:32766", help="HOST:PORT of the INT collector")
     isd.add_argument("--rate", type=float, default=0.0, help="datagrams per second (0: no pacing)")
 
-    from collector.nic import cli as agent_cli  # argparse only: the agent is imported by run()
+    from rocewatch import agent_cli  # argparse only: the agent is imported by run()
 
     agent_cli.add_arguments(sub.add_parser("agent", help=agent_cli.HELP))
 
@@ -242,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "agent":
         # before anything else is imported: the agent runs on every GPU node and needs none of
-        # the detectors, Polars or actions (collector/nic/cli.py imports what it needs)
-        from collector.nic.cli import run as run_agent
+        # the detectors, Polars or actions (rocewatch/agent_cli.py imports what it needs)
+        from rocewatch.agent_cli import run as run_agent
 
         return run_agent(args)
     # operators' handles next: they need no detectors (a quick start)
@@ -343,7 +343,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         DetectService(cfg).run(max_idle_s=args.max_idle)
         return 0
     if args.command == "notify":
-        from rocewatch.notify.service import run_notify
+        from rocewatch.runtime.notifier import run_notify
 
         cfg = load_config(args.config)
         return run_notify(cfg, max_idle_s=args.max_idle)
@@ -370,8 +370,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "collect" or (
         args.command == "topology" and args.topology_command == "discover"
     ):
-        from collector.gnmi.service import run_collect, run_discover
         from rocewatch.core.topology import Topology
+        from rocewatch.runtime.collect import run_collect, run_discover
 
         cfg = load_config(args.config)
         topo_file = args.topology or (Path(cfg.topology) if cfg.topology else None)

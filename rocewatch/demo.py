@@ -13,6 +13,7 @@ from rocewatch.config import Config
 from rocewatch.core.progress import Progress
 from rocewatch.pipeline import Output, Pipeline
 from rocewatch.replay import write_jsonl
+from rocewatch.runtime.outputs import OutputWriter
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -47,15 +48,12 @@ def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None)
     t0 = time.perf_counter()
     n_alerts = 0
 
+    writer = OutputWriter(store)
+
     def sink(o: Output) -> None:
         nonlocal n_alerts
-        if o.alerts:
-            store.write_alerts(o.alerts)
-            n_alerts += sum(1 for a in o.alerts if a.status == "firing")
-        if o.actions:
-            store.write_actions(o.actions)
-        for r in o.rollups:
-            store.write_rollups(r)
+        writer.write(o.alerts, o.inhibited, o.actions, o.rollups)
+        n_alerts += sum(1 for a in o.alerts if a.status == "firing")
 
     print(
         f"simulating {nodes} nodes x {cfg.nics_per_node} NICs for {cfg.duration_s:.0f} s of "

@@ -53,6 +53,7 @@ from rocewatch.config import Config
 from rocewatch.core.errors import BadInput, ConfigError, PermanentError, RetryableError
 from rocewatch.core.model import Action, Alert
 from rocewatch.core.stats import Stats
+from rocewatch.runtime.outputs import OutputWriter
 from rocewatch.runtime.steps import decode_rollups
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,11 @@ class EventSink:
 
             self.store = Store(cfg.storage_url)
             self.store.create_schema()
-        from rocewatch.notify.service import open_dispatcher
+            if cfg.topology:  # incident graphs follow the pause over its cables
+                from rocewatch.core.topology import Topology
+
+                self.store.topology = Topology.load(cfg.topology)
+        from rocewatch.runtime.notifier import open_dispatcher
 
         self.notifier = open_dispatcher(cfg, self.store)
         self.own_metrics = metrics is None
@@ -191,15 +196,13 @@ class EventSink:
     def _flush(self) -> None:
         b = self.pending
         try:
-            if self.notifier is not None and b.alerts:
-                self.queued += self.notifier.enqueue(b.alerts)
-            if self.store is not None:
-                if b.alerts:
-                    self.alerts_written += self.store.write_alerts(b.alerts)
-                if b.actions:
-                    self.actions_written += self.store.write_actions(b.actions)
-                if b.rollups:  # in the order read: a complete bucket replaces a provisional one
-                    self.rollups_written += self.store.write_rollups(pl.concat(b.rollups))
+            w = OutputWriter(self.store, self.notifier).write(
+                b.alerts, actions=b.actions, rollups=b.rollups
+            )
+            self.queued += w.queued
+            self.alerts_written += w.alerts
+            self.actions_written += w.actions
+            self.rollups_written += w.rollups
         except RetryableError as e:
             if self.retry_s == RETRY_MIN_S:
                 log.warning(

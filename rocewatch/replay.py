@@ -21,6 +21,7 @@ from rocewatch.core.progress import Progress
 from rocewatch.core.stats import Stats
 from rocewatch.core.topology import Topology
 from rocewatch.pipeline import ROLLUP_S, Output, Pipeline
+from rocewatch.runtime.outputs import OutputWriter
 from rocewatch.sources import merged, scenario_sources
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ def replay(
     if not sources:
         raise ConfigError(f"{scenario}: no telemetry (switch.jsonl, nic.jsonl or int.pcap)")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if store is not None and store.topology is None:
+        store.topology = topology  # incident graphs follow the pause over its cables
     pipeline = Pipeline(
         topology, config, stats=stats, rollup_s=ROLLUP_S if store is not None else None
     )
@@ -85,22 +88,16 @@ def replay(
     t0 = time.perf_counter()
     notifier = None
     if config.notify.enabled:
-        from rocewatch.notify.service import open_dispatcher
+        from rocewatch.runtime.notifier import open_dispatcher
 
         notifier = open_dispatcher(config, store)
     if notifier is not None:
         notifier.start()
 
+    writer = OutputWriter(store, notifier)
+
     def sink(out: Output) -> None:
-        if notifier is not None and out.alerts:
-            notifier.enqueue(out.alerts)  # durable before anything else sees them
-        if store is not None:
-            if out.alerts or out.inhibited:
-                store.write_alerts(out.alerts + out.inhibited)  # inhibited: kept, not notified
-            if out.actions:
-                store.write_actions(out.actions)
-            for r in out.rollups:
-                store.write_rollups(r)
+        writer.write(out.alerts, out.inhibited, out.actions, out.rollups)
 
     try:
         for df, wm in merged(sources, pipeline.engine.lateness_ns()):

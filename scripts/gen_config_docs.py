@@ -337,6 +337,15 @@ def _nested(annotation: Any) -> type[Any] | None:
     return _DATACLASSES.get(name)
 
 
+def _nested_items(annotation: Any) -> type[Any] | None:
+    """The dataclass of each item of a ``tuple[SomeConfig, ...]`` field (``build`` reads a
+    list of mappings into it)."""
+    from rocewatch.config import _DATACLASSES
+
+    m = re.fullmatch(r"tuple\[(\w+), \.\.\.\]", annotation) if isinstance(annotation, str) else None
+    return _DATACLASSES.get(m.group(1)) if m else None
+
+
 def walk(
     cls: type[Any],
     prefix: str,
@@ -354,9 +363,14 @@ def walk(
             continue
         path = f"{prefix}.{f.name}" if prefix else f.name
         sub = (nested or {}).get(f.name) or _nested(f.type)
+        items = _nested_items(f.type)
         if sub is not None:
             keys.append(Key(path, "mapping", "(section)", comments.get(f.name) or _note(path)))
             keys.extend(walk(sub, path))
+        elif items is not None:  # a list of sections (``build`` reads each item as one)
+            doc = comments.get(f.name) or _note(path)
+            keys.append(Key(path, "list of mappings", _default_text(f), doc))
+            keys.extend(walk(items, f"{path}[]"))
         else:
             doc = comments.get(f.name) or _note(path)
             keys.append(Key(path, _type_text(f.type), _default_text(f), doc))
@@ -375,7 +389,8 @@ def sections() -> tuple[Section, ...]:
     from collector.gnmi.config import TlsConfig as GnmiTlsConfig
     from detectors.registry import DETECTORS
     from rocewatch.config import Config
-    from rocewatch.notify.base import AlertmanagerConfig, NotifyConfig, WebhookConfig
+    from rocewatch.notify.base import NotifyConfig
+    from rocewatch.notify.registry import SINKS
 
     # read by hand (or overwritten) by the loader: their own sections below
     popped = (*OVERWRITTEN, "executors", "notify", "detectors", "gnmi", "inhibit")
@@ -445,11 +460,15 @@ def sections() -> tuple[Section, ...]:
             "notify",
             "notify",
             (
-                Key("notify.webhooks", "list of mappings", "[]", "webhook receivers"),
-                *walk(WebhookConfig, "notify.webhooks[]"),
-                Key("notify.alertmanagers", "list of mappings", "[]", "Alertmanagers"),
-                *walk(AlertmanagerConfig, "notify.alertmanagers[]"),
-                *walk(NotifyConfig, "notify", skip=("webhooks", "alertmanagers")),
+                *(
+                    k
+                    for key, entry in SINKS.items()
+                    for k in (
+                        Key(f"notify.{key}", "list of mappings", "[]", entry.help),
+                        *walk(entry.config, f"notify.{key}[]"),
+                    )
+                ),
+                *walk(NotifyConfig, "notify", skip=("sinks",)),
             ),
         ),
         Section("agent: the node agent", "agent", tuple(walk(_cls(Config, "agent"), "agent"))),

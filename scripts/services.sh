@@ -3,8 +3,9 @@
 #
 #   bash scripts/services.sh install   apt-get install what is missing (postgresql, slurmctld,
 #                                      slurm-client, slurmd, munge, iproute2, ethtool,
-#                                      prometheus-alertmanager, and etcd-server: the store of the
-#                                      kube-apiserver that tests/support/kube.py starts)
+#                                      prometheus-alertmanager, etcd-server: the store of the
+#                                      kube-apiserver that tests/support/kube.py starts, and
+#                                      chromium: the headless browser of tests/test_incident_page.py)
 #   bash scripts/services.sh start     start a private PostgreSQL cluster, munged, slurmctld and
 #                                      one slurmd (for rwnode1) under $ROCEWATCH_SERVICES_DIR;
 #                                      write its env.sh
@@ -67,7 +68,7 @@ need_root() {
 # --- install ------------------------------------------------------------------------------------
 
 PACKAGES=(postgresql slurmctld slurmd slurm-client munge iproute2 ethtool prometheus-alertmanager
-    etcd-server)
+    etcd-server chromium)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q '^install ok installed$'; }
 

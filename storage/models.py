@@ -27,7 +27,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 4  # = the number of the newest migration (storage/migrations/versions)
+SCHEMA_VERSION = 5  # = the number of the newest migration (storage/migrations/versions)
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
@@ -226,3 +226,73 @@ class OutboxRow(Base):
 
 
 outbox_table = OutboxRow.__table__
+
+
+class IncidentRow(Base):
+    """One fault as an operator meets it (storage/incidents.py): what one page shows."""
+
+    __tablename__ = "incidents"
+    __table_args__ = (Index("ix_incidents_key_started", "key", "started_at"),)
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(256))
+    kind: Mapped[str] = mapped_column(String(32))  # storm | flaky_link | straggler | fabric ...
+    title: Mapped[str] = mapped_column(String(512))
+    severity: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), index=True)  # open | resolved
+    started_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, index=True)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    labels: Mapped[dict[str, str]] = mapped_column(JsonType)  # its main alert's labels
+    links: Mapped[list[dict[str, Any]]] = mapped_column(JsonType)  # related incidents
+
+
+class IncidentEventRow(Base):
+    """One entry of an incident's timeline: an alert event, an inhibited symptom, an action,
+    an operator command."""
+
+    __tablename__ = "incident_events"
+    __table_args__ = (
+        UniqueConstraint("incident_id", "kind", "ref", "time", name="uq_incident_events"),
+        Index("ix_incident_events_ref", "ref", "time"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    incident_id: Mapped[int] = mapped_column(BigInteger, index=True)
+    time: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    kind: Mapped[str] = mapped_column(String(16))  # firing|resolved|inhibited|action|command
+    ref: Mapped[str] = mapped_column(String(128))  # alert fingerprint, action key, command id
+    summary: Mapped[str] = mapped_column(Text)
+    detail: Mapped[dict[str, Any]] = mapped_column(JsonType)
+
+
+class IncidentNodeRow(Base):
+    """A node of an incident's graph (a NIC, a switch, a job, a host), as its alerts gave it."""
+
+    __tablename__ = "incident_nodes"
+    __table_args__ = (UniqueConstraint("incident_id", "node_id", name="uq_incident_nodes"),)
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    incident_id: Mapped[int] = mapped_column(BigInteger, index=True)
+    node_id: Mapped[str] = mapped_column(String(256), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # origin|victim|relay|job|host|end|entity
+    title: Mapped[str] = mapped_column(String(256))
+    subtitle: Mapped[str] = mapped_column(Text)
+    share: Mapped[float | None] = mapped_column(Float, nullable=True)  # pause share, 0..1
+    first_paused: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    detail: Mapped[dict[str, Any]] = mapped_column(JsonType)
+
+
+class IncidentEdgeRow(Base):
+    """An edge of an incident's graph: who pauses whom, a NIC in a job, a cable."""
+
+    __tablename__ = "incident_edges"
+    __table_args__ = (UniqueConstraint("incident_id", "edge_id", name="uq_incident_edges"),)
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    incident_id: Mapped[int] = mapped_column(BigInteger, index=True)
+    edge_id: Mapped[str] = mapped_column(String(512))
+    source: Mapped[str] = mapped_column(String(256))
+    target: Mapped[str] = mapped_column(String(256))
+    kind: Mapped[str] = mapped_column(String(16))  # pauses | runs | cable | hosts
+    share: Mapped[float | None] = mapped_column(Float, nullable=True)

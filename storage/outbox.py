@@ -60,6 +60,12 @@ class OutboxItem:
     refresh: bool  # a re-send of an already delivered firing event
 
 
+def incident_link(base: str, a: Alert) -> str:
+    """The incident page of an alert event: the API redirects it to the incident the store
+    filed the event under (the link is known before the event is stored)."""
+    return f"{base.rstrip('/')}/incidents/alert/{a.fingerprint}/{a.starts_at}"
+
+
 def _utc(t: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(t, tz=dt.UTC)
 
@@ -68,11 +74,22 @@ class Outbox:
     """Durable per-sink queue of alert events on a ``Store``'s database.
 
     ``clock`` gives wall-clock seconds (retries and leases run on wall time, not telemetry time).
+    ``incident_url``: where the operator API serves incident pages (``https://host:9465``);
+    each queued alert then carries the link to its incident as ``generatorURL``.
     """
 
-    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, store: Store, clock: Callable[[], float] = time.time, incident_url: str = ""
+    ) -> None:
         self.store = store
         self.clock = clock
+        self.incident_url = incident_url.rstrip("/")
+
+    def _alert_json(self, a: Alert) -> dict[str, Any]:
+        d = a.to_json()
+        if self.incident_url:
+            d["generatorURL"] = incident_link(self.incident_url, a)
+        return d
 
     def enqueue(self, alerts: Sequence[Alert], sinks: Sequence[str]) -> int:
         """Add each alert event for each sink; an event already queued is ignored. Returns the
@@ -89,7 +106,7 @@ class Outbox:
                     "fingerprint": a.fingerprint,
                     "starts_at": starts,
                     "status": a.status,
-                    "alert": a.to_json(),
+                    "alert": self._alert_json(a),
                     "created_at": now,
                     "next_attempt_at": now,
                     "attempts": 0,

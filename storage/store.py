@@ -29,6 +29,7 @@ from sqlalchemy.engine import URL, make_url
 
 from rocewatch.core.errors import ConfigError, PermanentError, RetryableError
 from rocewatch.core.model import Action, Alert
+from storage import incidents
 from storage.models import (
     ENTITY_LABELS,
     SCHEMA_VERSION,
@@ -109,6 +110,9 @@ class Store:
         if batch_size < 1:
             raise ConfigError("storage: batch_size must be at least 1")
         self.url = redact(u)
+        # the fabric's topology, when the writer has it: incident graphs then draw who paused
+        # whom over its cables (storage/incidents.py); without it only what the alerts say
+        self.topology: Any = None
         self.batch_size = batch_size
         self._clock = clock
         kwargs: dict[str, Any] = {}
@@ -189,7 +193,14 @@ class Store:
             set_={c: ins.excluded[c] for c in _ALERT_UPDATED},
             where=or_(ins.excluded.ends_at.is_not(None), ALERTS.c.ends_at.is_(None)),
         )
-        self._execute_batches("write alerts", stmt, list(rows.values()))
+        with self._errors("write alerts"), self.engine.begin() as conn:
+            values = list(rows.values())
+            for i in range(0, len(values), self.batch_size):
+                conn.execute(stmt, values[i : i + self.batch_size])
+            # each event filed under its incident in the same commit (what it was stored as:
+            # a late firing re-send of a resolved event is filed as resolved)
+            stored = [a for a in alerts if (a.fingerprint, ns_to_datetime(a.starts_at)) in rows]
+            incidents.record_alerts(self, conn, _final(stored), now)
         return len(rows)
 
     def write_actions(self, actions: Sequence[Action]) -> int:
@@ -228,7 +239,11 @@ class Store:
             },
             where=(ACTIONS.c.outcome == PENDING) & (ins.excluded.outcome != PENDING),
         )
-        self._execute_batches("write actions", stmt, list(rows.values()))
+        with self._errors("write actions"), self.engine.begin() as conn:
+            values = list(rows.values())
+            for i in range(0, len(values), self.batch_size):
+                conn.execute(stmt, values[i : i + self.batch_size])
+            incidents.record_actions(self, conn, actions)
         return len(rows)
 
     def write_rollups(self, df: pl.DataFrame) -> int:
@@ -327,6 +342,7 @@ class Store:
             out["metric_rollups"] = conn.execute(
                 delete(ROLLUPS).where(ROLLUPS.c.bucket_start < cutoff)
             ).rowcount
+            out["incidents"] = incidents.prune(conn, cutoff)
         log.info("storage: pruned %s before %s", out, cutoff.isoformat())
         return out
 
@@ -387,8 +403,9 @@ class Store:
     # --- operator commands (rocewatch approve / undrain, the HTTP API) --------------------------
     def add_command(self, command: str, node: str, requested_by: str) -> int:
         """Queue a command for the detect service; return its id."""
-        row = {
-            "requested_at": ns_to_datetime(self._clock()),
+        now = self._clock()
+        row: dict[str, Any] = {
+            "requested_at": ns_to_datetime(now),
             "command": command,
             "node": node,
             "requested_by": requested_by,
@@ -397,7 +414,9 @@ class Store:
         }
         with self._errors("add command"), self.engine.begin() as conn:
             res = conn.execute(COMMANDS.insert().values(**row).returning(COMMANDS.c.id))
-            return int(res.scalar_one())
+            cid = int(res.scalar_one())
+            incidents.record_command(self, conn, {**row, "id": cid, "requested_at": now})
+            return cid
 
     def commands(self, status: str | None = None, ids: Sequence[int] = ()) -> list[dict[str, Any]]:
         """Commands oldest first, optionally only those with ``status`` or these ``ids``."""
@@ -428,6 +447,29 @@ class Store:
                 .where(COMMANDS.c.id == command_id)
                 .values(status=status, result=result, done_at=ns_to_datetime(self._clock()))
             )
+            r = conn.execute(select(COMMANDS).where(COMMANDS.c.id == command_id)).mappings()
+            for c in r.all():
+                row = {k: c[k] for k in ("id", "command", "node", "requested_by", "status")}
+                row.update(result=c["result"], requested_at=datetime_to_ns(c["requested_at"]))
+                incidents.record_command(self, conn, row)
+
+    # --- incidents (storage/incidents.py) ------------------------------------------------------
+    def incidents(self, limit: int = 200) -> list[dict[str, Any]]:
+        """Open incidents first, then the most recent ones."""
+        with self._errors("read incidents"), self.engine.connect() as conn:
+            return incidents.list_incidents(conn, limit)
+
+    def incident(self, incident_id: int) -> dict[str, Any] | None:
+        """One incident with its graph (``nodes``, ``edges``) and ``timeline``; None if none."""
+        with self._errors("read incident"), self.engine.connect() as conn:
+            return incidents.read_incident(conn, incident_id)
+
+    def incident_of_alert(self, fingerprint: str, starts_at: int | None = None) -> int | None:
+        """The incident an alert event was filed under (its latest event without a time)."""
+        with self._errors("read incident"), self.engine.connect() as conn:
+            if starts_at is not None:
+                return incidents.find_for_alert(conn, fingerprint, ns_to_datetime(starts_at))
+            return incidents.latest_with_alert(conn, fingerprint)
 
     def rollups(self) -> pl.DataFrame:
         """All stored rollups as a frame with ``ROLLUP_COLUMNS`` (for tests and exports)."""
@@ -470,11 +512,6 @@ class Store:
             return postgresql.insert(table)
         return sqlite.insert(table)
 
-    def _execute_batches(self, what: str, stmt: Any, rows: list[dict[str, Any]]) -> None:
-        with self._errors(what), self.engine.begin() as conn:
-            for i in range(0, len(rows), self.batch_size):
-                conn.execute(stmt, rows[i : i + self.batch_size])
-
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:
         """Turn driver errors into the project's: retry on connection trouble, else give up."""
@@ -509,6 +546,16 @@ def _alert_row(a: Alert, now: dt.datetime) -> dict[str, Any]:
         row[k] = a.labels.get(k)
     row["inhibited_by"] = a.annotations.get("inhibited_by") or None
     return row
+
+
+def _final(alerts: Sequence[Alert]) -> list[Alert]:
+    """One alert per event, its last state in the batch (resolved wins over firing)."""
+    out: dict[tuple[str, int], Alert] = {}
+    for a in alerts:
+        k = (a.fingerprint, a.starts_at)
+        if k not in out or not out[k].ends_at:
+            out[k] = a
+    return list(out.values())
 
 
 def _first_line(e: BaseException) -> str:

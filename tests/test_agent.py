@@ -329,7 +329,7 @@ def test_cli_agent_runs_at_100ms(tmp_path: Path) -> None:
 
 # --- the lean agent: what it imports, what it sends -----------------------------------------------
 # what the node agent must never import: the detectors' and services' dependencies, and the
-# product's other parts (collector/nic/cli.py, rocewatch.config's lazy sections)
+# product's other parts (rocewatch/agent_cli.py, rocewatch.config's lazy sections)
 HEAVY = (
     "polars", "numpy", "pyarrow", "sklearn", "sqlalchemy", "alembic", "grpc", "google.protobuf",
     "kubernetes", "detectors", "actions", "storage", "rocewatch.core.model", "rocewatch.wire",
@@ -385,7 +385,7 @@ def test_cli_agent_once_imports_only_the_agent(tmp_path: Path) -> None:
         assert not loaded, (phase, loaded)
     assert "kafka" not in got["once"]  # --once sends nothing
     # and the lean distribution packages every module of ours it used (agent/setup.py; its
-    # command is collector.nic.cli's, not the product's rocewatch.cli)
+    # command is rocewatch.agent_cli's, not the product's rocewatch.cli)
     ours = {m for m in got["sending"] if m.split(".")[0] in ("rocewatch", "collector")}
     ours.discard("rocewatch.cli")
     assert ours and ours <= _lean_modules(), ours - _lean_modules()
@@ -407,12 +407,12 @@ def _lean_modules() -> set[str]:
 def test_cli_agent_once_to_stdout_and_errors(tmp_path: Path) -> None:
     """Without --out, --once prints the snapshots; a config the agent cannot use exits 2 with one
     line naming the key."""
-    from collector.nic.cli import main
+    from rocewatch.agent_cli import main
 
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("agent: {interval: 1}\n")
     res = subprocess.run(
-        [sys.executable, "-m", "collector.nic.cli", "--once", "--node", "n2",
+        [sys.executable, "-m", "rocewatch.agent_cli", "--once", "--node", "n2",
          "--sysfs-root", str(FIX / "sys")],
         capture_output=True, timeout=60, cwd=Path(__file__).parents[1],
     )  # fmt: skip

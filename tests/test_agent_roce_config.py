@@ -86,7 +86,7 @@ def test_agent_once_writes_configuration_snapshots(tmp_path: Path) -> None:
     (g / "gid_attrs/types/3").write_text("RoCE v2\n")
     cfg_out = tmp_path / "nic_config.jsonl"
     res = subprocess.run(
-        [sys.executable, "-m", "collector.nic.cli", "--once", "--node", "n1", "--sysfs-root",
+        [sys.executable, "-m", "rocewatch.agent_cli", "--once", "--node", "n1", "--sysfs-root",
          str(root), "--out", str(tmp_path / "nic.jsonl"), "--config-out", str(cfg_out)],
         capture_output=True, timeout=60, cwd=Path(__file__).parents[1],
     )  # fmt: skip

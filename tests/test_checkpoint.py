@@ -33,12 +33,15 @@ import pytest
 
 from detectors.base import Finding
 from detectors.registry import DETECTORS
+from rocewatch.bus.signing import StateKeys
+from rocewatch.bus.state_store import StateStore, Stored
 from rocewatch.config import Config
 from rocewatch.core import checkpoint
 from rocewatch.core.checkpoint import CheckpointError, StateTypes
 from rocewatch.core.model import Alert
 from rocewatch.core.stats import Stats
 from rocewatch.pipeline import Pipeline
+from tests.support.state_keys import SIGNING
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -407,15 +410,19 @@ def test_another_major_version_gives_the_promised_error() -> None:
 
 
 class _Store:
-    """The state topic (a Kafka boundary): its last record, and where it is."""
+    """The state topic (a Kafka boundary): its last record, and where it is. The record is
+    signed with the store's own key, as if whoever forged it held the key: what refuses it
+    here is the codec (the MAC's own tests are in tests/test_state_signing.py)."""
 
     topic = "rocewatch.state"
+    keys = StateKeys("tests", {"tests": b"k" * 32})
+    open = StateStore.open
 
-    def __init__(self, value: bytes, offset: int) -> None:
-        self.value, self.offset = value, offset
+    def __init__(self, value: bytes, offset: int, key: str) -> None:
+        self.rec = Stored(key.encode(), value, offset, self.keys.sign(key.encode(), value))
 
-    def load_record(self, partition: int, key: str | None = None) -> tuple[bytes, int]:
-        return self.value, self.offset
+    def load_stored(self, partition: int, key: str | None = None) -> Stored:
+        return self.rec
 
 
 def stage_records(marker: Path) -> dict[str, bytes]:
@@ -445,18 +452,22 @@ def test_the_scale_out_stages_refuse_a_forged_state_record(
     raw = stage_records(marker)[what]
     cfg = Config()
     agg = Aggregator.__new__(Aggregator)
-    agg.cfg, agg.k, agg.stats, agg.forest_s = cfg, cfg.kafka, Stats(), None
-    agg.store = _Store(raw, 41)  # type: ignore[assignment]
+    agg.cfg, agg.k, agg.stats, agg.forest_s, agg.refused = cfg, cfg.kafka, Stats(), None, {}
+    agg.store = _Store(raw, 41, "agg-3")  # type: ignore[assignment]
     with caplog.at_level(logging.ERROR):
         part = agg._restore(3)
+        again = agg._restore(3)  # the partition back before a state of it was written
     # fresh state, read from the group's committed offset (the consumer's own start)
     assert part.offset is None and part.from_committed and part.engine.closed_ns is None
-    assert agg.stats.get("checkpoint_rejected") == 1
+    assert again.offset is None and again.from_committed
+    assert agg.stats.get("checkpoint_rejected") == 1  # one record: counted and logged once
     det = DomainStage.__new__(DomainStage)
-    det.store = _Store(raw, 77)  # type: ignore[assignment]
+    det.store = _Store(raw, 77, "detect")  # type: ignore[assignment]
     det.n_parts, det.state_key, det.name, det.holds = 4, "detect", "detect stage", Stats()
+    det.refused = None
     pipe = Pipeline(Topology.from_dict(GOOD), cfg)
     with caplog.at_level(logging.ERROR):
+        assert det._restore(pipe) is None
         assert det._restore(pipe) is None
     assert det.holds.get("checkpoint_rejected") == 1
     assert not marker.exists()
@@ -790,7 +801,8 @@ def test_a_running_scale_out_service_refuses_forged_state_records(
 ) -> None:
     """Whoever can produce to the state topic writes, before the service starts, a record that
     would run code if it were unpickled, for every telemetry partition and for the detect
-    stage. Each one is refused and counted; nothing runs; the service works from scratch."""
+    stage. Each one is refused and counted (it carries no MAC; signed, the codec refuses it:
+    the test above); nothing runs; the service works from scratch."""
     from kafka import KafkaProducer
 
     from rocewatch.bus.topics import ensure_detect_topics
@@ -807,6 +819,7 @@ def test_a_running_scale_out_service_refuses_forged_state_records(
         idle_flush_s=2.0,
         session_timeout_ms=6000,
         scale_out=True,
+        state_signing=SIGNING,
     )
     cfg = Config(topology=str(scenario_8n / "topology.yaml"), kafka=k, state_dir=str(tmp_path))
     n = ensure_detect_topics(k)
@@ -828,4 +841,5 @@ def test_a_running_scale_out_service_refuses_forged_state_records(
     svc.run(max_idle_s=6.0)
     stats = svc.summary()["stats"]
     assert stats.get("checkpoint_rejected") == n + 1, stats
+    assert stats.get("state_mac_rejected") == n + 1, stats  # (unsigned; signed: the codec)
     assert not marker.exists()

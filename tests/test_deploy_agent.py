@@ -21,7 +21,7 @@ import orjson
 import pytest
 import yaml
 
-from collector.nic.cli import build_parser
+from rocewatch.agent_cli import build_parser
 from rocewatch.config import (
     AgentFileConfig,
     agent_config_from_dict,
@@ -171,7 +171,7 @@ def test_lean_distribution_declares_only_the_agent() -> None:
     assert not deps & set(FORBIDDEN), deps
     assert project.get("optional-dependencies") is None  # an extra could bring them back
     assert {"kafka-python", "pyyaml", "orjson"} <= deps
-    assert project["scripts"] == {"rocewatch-agent": "collector.nic.cli:main"}
+    assert project["scripts"] == {"rocewatch-agent": "rocewatch.agent_cli:main"}
     full = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     # the whole service still installs the agent: every lean requirement is one of its own
     assert deps <= {_name(d) for d in full["dependencies"]}
@@ -237,7 +237,7 @@ class Block(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Block())
 sys.path.insert(0, {str(site)!r})
-from collector.nic.cli import main
+from rocewatch.agent_cli import main
 rc = main(sys.argv[1:])
 from collector.nic.kafka_output import KafkaSnapshotOutput
 from rocewatch.config import KafkaConfig

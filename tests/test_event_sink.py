@@ -31,6 +31,7 @@ from rocewatch.runtime.service import DetectService
 from storage.store import Store
 from tests.notify_receiver import Receiver, free_port
 from tests.pg_fresh import fresh_database
+from tests.support.state_keys import SIGNING
 from tests.support.until_done import run_service, stop_when_done
 from tests.test_kafka_resilience import scrape
 from tests.test_notify import SECRET, check_signed, events
@@ -68,12 +69,13 @@ def sink_cfg(bootstrap: str, kafka_topics: Any, db: str, hook_port: int | None) 
         topics=topics,
         group_id=kafka_topics("group"),
         session_timeout_ms=6000,
+        state_signing=SIGNING,
     )
     notify = NotifyConfig()
     if hook_port is not None:
         hook = WebhookConfig(name="ops", url=f"http://127.0.0.1:{hook_port}/", secret=SECRET)
         notify = NotifyConfig(
-            webhooks=(hook,), retry=RetryConfig(initial_s=0.2, max_s=1.0), poll_s=0.2
+            sinks={"webhooks": (hook,)}, retry=RetryConfig(initial_s=0.2, max_s=1.0), poll_s=0.2
         )
     return Config(storage_url=db, kafka=k, notify=notify)
 

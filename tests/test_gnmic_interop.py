@@ -45,6 +45,7 @@ from tests.support.gnmic import (
     need_gnmic,
     subscriber_config,
 )
+from tests.support.state_keys import SIGNING
 
 pytestmark = [pytest.mark.slow]
 
@@ -380,6 +381,7 @@ def test_gnmic_kafka_output_through_collect_gnmic_topic(
         commit_interval_s=0.5,
         idle_flush_s=2.0,
         session_timeout_ms=6000,
+        state_signing=SIGNING,
     )
     as_file = tmp_path / "gnmic-kafka.jsonl"  # gnmic's messages, as its file output has them
     as_file.write_bytes(b"".join(m + b"\n" for m in messages))

@@ -70,8 +70,13 @@ def _seconds(interval: str) -> int:
     return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
 
 
-def expand(sql: str, t_from: dt.datetime, t_to: dt.datetime) -> str:
-    """Grafana's PostgreSQL macros (pkg/tsdb/grafana-postgresql-datasource/macros.go)."""
+def expand(
+    sql: str, t_from: dt.datetime, t_to: dt.datetime, variables: dict[str, str] | None = None
+) -> str:
+    """Grafana's PostgreSQL macros (pkg/tsdb/grafana-postgresql-datasource/macros.go), after
+    the dashboard's template variables (``$name``, ``${name}``) as Grafana interpolates them."""
+    for name, value in (variables or {}).items():
+        sql = re.sub(rf"\$\{{{name}\}}|\${name}\b", value, sql)
     f = t_from.strftime("%Y-%m-%dT%H:%M:%SZ")
     t = t_to.strftime("%Y-%m-%dT%H:%M:%SZ")
     out = ""
@@ -133,9 +138,9 @@ def test_provisioning_files() -> None:
         prov["providers"][0]["options"]["path"] == "/etc/grafana/provisioning/dashboards/rocewatch"
     )
     titles = {json.loads(f.read_text())["title"] for f in dashboard_files()}
-    assert len(titles) == 6
+    assert len(titles) == 7
     kinds = {p["type"] for f in dashboard_files() for p in json.loads(f.read_text())["panels"]}
-    assert {"heatmap", "timeseries", "table", "state-timeline", "stat"} <= kinds
+    assert {"heatmap", "timeseries", "table", "state-timeline", "stat", "nodeGraph"} <= kinds
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +179,16 @@ EXPECT = {
     "Congestion alerts": ["gpu-015/mlx5_4", "leaf-r6-p0/Ethernet1/9"],
     "Drain and resume decisions": ["'gpu-008'"],
     "Alerts timeline": ["PFCStorm gpu-008/mlx5_7", "FlakyLink leaf-r0-p0/Ethernet1/12"],
+    # the incident dashboard, on the storm's incident ($incident)
+    "Pause graph": ["gpu-008/mlx5_7"],
+    "Timeline": ["PFC storm on priority 3 originating at gpu-008/mlx5_7"],
+    "Pause and ECN of $entity (click a node of the graph)": ["gpu-008/mlx5_7 p3 nic_tx_pause_us"],
 }
+
+
+def storm_incident(store: Store) -> str:
+    """The $incident of the scenario's storm (what the dashboard's variable offers)."""
+    return str(next(i["id"] for i in store.incidents() if "gpu-008/mlx5_7" in i["title"]))
 
 
 @pytest.mark.parametrize(("dash", "title", "sql"), queries(), ids=lambda v: str(v)[:60])
@@ -184,7 +198,8 @@ def test_every_dashboard_query_returns_the_faults(
     store, truth = filled_pg
     start = dt.datetime.fromtimestamp(truth["start_ns"] / 1e9, tz=dt.UTC)
     end = dt.datetime.fromtimestamp(truth["end_ns"] / 1e9, tz=dt.UTC)
-    q = expand(sql, start - dt.timedelta(minutes=5), end + dt.timedelta(minutes=5))
+    var = {"incident": storm_incident(store), "entity": "gpu-008/mlx5_7"}
+    q = expand(sql, start - dt.timedelta(minutes=5), end + dt.timedelta(minutes=5), var)
     with store.engine.connect() as conn:
         rows = [tuple(r) for r in conn.execute(text(q)).all()]
     assert rows, f"{dash}: {title!r} returned no rows"
@@ -195,16 +210,71 @@ def test_every_dashboard_query_returns_the_faults(
     for want in EXPECT.get(title, []):
         assert want in shown, f"{dash}: {title!r} does not show {want}: {shown[:800]}"
     # over a long range the same panels read the 1 min rollups
-    q_long = expand(sql, start - dt.timedelta(hours=7), end + dt.timedelta(minutes=5))
+    q_long = expand(sql, start - dt.timedelta(hours=7), end + dt.timedelta(minutes=5), var)
     with store.engine.connect() as conn:
         long_rows = conn.execute(text(q_long)).all()
     assert long_rows, f"{dash}: {title!r} returned no rows over 7 hours"
     # nothing outside the range leaks in (a count answers one row of zero)
     if title == "Alerts firing now":  # the current state, whatever the range
         return
-    q_empty = expand(sql, start - dt.timedelta(days=3), start - dt.timedelta(days=2))
+    q_empty = expand(sql, start - dt.timedelta(days=3), start - dt.timedelta(days=2), var)
     with store.engine.connect() as conn:
         early = [tuple(r) for r in conn.execute(text(q_empty)).all()]
     assert all(v in (0, None) for r in early for v in r), (
         f"{dash}: {title!r} ignores the time range: {early[:3]}"
     )
+
+
+def test_the_node_graph_queries_return_grafanas_nodes_and_edges_frames(
+    filled_pg: tuple[Store, dict[str, Any]],
+) -> None:
+    """The incident dashboard's Node graph: a ``nodes`` and an ``edges`` frame with the field
+    names Grafana's node graph reads, for the stored incident of the scenario's storm."""
+    store, truth = filled_pg
+    dash = json.loads((PROV / "dashboards" / "rocewatch" / "incident.json").read_text())
+    (graph,) = [p for p in dash["panels"] if p["type"] == "nodeGraph"]
+    frames = {t["refId"]: t["rawSql"] for t in graph["targets"]}
+    assert set(frames) == {"nodes", "edges"}  # the frames are named after their refId
+    start = dt.datetime.fromtimestamp(truth["start_ns"] / 1e9, tz=dt.UTC)
+    end = dt.datetime.fromtimestamp(truth["end_ns"] / 1e9, tz=dt.UTC)
+    t0, t1 = start - dt.timedelta(minutes=5), end + dt.timedelta(minutes=5)
+    var, entity = dash["templating"]["list"]
+    assert entity["name"] == "entity"  # set by the nodes' data link
+    (link, *_) = next(
+        o["properties"][0]["value"]
+        for o in graph["fieldConfig"]["overrides"]
+        if o["matcher"]["options"] == "id"
+    )
+    assert "var-entity=${__data.fields.title}" in link["url"]
+    with store.engine.connect() as conn:
+        offered = conn.execute(text(expand(var["query"], t0, t1))).mappings().all()
+        incident = storm_incident(store)
+        assert incident in {str(r["__value"]) for r in offered}
+        assert any("PFC storm from gpu-008/mlx5_7" in r["__text"] for r in offered)
+        q = {k: expand(v, t0, t1, {"incident": incident}) for k, v in frames.items()}
+        nodes = conn.execute(text(q["nodes"])).mappings().all()
+        edges = conn.execute(text(q["edges"])).mappings().all()
+    assert list(nodes[0].keys()) == [
+        "id", "title", "subtitle", "mainstat", "secondarystat", "arc__paused", "arc__unpaused",
+        "detail__kind", "detail__first_paused", "detail__ports", "color",
+    ]  # fmt: skip
+    assert list(edges[0].keys()) == ["id", "source", "target", "mainstat", "thickness", "color"]
+    by_id = {n["id"]: n for n in nodes}
+    origin = by_id["nic:gpu-008/mlx5_7"]
+    assert origin["detail__kind"] == "origin" and origin["color"] == "#d62728"
+    assert float(origin["mainstat"]) > 99 and origin["secondarystat"]  # share, first paused
+    for n in nodes:
+        assert float(n["arc__paused"]) + float(n["arc__unpaused"]) == pytest.approx(1.0)
+        assert n["color"].startswith("#")
+    # every truth victim of the storm is a node of its graph
+    (fault,) = [f for f in truth["faults"] if f["alertname"] == "PFCStorm"]
+    want = {
+        f"nic:{v['node']}/{v['nic']}" if "node" in v else f"switch:{v['switch']}"
+        for v in fault["victims"]
+    }
+    assert want <= set(by_id)
+    assert {e["source"] for e in edges} | {e["target"] for e in edges} <= set(by_id)
+    assert len({e["id"] for e in edges}) == len(edges)
+    pauses = [e for e in edges if e["mainstat"].startswith("pauses")]
+    assert any(e["source"] == "nic:gpu-008/mlx5_7" for e in pauses)
+    assert all(float(e["thickness"]) >= 1 for e in edges)

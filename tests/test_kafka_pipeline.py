@@ -28,6 +28,7 @@ from rocewatch.runtime.publish import publish_scenario
 from rocewatch.runtime.service import DetectService
 from rocewatch.sources import merged, scenario_sources
 from tests.support.kafka_read import read_to_end
+from tests.support.state_keys import SIGNING, SIGNING_YAML
 from tests.support.until_done import run_service, stop_when_done
 
 
@@ -50,6 +51,7 @@ def kafka_cfg(bootstrap: str, kafka_topics, tmp_path: Path, scenario: Path) -> C
         commit_interval_s=0.5,
         idle_flush_s=2.0,
         session_timeout_ms=6000,
+        state_signing=SIGNING,
     )
     return Config(
         topology=str(scenario / "topology.yaml"), kafka=k, state_dir=str(tmp_path / "state")
@@ -147,6 +149,7 @@ def test_detector_killed_mid_stream_loses_and_doubles_nothing(
                     "idle_flush_s": 3.0,
                     "session_timeout_ms": 6000,
                     "topics": dataclasses.asdict(k.topics),
+                    "state_signing": SIGNING_YAML,
                 },
             }
         )

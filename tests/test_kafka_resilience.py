@@ -34,6 +34,7 @@ from rocewatch.runtime.publish import publish_scenario
 from rocewatch.sim.scenarios import default_scenario
 from rocewatch.sources import merged, scenario_sources
 from tests.support.kafka_read import read_to_end
+from tests.support.state_keys import SIGNING
 from tests.test_kafka_pipeline import wait_for_outputs
 
 
@@ -63,6 +64,7 @@ def make_cfg(
         # the product default: on a loaded machine a 6 s session expired before the first poll
         # (the detector then read nothing for a minute)
         session_timeout_ms=10000,
+        state_signing=SIGNING,
         **kw,
     )
     return Config(

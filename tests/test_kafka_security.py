@@ -34,6 +34,7 @@ from rocewatch.core.stats import Stats
 from rocewatch.core.topology import Topology
 from rocewatch.sources import merged, scenario_sources
 from tests.support.kafka_read import read_to_end
+from tests.support.state_keys import SIGNING_YAML
 
 USER = "rocewatch"
 
@@ -130,6 +131,7 @@ def test_cli_publish_and_detect_over_sasl_ssl_give_the_replay_alerts(
         "commit_interval_s": 0.5,
         "idle_flush_s": 2.0,
         "session_timeout_ms": 6000,
+        "state_signing": SIGNING_YAML,
     }
     # the publisher takes its password from the environment, the detector from a secret file;
     # neither YAML file holds a secret
@@ -221,6 +223,7 @@ def test_wrong_password_is_a_clear_authentication_error(secure_kafka_broker, sce
             "sasl_plain_username": USER,
             "sasl_plain_password": "${ROCEWATCH_KAFKA_PASSWORD}",
             "topics": dataclasses.asdict(topics(prefix)),
+            "state_signing": SIGNING_YAML,
         },
     )
     env = {**os.environ, "ROCEWATCH_KAFKA_PASSWORD": wrong}

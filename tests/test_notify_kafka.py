@@ -16,6 +16,7 @@ from rocewatch.runtime.service import DetectService
 from rocewatch.sim import write_scenario
 from rocewatch.sim.scenarios import default_scenario
 from tests.notify_receiver import Receiver, free_port
+from tests.support.state_keys import SIGNING
 from tests.support.until_done import run_service, stop_when_done
 from tests.test_kafka_pipeline import read_topic
 from tests.test_notify import SECRET, check_signed, events
@@ -35,6 +36,7 @@ def test_detect_service_sends_every_alert_event_once(
         commit_interval_s=0.5,
         idle_flush_s=2.0,
         session_timeout_ms=6000,
+        state_signing=SIGNING,
     )
     rx = Receiver(free_port()).start()
     hook = WebhookConfig(name="ops", url=f"http://127.0.0.1:{rx.port}/", secret=SECRET)
@@ -43,7 +45,9 @@ def test_detect_service_sends_every_alert_event_once(
         kafka=k,
         state_dir=str(tmp_path / "state"),
         storage_url=f"sqlite:///{tmp_path / 'rocewatch.db'}",
-        notify=NotifyConfig(webhooks=(hook,), retry=RetryConfig(initial_s=0.2, max_s=1.0)),
+        notify=NotifyConfig(
+            sinks={"webhooks": (hook,)}, retry=RetryConfig(initial_s=0.2, max_s=1.0)
+        ),
     )
     cfg = dataclasses.replace(cfg, notify=dataclasses.replace(cfg.notify, poll_s=0.2))
     try:

@@ -26,6 +26,7 @@ from rocewatch.core.errors import ConfigError
 from rocewatch.core.model import Action, Alert
 from rocewatch.core.topology import Topology
 from storage.store import Store
+from tests.support.state_keys import SIGNING, SIGNING_YAML
 
 S = 1_000_000_000
 T0 = 1_795_946_400 * S
@@ -263,6 +264,7 @@ def test_without_a_database_the_api_takes_commands_for_the_instance_itself(
         group_id=kafka_topics("group"),
         topics=TopicsConfig(**{n: kafka_topics(n) for n in names}),
         session_timeout_ms=6000,
+        state_signing=SIGNING,
     )
     cfg = Config(
         kafka=k,
@@ -328,6 +330,7 @@ def test_scale_out_detect_stage_carries_out_cli_and_api_commands(
                 "topics": {k: kafka_topics(k) for k in names},
                 "scale_out": True,
                 "session_timeout_ms": 6000,
+                "state_signing": SIGNING_YAML,
             },
             "actions": {"mode": "approval"},
             "api": {"listen": "127.0.0.1:0", "token": TOKEN},

@@ -36,6 +36,7 @@ import yaml
 
 from rocewatch.bus.topics import ensure_topics
 from rocewatch.runtime.publish import publish_scenario
+from tests.support.state_keys import SIGNING_YAML
 from tests.test_kafka_pipeline import detect_state_end, kafka_cfg, read_topic
 
 SPLIT_S = 16.0  # telemetry seconds before the restart
@@ -99,6 +100,7 @@ def _config(cfg: Any, topology: str, extra: dict[str, Any]) -> dict[str, Any]:
             "idle_flush_s": 2.0,
             "session_timeout_ms": 6000,
             "topics": dataclasses.asdict(k.topics),
+            "state_signing": SIGNING_YAML,
         },
         # a real executor: in auto mode a drain runs scontrol (here against a node Slurm does
         # not know, so it fails: "failed: ..."); in dry-run mode scontrol is never run

@@ -177,9 +177,7 @@ class Store:
         if self.down:
             raise KafkaTimeoutError("no broker answered")
 
-    def load_record(
-        self, partition: int, key: str | None = None, timeout_s: float = 60.0
-    ) -> tuple[bytes, int] | None:
+    def load_stored(self, partition: int, key: str | None = None, timeout_s: float = 60.0) -> None:
         self.loads.append(self.clock.monotonic())
         self._reachable()
         return None

@@ -29,6 +29,7 @@ from kafka.structs import TopicPartition
 from detectors.registry import metrics_read
 from rocewatch.bus import transactions
 from rocewatch.bus.publish import make_producer
+from rocewatch.bus.signing import load_state_keys
 from rocewatch.bus.state_store import StateSnapshot, StateStore
 from rocewatch.bus.topics import (
     MAX_MESSAGE_BYTES,
@@ -51,6 +52,7 @@ from rocewatch.sim import write_scenario
 from rocewatch.sim.faults import FlakyLink
 from rocewatch.sim.scenarios import default_scenario
 from tests.notify_receiver import free_port
+from tests.support.state_keys import SIGNING, SIGNING_YAML
 from tests.support.until_done import run_service, stop_when_done
 from tests.test_kafka_pipeline import (
     comparable,
@@ -77,6 +79,7 @@ def so_cfg(bootstrap: str, kafka_topics: Any, run: str, tmp: Path, scenario: Pat
         idle_flush_s=2.0,
         session_timeout_ms=6000,
         scale_out=True,
+        state_signing=SIGNING,
     )
     return Config(
         topology=str(scenario / "topology.yaml"), kafka=k, state_dir=str(tmp / run / "state")
@@ -97,6 +100,7 @@ def write_conf(cfg: Config, path: Path) -> Path:
             "session_timeout_ms": k.session_timeout_ms,
             "scale_out": True,
             "topics": dataclasses.asdict(k.topics),
+            "state_signing": SIGNING_YAML,
         },
     }
     path.write_text(yaml.safe_dump(doc))
@@ -1468,7 +1472,7 @@ def test_a_stalled_detect_stage_is_fenced_out_of_kafka_and_the_scheduler(
     k = cfg.kafka
     n_parts = ensure_detect_topics(k)
     shared = make_producer(k)
-    store = StateStore(k, shared)
+    store = StateStore(k, shared, keys=load_state_keys(k.state_signing))
     old = DetectWriter(k, shared, n_parts)
     new = DetectWriter(k, shared, n_parts)
     intruder = DetectWriter(k, shared, n_parts)

@@ -222,7 +222,7 @@ def test_prune(store: Store) -> None:
     store.write_rollups(rollups(n=3))  # buckets at T0, T0+60s, T0+120s
 
     deleted = store.prune(T0 + 90 * S)
-    assert deleted == {"alerts": 1, "actions": 1, "metric_rollups": 2}
+    assert deleted == {"alerts": 1, "actions": 1, "metric_rollups": 2, "incidents": 1}
     assert {(a.name, a.starts_at) for a in store.alerts()} == {
         ("Straggler", T0),
         ("PFCStorm", T0 + 100 * S),
@@ -292,6 +292,7 @@ def test_retention_by_age_includes_the_outbox(url: str) -> None:
             "alerts": 1,
             "actions": 1,
             "metric_rollups": 0,
+            "incidents": 1,
             "notify_outbox": 1,
         }
         assert [a.starts_at for a in s.alerts()] == [now[0] - S]

@@ -28,7 +28,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocewatch.config import build
+from rocewatch.core.config import build
 from rocewatch.core.errors import ConfigError
 from rocewatch.core.topology import Topology
 

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Protocol
 
 from kafka import KafkaConsumer
 from kafka.errors import KafkaError
 
 from collector.decode import GnmicEventDecoder
+from rocewatch.bus.config import KafkaConfig
 from rocewatch.bus.poll import poll_group
 from rocewatch.bus.publish import TelemetryPublisher
 from rocewatch.bus.topics import ensure_topics
-from rocewatch.config import Config
 from rocewatch.core.errors import RetryableError
 from rocewatch.core.stats import Stats
 from rocewatch.core.topology import Topology
@@ -28,10 +29,17 @@ from rocewatch.core.topology import Topology
 log = logging.getLogger(__name__)
 
 
+class HasKafka(Protocol):
+    """What the bridge reads of the product config: its ``kafka`` section."""
+
+    @property
+    def kafka(self) -> KafkaConfig: ...
+
+
 class GnmicKafkaBridge:
     def __init__(
         self,
-        cfg: Config,
+        cfg: HasKafka,
         topology: Topology,
         topic: str,
         group_id: str | None = None,

@@ -22,8 +22,8 @@ from kafka.structs import TopicPartition
 
 from collector.gnmi.client import Collector
 from collector.gnmi.config import TargetConfig
+from rocewatch.bus.config import KafkaConfig
 from rocewatch.bus.poll import poll_group
-from rocewatch.config import KafkaConfig
 from rocewatch.core.errors import RetryableError
 
 log = logging.getLogger(__name__)

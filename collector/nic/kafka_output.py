@@ -18,7 +18,7 @@ from kafka.errors import KafkaError
 from collector.mapping import NicMapper
 from collector.nic import batch
 from collector.nic.samples import SnapshotReader
-from rocewatch.config import KafkaConfig
+from rocewatch.bus.config import KafkaConfig
 from rocewatch.core.errors import RetryableError
 from rocewatch.core.stats import Stats
 

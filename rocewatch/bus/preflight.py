@@ -23,7 +23,7 @@ import ssl
 import struct
 from typing import Any
 
-from rocewatch.config import KafkaConfig
+from rocewatch.bus.config import KafkaConfig
 from rocewatch.core.errors import PermanentError
 
 log = logging.getLogger(__name__)

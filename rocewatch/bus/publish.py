@@ -15,7 +15,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError
 
 from rocewatch import wire
-from rocewatch.config import KafkaConfig
+from rocewatch.bus.config import KafkaConfig
 from rocewatch.core.errors import ProducerFailed, RetryableError
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ from kafka.errors import (
     TopicAlreadyExistsError,
 )
 
+from rocewatch.bus.config import KafkaConfig
 from rocewatch.bus.preflight import preflight
-from rocewatch.config import KafkaConfig
 from rocewatch.core.errors import (
     ConfigError,
     RetryableError,

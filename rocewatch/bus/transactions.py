@@ -15,9 +15,9 @@ from kafka.errors import (
 )
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from rocewatch.bus.config import KafkaConfig
 from rocewatch.bus.publish import abandon_producer, make_producer
 from rocewatch.bus.topics import MAX_MESSAGE_BYTES
-from rocewatch.config import KafkaConfig
 from rocewatch.core.clock import SYSTEM_CLOCK, Clock
 from rocewatch.core.errors import (
     Fenced,

@@ -5,6 +5,7 @@ serve them on ``metrics_port``. What they export:
 
 * ingest: ``rocewatch_samples_ingested_total`` (rate() is the ingest rate),
   ``rocewatch_checkpoint_rejected_total`` (state files and state-topic records refused),
+  ``rocewatch_state_mac_rejected_total`` (of those, state-topic records without a valid MAC),
   ``rocewatch_consumer_lag_records{partition}``, ``rocewatch_input_skipped{reason}``
   (malformed or skipped input, counted by reason);
 * detection: ``rocewatch_detector_batch_seconds`` (histogram of detector CPU time per consumed
@@ -74,6 +75,14 @@ class ServiceMetrics:
             registry=r,
         )
         self._ckpt_seen = 0
+        # of those, state-topic records whose MAC is missing or wrong (rocewatch.bus.signing):
+        # a forgery, or instances that do not share a key
+        self.mac_rejected = Counter(
+            "rocewatch_state_mac_rejected_total",
+            "state-topic records refused for a missing or wrong MAC",
+            registry=r,
+        )
+        self._mac_seen = 0
         self.sent = Counter(
             "rocewatch_notify_sent_total", "alert events delivered", ["sink"], registry=r
         )
@@ -148,6 +157,10 @@ class ServiceMetrics:
         if rejected > self._ckpt_seen:
             self.ckpt_rejected.inc(rejected - self._ckpt_seen)
             self._ckpt_seen = rejected
+        mac = merged.counts.get("state_mac_rejected", 0)
+        if mac > self._mac_seen:
+            self.mac_rejected.inc(mac - self._mac_seen)
+            self._mac_seen = mac
 
     def update_scaleout(self, svc: Any) -> None:
         """Refresh from a DetectService, in its aggregate stage's thread: lag on the

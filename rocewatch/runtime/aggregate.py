@@ -23,7 +23,8 @@ from detectors.registry import metrics_read
 from detectors.windows import Step, WindowEngine
 from rocewatch import wire
 from rocewatch.bus.poll import poll_group
-from rocewatch.bus.state_store import StateSnapshot, StateStore, state_record
+from rocewatch.bus.signing import SignatureError
+from rocewatch.bus.state_store import Signed, StateSnapshot, StateStore, state_record
 from rocewatch.bus.topics import (
     GROUP_METADATA_MAX_AGE_MS,
     MAX_MESSAGE_BYTES,
@@ -204,6 +205,8 @@ class Aggregator:
         self.stats = Stats()
         self.parts: dict[int, _Part] = {}
         self.retired: dict[int, _Part] = {}
+        # the offset of each partition's state record this instance refused (not read again)
+        self.refused: dict[int, int] = {}
         # checkpoints whose frames are being serialised: partition -> (its part, snapshot)
         self.saving: dict[int, tuple[_Part, int, StateSnapshot]] = {}
         self.closing = False
@@ -259,23 +262,39 @@ class Aggregator:
         log.info("aggregating telemetry partitions %s", sorted(self.parts))
 
     def _restore(self, p: int) -> _Part:
-        rec = self.store.load_record(p)
+        rec = self.store.load_stored(p, key=f"agg-{p}")
+        if rec is not None and self.refused.get(p) == rec.offset:
+            # refused already (the partition comes back before any state of it was written):
+            # counted and logged once
+            return _Part(
+                self._new_engine(),
+                None,
+                rollups=self._new_rollups(),
+                forest=self._new_forest(),
+                from_committed=True,
+            )
         if rec is not None:
-            raw, at = rec
             try:
                 st = load_agg_state(
-                    raw, self._new_engine(), self._new_rollups(), self._new_forest()
+                    self.store.open(rec),
+                    self._new_engine(),
+                    self._new_rollups(),
+                    self._new_forest(),
                 )
                 if st.partition != p:
                     raise CheckpointError(f"the state of partition {st.partition}")
-            except CheckpointError as e:  # damaged, foreign or forged: nothing of it is run
+            except (CheckpointError, SignatureError) as e:  # damaged, foreign or forged
+                # nothing of it is run
+                self.refused[p] = rec.offset
                 self.stats.inc("checkpoint_rejected")
+                if isinstance(e, SignatureError):
+                    self.stats.inc("state_mac_rejected")
                 log.error(
                     "state record %s/%d@%d rejected (%s); partition %d starts afresh from "
                     "its committed offset",
                     self.store.topic,
                     p,
-                    at,
+                    rec.offset,
                     e,
                     p,
                 )
@@ -592,7 +611,9 @@ class Aggregator:
         for p in todo:
             part = self.parts[p]
             assert part.offset is not None
-            saves.append((p, part.offset, state_record(self._state(p, part))))
+            saves.append(
+                (p, part.offset, self.store.sign(f"agg-{p}", state_record(self._state(p, part))))
+            )
             part.dirty = False
         self._save(saves, commit)
 
@@ -604,7 +625,11 @@ class Aggregator:
         part = self.parts.get(p)
         if part is None or p in self.saving or not part.dirty or part.offset is None:
             return
-        self.saving[p] = (part, part.offset, StateSnapshot(self._state(p, part)).start())
+        self.saving[p] = (
+            part,
+            part.offset,
+            self.store.snapshot(self._state(p, part), f"agg-{p}").start(),
+        )
         part.dirty = False  # the records read from now on make it dirty again
 
     def finish_checkpoint(self) -> None:
@@ -617,7 +642,7 @@ class Aggregator:
         for p in ready:
             part, offset, snap = self.saving.pop(p)
             if self.parts.get(p) is part:  # still held here
-                saves.append((p, offset, snap.record()))
+                saves.append((p, offset, snap.signed()))
         self._save(saves, True)
 
     @staticmethod
@@ -627,17 +652,18 @@ class Aggregator:
             STATE_VERSION, p, part.engine, part.offset, part.hi, part.rollups, part.forest
         )
 
-    def _save(self, saves: list[tuple[int, int, bytes]], commit: bool) -> None:
-        """Write partitions' states (partition, telemetry offset, record), then commit the
-        offsets (after the broker took the states: the state topic holds them)."""
+    def _save(self, saves: list[tuple[int, int, Signed]], commit: bool) -> None:
+        """Write partitions' states (partition, telemetry offset, signed record), then commit
+        the offsets (after the broker took the states: the state topic holds them)."""
         futures = []
-        for p, offset, blob in saves:
-            if len(blob) > self.store.max_bytes:  # the stream goes on; a restart re-reads more
+        for p, offset, rec in saves:
+            size = len(rec.value)
+            if size > self.store.max_bytes:  # the stream goes on; a restart re-reads more
                 self.stats.inc("state_too_large", detail=f"agg-{p}")
-                log.error("state of partition %d is %d bytes: not checkpointed", p, len(blob))
+                log.error("state of partition %d is %d bytes: not checkpointed", p, size)
                 self.parts[p].dirty = True
                 continue
-            futures.append((p, offset, self.store.save(p, f"agg-{p}", blob)))
+            futures.append((p, offset, self.store.save(p, rec)))
         if not futures:
             return
         self.producer.flush(timeout=60)

@@ -23,7 +23,8 @@ from actions.routing import RoutingExecutor
 from detectors.registry import DETECTORS
 from detectors.windows import Step
 from rocewatch.bus.poll import poll_group
-from rocewatch.bus.state_store import StateSnapshot, StateStore, state_record
+from rocewatch.bus.signing import SignatureError
+from rocewatch.bus.state_store import Signed, StateSnapshot, StateStore, state_record
 from rocewatch.bus.topics import (
     GROUP_METADATA_MAX_AGE_MS,
     MAX_MESSAGE_BYTES,
@@ -48,6 +49,7 @@ from rocewatch.pipeline import (
 )
 from rocewatch.runtime.aggregate import STATE_VERSION
 from rocewatch.runtime.delivery import Published, output_partitions, send_events
+from rocewatch.runtime.outputs import OutputWriter
 from rocewatch.runtime.steps import DomainRoutes, StepsMessage, coded_step, decode_steps
 from rocewatch.runtime.timing import (
     DEAF_S,
@@ -74,6 +76,19 @@ def kube_api(cfg: Config) -> Any:
         return client.CoreV1Api(api_client(kcfg))
 
     return make
+
+
+def kube_nodes(topology: Any, domain: str | None) -> dict[str, list[str]]:
+    """The topology's Kubernetes nodes (of ``domain`` when the stage runs one), for the
+    executor that watches them."""
+    return {
+        "kubernetes": sorted(
+            n
+            for n in topology.nodes
+            if topology.scheduler_of(n) == "kubernetes"
+            and (domain is None or topology.domain_of(n) == domain)
+        )
+    }
 
 
 DETECT_STATE_KIND = "detect-state"  # a detect stage's
@@ -192,6 +207,7 @@ class DomainStage:
         # what happened to this instance's hold on the stage (lost, fenced, taken back): its
         # own, kept across restores
         self.holds = Stats()
+        self.refused: int | None = None  # the offset of the state record refused (not read again)
         self.active = False
         self.closing = False
         self.group_changed = self.clock.monotonic()  # the last (re)assignment, for --max-idle
@@ -226,6 +242,7 @@ class DomainStage:
         # after a fence: when to take the stage back if the group still gives it to this
         # instance (nobody else holds it: the fence came from a transaction timeout, say)
         self.retake_at: float | None = None
+        self.routing: RoutingExecutor | None = None
         # a checkpoint whose frames are being serialised: (state, steps offset, snapshot)
         self.saving: tuple[DetectState, int, StateSnapshot] | None = None
 
@@ -252,7 +269,8 @@ class DomainStage:
 
     def _take_over(self, tps: list[TopicPartition]) -> None:
         self.writer.start()  # fences the previous holder and aborts what it left open
-        executor = FencedExecutor(RoutingExecutor(self.cfg.executors), self.writer.fence)
+        routing = RoutingExecutor(self.cfg.executors)
+        executor = FencedExecutor(routing, self.writer.fence)
         # the pipeline is built from today's configuration and topology, and the state record's
         # data laid over it: an edited configuration file is what runs after a restart
         st = self._restore(self._new_pipeline(executor))
@@ -273,6 +291,11 @@ class DomainStage:
         self.live_jobs = build_live_jobs(
             st.pipeline.topology, self.cfg.membership, kube_api(self.cfg), static=self.static_jobs
         )
+        if self.cfg.policy.mode != "dry-run":
+            # the Kubernetes executor's background work: the healthy condition on the nodes it
+            # watches, the drains (evictions) of an earlier holder, uncordons by hand
+            routing.watch(kube_nodes(st.pipeline.topology, self.domain))
+        self.routing = routing
         self.active = True
         self.started = self.heard = self.clock.monotonic()
         self.seen = {p: self.started for p in st.part_closed}
@@ -299,19 +322,22 @@ class DomainStage:
         return pipe
 
     def _restore(self, pipe: Pipeline) -> DetectState | None:
-        rec = self.store.load_record(self.n_parts, key=self.state_key)
-        if rec is None:
+        rec = self.store.load_stored(self.n_parts, key=self.state_key)
+        if rec is None or rec.offset == self.refused:  # (refused already: counted once)
             return None
-        raw, at = rec
         try:
-            return load_detect_state(raw, pipe)
-        except CheckpointError as e:  # damaged, foreign or forged: nothing of it is run
+            return load_detect_state(self.store.open(rec), pipe)
+        except (CheckpointError, SignatureError) as e:  # damaged, foreign or forged
+            # nothing of it is run
+            self.refused = rec.offset
             self.holds.inc("checkpoint_rejected")
+            if isinstance(e, SignatureError):
+                self.holds.inc("state_mac_rejected")
             log.error(
                 "state record %s/%d@%d rejected (%s); the %s starts afresh from the first step",
                 self.store.topic,
                 self.n_parts,
-                at,
+                rec.offset,
                 e,
                 self.name,
             )
@@ -331,6 +357,9 @@ class DomainStage:
 
     def _drop(self, why: str) -> None:
         self.active = False
+        if self.routing is not None:
+            self.routing.close()  # its evictions go on with the next holder
+            self.routing = None
         self.state = None
         self.saving = None
         self.pending_snapshot = None
@@ -638,7 +667,9 @@ class DomainStage:
             # database, an idempotent upsert, so a step evaluated again after a takeover is no
             # harm; with the published events' times (as JSON keeps them), as the sink stores
             try:
-                self.alert_db.write_alerts([Alert.from_json(a.to_json()) for a in out.inhibited])
+                OutputWriter(self.alert_db).write(
+                    inhibited=[Alert.from_json(a.to_json()) for a in out.inhibited]
+                )
             except RetryableError as e:
                 self.stats.inc("inhibited_not_stored", len(out.inhibited))
                 log.warning("inhibited alerts not stored: %s", e)
@@ -657,7 +688,7 @@ class DomainStage:
         if st is None or not self.active:
             return
         self._mark_outputs(st)
-        self._write_state(state_record(st), st.offset, commit)
+        self._write_state(self.store.sign(self.state_key, state_record(st)), st.offset, commit)
 
     def begin_checkpoint(self) -> None:
         """The stream's periodic checkpoint, in two halves so the stream does not wait for the
@@ -673,7 +704,7 @@ class DomainStage:
         if st is None or not self.active or self.saving is not None:
             return
         self._mark_outputs(st)
-        self.saving = (st, st.offset, StateSnapshot(st).start())
+        self.saving = (st, st.offset, self.store.snapshot(st, self.state_key).start())
 
     def finish_checkpoint(self) -> None:
         """Write the state ``begin_checkpoint`` copied, once serialised."""
@@ -686,9 +717,9 @@ class DomainStage:
         self.saving = None
         if st is not self.state or not self.active:  # handed over or taken again since
             return
-        blob = snap.record()
+        rec = snap.signed()
         self.writer.commit()  # the events of the steps since: the state's transaction holds none
-        self._write_state(blob, offset, True)
+        self._write_state(rec, offset, True)
 
     def _mark_outputs(self, st: DetectState) -> None:
         """Flush what was published and note where the output topics end: a restart from
@@ -699,19 +730,23 @@ class DomainStage:
             for tp, off in self.store.end_offsets(self._output_tps()).items()
         }
 
-    def _write_state(self, blob: bytes, offset: int, commit: bool) -> None:
-        if len(blob) > self.store.max_bytes:  # the stream goes on; a restart re-reads more
+    def _write_state(self, rec: Signed, offset: int, commit: bool) -> None:
+        if len(rec.value) > self.store.max_bytes:  # the stream goes on; a restart re-reads more
             self.stats.inc("state_too_large", detail=self.state_key)
             log.error(
                 "%s state is %d bytes, above %d: not checkpointed",
                 self.name,
-                len(blob),
+                len(rec.value),
                 self.store.max_bytes,
             )
             return
         offsets = {self.tp: OffsetAndMetadata(offset, "", -1)}
         fut = self.writer.send(
-            self.store.topic, key=self.state_key.encode(), value=blob, partition=self.n_parts
+            self.store.topic,
+            key=rec.key,
+            value=rec.value,
+            headers=rec.headers,
+            partition=self.n_parts,
         )
         # the transaction holds only the state and the offset (the events went before it), so
         # a broker that refuses the state (a record too large for the topic, say) costs this

@@ -17,6 +17,7 @@ from kafka import ConsumerRebalanceListener
 from actions.api import OperatorApi
 from actions.operator import pending_approvals
 from rocewatch.bus.publish import WatchedProducer, make_producer
+from rocewatch.bus.signing import load_state_keys
 from rocewatch.bus.state_store import StateStore
 from rocewatch.bus.topics import (
     MAX_MESSAGE_BYTES,
@@ -72,6 +73,9 @@ class DetectService:
     def __init__(
         self, cfg: Config, topology: Topology | None = None, clock: Clock = SYSTEM_CLOCK
     ) -> None:
+        # the state topic's keys first: without one, nothing is started (not even a broker
+        # connection), with one line saying so
+        keys = load_state_keys(cfg.kafka.state_signing)
         if topology is None:
             if not cfg.topology:
                 raise ConfigError("detect needs 'topology' (a topology file) in its config")
@@ -102,7 +106,7 @@ class DetectService:
                 k, max_request_size=MAX_MESSAGE_BYTES, batch_size=batch, compression_type=None
             )
         )
-        self.store = StateStore(k, self.producer, limits[t.state])
+        self.store = StateStore(k, self.producer, limits[t.state], keys=keys)
         self.agg = Aggregator(
             cfg, self.n_parts, self.producer, self.store, limits, self.routes, clock
         )

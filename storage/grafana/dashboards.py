@@ -532,6 +532,131 @@ FROM actions WHERE $__timeFilter(time) ORDER BY time DESC""",
             ),
         ],
     )
+    d["incident"] = incident_dashboard()
+    return d
+
+
+# --- the incident dashboard: the pause graph of one incident (storage/incidents.py) ----------
+# An incident shows while the dashboard's range overlaps it (so a range without it is empty).
+IN_RANGE = (
+    "i.id = $incident AND i.started_at <= $__timeTo() "
+    "AND coalesce(i.ended_at, $__timeTo()) >= $__timeFrom()"
+)
+NODE_COLOR = """CASE n.kind WHEN 'origin' THEN '#d62728' WHEN 'end' THEN '#d62728'
+         WHEN 'victim' THEN '#ff7f0e' WHEN 'entity' THEN '#ff7f0e' WHEN 'job' THEN '#1f77b4'
+         WHEN 'host' THEN '#9467bd' ELSE '#7f7f7f' END"""
+# Grafana's Node graph reads a "nodes" and an "edges" frame by these field names (its data API):
+# nodes id, title, subtitle, mainstat, secondarystat, arc__* (fractions summing to 1),
+# detail__*, color; edges id, source, target, mainstat, thickness, color
+NODES_SQL = f"""SELECT n.node_id AS id,
+       n.title AS title,
+       n.kind || CASE WHEN n.subtitle <> '' THEN ': ' || n.subtitle ELSE '' END AS subtitle,
+       round((n.share * 100)::numeric, 1) AS mainstat,
+       coalesce(to_char(n.first_paused AT TIME ZONE 'UTC', 'HH24:MI:SS.MS'), '') AS secondarystat,
+       coalesce(n.share, 0) AS arc__paused,
+       1 - coalesce(n.share, 0) AS arc__unpaused,
+       n.kind AS detail__kind,
+       coalesce(to_char(n.first_paused AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), '')
+         AS detail__first_paused,
+       coalesce(array_to_string(ARRAY(
+         SELECT jsonb_array_elements_text(CASE WHEN jsonb_typeof(n.detail->'ports') = 'array'
+                                          THEN n.detail->'ports' ELSE '[]'::jsonb END)), ', '), '')
+         AS detail__ports,
+       {NODE_COLOR} AS color
+FROM incident_nodes n JOIN incidents i ON i.id = n.incident_id
+WHERE {IN_RANGE}
+ORDER BY n.id"""
+EDGES_SQL = f"""SELECT e.edge_id AS id, e.source AS source, e.target AS target,
+       e.kind || coalesce(' ' || round((e.share * 100)::numeric, 1) || '%', '') AS mainstat,
+       1 + 4 * coalesce(e.share, 0.2) AS thickness,
+       CASE e.kind WHEN 'pauses' THEN '#d62728' WHEN 'cable' THEN '#d62728'
+         WHEN 'runs' THEN '#1f77b4' ELSE '#9467bd' END AS color
+FROM incident_edges e JOIN incidents i ON i.id = e.incident_id
+WHERE {IN_RANGE}
+ORDER BY e.id"""
+TIMELINE_SQL = f"""SELECT ev.time AS "time", ev.kind AS what, ev.summary,
+       coalesce(ev.detail->'alert'->'annotations'->>'evidence', '') AS evidence
+FROM incident_events ev JOIN incidents i ON i.id = ev.incident_id
+WHERE {IN_RANGE}
+ORDER BY ev.time, ev.id"""
+# a node's own series: pause (received and sent) and ECN marking of the entity a node of the
+# graph stands for (a NIC "node/nic", a switch port, or every port of a switch), $entity being
+# set by the node's data link
+ENTITY_SERIES_SQL = f"""SELECT bucket_start AS time,
+       device || '/' || port || CASE WHEN qual <> '' THEN ' p' || qual ELSE '' END || ' '
+         || metric AS metric,
+       mean AS value
+FROM metric_rollups
+WHERE metric IN ('pfc_rx_pause_us', 'pfc_tx_pause_us', 'nic_rx_pause_us', 'nic_tx_pause_us',
+                 'queue_ecn_marked_pkts', 'nic_ecn_marked_pkts')
+  AND $__timeFilter(bucket_start) AND {FINEST}
+  AND (device || '/' || port = '$entity' OR device = '$entity')
+  AND (device, port, qual, metric) IN (
+    SELECT device, port, qual, metric FROM metric_rollups
+    WHERE $__timeFilter(bucket_start) AND (device || '/' || port = '$entity' OR device = '$entity')
+    GROUP BY 1, 2, 3, 4 ORDER BY max(mean) DESC LIMIT 20)
+ORDER BY 1, 2"""
+INCIDENT_VAR_SQL = """SELECT id AS __value,
+       '#' || id || ' ' || status || ': ' || title AS __text
+FROM incidents
+WHERE started_at <= $__timeTo() AND (ended_at IS NULL OR ended_at >= $__timeFrom())
+ORDER BY (status = 'open') DESC, started_at DESC"""
+
+
+def incident_dashboard() -> dict[str, Any]:
+    graph = panel("Pause graph", "nodeGraph", NODES_SQL, 0, 0, 24, 16, fmt="table")
+    graph["targets"][0]["refId"] = "nodes"
+    graph["targets"].append({**graph["targets"][0], "refId": "edges", "rawSql": EDGES_SQL})
+    links = [  # from a node to the series that show it
+        {"title": "Pause and ECN of this node",
+         "url": "/d/rw-incident?var-incident=${incident}&var-entity=${__data.fields.title}"
+                "&${__url_time_range}"},
+        {"title": "Pause time (PFC dashboard)", "url": "/d/rw-pfc?${__url_time_range}"},
+        {"title": "ECN and CNP (congestion dashboard)",
+         "url": "/d/rw-congestion?${__url_time_range}"},
+    ]  # fmt: skip
+    graph["fieldConfig"]["overrides"] = [
+        {"matcher": {"id": "byName", "options": "arc__paused"},
+         "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}},
+                        {"id": "displayName", "value": "paused"}]},
+        {"matcher": {"id": "byName", "options": "arc__unpaused"},
+         "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": "green"}},
+                        {"id": "displayName", "value": "not paused"}]},
+        {"matcher": {"id": "byName", "options": "mainstat"},
+         "properties": [{"id": "unit", "value": "percent"},
+                        {"id": "displayName", "value": "pause share"}]},
+        {"matcher": {"id": "byName", "options": "id"},
+         "properties": [{"id": "links", "value": links}]},
+    ]  # fmt: skip
+    series_panel = panel(
+        "Pause and ECN of $entity (click a node of the graph)", "timeseries",
+        ENTITY_SERIES_SQL, 0, 16, 24, 8,
+    )  # fmt: skip
+    timeline = panel("Timeline", "table", TIMELINE_SQL, 0, 24, 24, 10, fmt="table")
+    d = dashboard("rw-incident", "rocewatch: incident", [graph, series_panel, timeline], hours=24)
+    d["templating"] = {
+        "list": [
+            {
+                "name": "incident",
+                "label": "Incident",
+                "type": "query",
+                "datasource": DS,
+                "query": INCIDENT_VAR_SQL,
+                "definition": INCIDENT_VAR_SQL,
+                "refresh": 2,  # on a time range change
+                "includeAll": False,
+                "multi": False,
+                "sort": 0,
+            },
+            {
+                "name": "entity",
+                "label": "Entity",
+                "type": "textbox",
+                "query": "",
+                "current": {"text": "", "value": ""},
+            },
+        ]
+    }
     return d
 
 

@@ -1,11 +1,15 @@
 """A real Kubernetes API server for the tests: kube-apiserver (built by scripts/go_tools.sh from
 k8s.io/kubernetes at the version pinned there) on Debian's etcd, both on 127.0.0.1, free ports.
 
-Only etcd and the API server run: no controller-manager, scheduler or kubelet. So what those
-would do, the cluster object does on request: ``namespace()`` creates a namespace with its
-``default`` ServiceAccount (the ServiceAccount admission plugin refuses Pods without it),
-``node()`` creates a Node with a kubelet-like ``Ready`` condition, ``pod()`` creates a Pod bound
-to a node (``spec.nodeName``) and patches its ``status.phase`` the way a kubelet reports it.
+Besides etcd and the API server, kube-controller-manager (built from the same module by
+scripts/go_tools.sh) runs with only its disruption controller, so PodDisruptionBudgets get their
+status (``disruptionsAllowed``: what the Eviction API checks). No scheduler, no kubelet, no other
+controller: what those would do, the cluster object does on request: ``namespace()`` creates a
+namespace with its ``default`` ServiceAccount (the ServiceAccount admission plugin refuses Pods
+without it), ``node()`` creates a Node with a kubelet-like ``Ready`` condition, ``pod()`` creates
+a Pod bound to a node (``spec.nodeName``) and patches its status the way a kubelet reports it
+(``phase``, and the ``Ready`` condition a budget counts), ``finish_deletions()`` removes the
+evicted pods of a node the way its kubelet confirms a graceful deletion.
 
 The server authenticates with a static token file (an admin token in ``system:masters``),
 authorizes with RBAC, serves TLS with a test CA's certificate (tests/pki.py) and signs
@@ -59,11 +63,16 @@ def apiserver_binary() -> Path:
     return GO_BIN / f"kube-apiserver-{kube_version()}"
 
 
+def controller_manager_binary() -> Path:
+    return GO_BIN / f"kube-controller-manager-{kube_version()}"
+
+
 def missing() -> str:
     """Why the real API server cannot run here ("" when it can)."""
     why = []
-    if not apiserver_binary().is_file():
-        why.append(f"{apiserver_binary()} not built")
+    for binary in (apiserver_binary(), controller_manager_binary()):
+        if not binary.is_file():
+            why.append(f"{binary} not built")
     if shutil.which("etcd") is None:
         why.append("etcd not on PATH (Debian's etcd-server)")
     return "; ".join(why)
@@ -153,7 +162,61 @@ class KubeCluster:
         )  # fmt: skip
         self.url = f"https://127.0.0.1:{api_port}"
         self._wait(f"{self.url}/readyz", "kube-apiserver")
+        self._start_controller_manager()
         return self
+
+    def _start_controller_manager(self) -> None:
+        """Only the disruption controller (``--controllers``), as the admin, serving nothing."""
+        kubeconfig = self.dir / "kcm.kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "rw",
+                            "cluster": {
+                                "server": self.url,
+                                "certificate-authority": str(self.ca_file),
+                            },
+                        }
+                    ],
+                    "users": [{"name": "admin", "user": {"token": self.admin_token}}],
+                    "contexts": [{"name": "rw", "context": {"cluster": "rw", "user": "admin"}}],
+                    "current-context": "rw",
+                }
+            )
+        )
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(controller_manager_binary()),
+                f"--kubeconfig={kubeconfig}",
+                "--controllers=disruption-controller",
+                "--leader-elect=false", "--secure-port=0",
+                "--use-service-account-credentials=false", "--v=0",
+            ],
+        )  # fmt: skip
+        # the controller is up once it has given a budget its status
+        self.namespace("kube-system")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        name = "rocewatch-startup-probe"
+        self.pdb("kube-system", name, {"rocewatch.io/probe": "yes"}, 1)
+        while time.monotonic() < deadline:
+            for pname, proc in self.procs:
+                if proc.poll() is not None:
+                    raise KubeError(
+                        f"{pname} exited with {proc.returncode}:\n{self.log_tail(pname)}"
+                    )
+            if self.read_pdb("kube-system", name).get("status", {}).get("observedGeneration"):
+                self.policy().delete_namespaced_pod_disruption_budget(name, "kube-system")
+                return
+            time.sleep(0.25)
+        raise KubeError(
+            "kube-controller-manager gave no PodDisruptionBudget a status within "
+            f"{START_TIMEOUT_S:.0f} s:\n{self.log_tail('kube-controller-manager')}"
+        )
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         log = (self.dir / f"{name}.log").open("wb")
@@ -228,6 +291,11 @@ class KubeCluster:
 
         return client.CoreV1Api(self.client(token))
 
+    def policy(self, token: str | None = None) -> Any:
+        from kubernetes import client
+
+        return client.PolicyV1Api(self.client(token))
+
     # --- what the controllers and kubelets would do ----------------------------------------------
     def namespace(self, name: str) -> str:
         """Create the namespace (once) and its ``default`` ServiceAccount."""
@@ -285,17 +353,38 @@ class KubeCluster:
         return out
 
     def pod(
-        self, ns: str, name: str, node: str, labels: dict[str, str], phase: str = "Running"
+        self,
+        ns: str,
+        name: str,
+        node: str,
+        labels: dict[str, str],
+        phase: str = "Running",
+        owner: dict[str, Any] | None = None,
+        annotations: dict[str, str] | None = None,
     ) -> None:
-        """A Pod bound to ``node`` (no scheduler) whose kubelet reports ``phase``."""
+        """A Pod bound to ``node`` (no scheduler) whose kubelet reports ``phase`` (and, when
+        Running, the ``Ready`` condition); ``owner``: its controller (an object as read)."""
         core = self.core()
         self.namespace(ns)
+        meta: dict[str, Any] = {"name": name, "labels": labels}
+        if annotations:
+            meta["annotations"] = annotations
+        if owner is not None:
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": owner["apiVersion"],
+                    "kind": owner["kind"],
+                    "name": owner["metadata"]["name"],
+                    "uid": owner["metadata"]["uid"],
+                    "controller": True,
+                }
+            ]
         core.create_namespaced_pod(
             ns,
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": name, "labels": labels},
+                "metadata": meta,
                 "spec": {
                     "nodeName": node,
                     "automountServiceAccountToken": False,
@@ -303,10 +392,85 @@ class KubeCluster:
                 },
             },
         )
+        status: dict[str, Any] = {"phase": phase}
+        if phase == "Running":
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            status["conditions"] = [
+                {"type": t, "status": "True", "lastTransitionTime": now}
+                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+            ]
         core.patch_namespaced_pod_status(
-            name, ns, {"status": {"phase": phase}},
-            _content_type="application/merge-patch+json",
-        )  # fmt: skip
+            name, ns, {"status": status}, _content_type="application/merge-patch+json"
+        )
+
+    def pods_on(self, node: str) -> dict[str, dict[str, Any]]:
+        """The pods bound to ``node``, "namespace/name" -> the pod as read."""
+        resp = self.core().list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node}", _preload_content=False
+        )
+        return {
+            f"{p['metadata']['namespace']}/{p['metadata']['name']}": p
+            for p in json.loads(resp.data)["items"]
+        }
+
+    def finish_deletions(self, node: str) -> list[str]:
+        """What the node's kubelet does once an evicted pod's containers stopped: the final
+        delete (grace period 0) of each pod marked for deletion. Returns their names."""
+        from kubernetes.client.exceptions import ApiException
+
+        done = []
+        for key, p in self.pods_on(node).items():
+            if p["metadata"].get("deletionTimestamp"):
+                ns, name = key.split("/", 1)
+                with contextlib.suppress(ApiException):
+                    self.core().delete_namespaced_pod(name, ns, grace_period_seconds=0)
+                done.append(key)
+        return done
+
+    def daemonset(self, ns: str, name: str) -> dict[str, Any]:
+        """A DaemonSet object (no controller runs it: its pods are made with ``pod(owner=)``)."""
+        from kubernetes import client
+
+        self.namespace(ns)
+        labels = {"app": name}
+        client.AppsV1Api(self.client()).create_namespaced_daemon_set(
+            ns,
+            {
+                "apiVersion": "apps/v1",
+                "kind": "DaemonSet",
+                "metadata": {"name": name},
+                "spec": {
+                    "selector": {"matchLabels": labels},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {"containers": [{"name": "c", "image": "registry.invalid/a:1"}]},
+                    },
+                },
+            },
+        )
+        resp = client.AppsV1Api(self.client()).read_namespaced_daemon_set(
+            name, ns, _preload_content=False
+        )
+        out: dict[str, Any] = json.loads(resp.data)
+        return out
+
+    def pdb(self, ns: str, name: str, labels: dict[str, str], min_available: int) -> None:
+        """A PodDisruptionBudget (policy/v1) over the pods with ``labels``."""
+        self.namespace(ns)
+        self.policy().create_namespaced_pod_disruption_budget(
+            ns,
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": name},
+                "spec": {"minAvailable": min_available, "selector": {"matchLabels": labels}},
+            },
+        )
+
+    def read_pdb(self, ns: str, name: str) -> dict[str, Any]:
+        resp = self.policy().read_namespaced_pod_disruption_budget(name, ns, _preload_content=False)
+        out: dict[str, Any] = json.loads(resp.data)
+        return out
 
     def apply(self, manifest: Path) -> None:
         """Create every object of a manifest as written (the admin's client)."""

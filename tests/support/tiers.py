@@ -134,7 +134,8 @@ SERVICES: dict[str, Service] = {
         frozenset({"kube_api"}),
         _kube,
         "bash scripts/services.sh install; bash scripts/go_tools.sh",
-        "a real kube-apiserver (scripts/go_tools.sh builds it) and etcd (Debian's etcd-server)",
+        "a real kube-apiserver and kube-controller-manager (scripts/go_tools.sh builds them) "
+        "and etcd (Debian's etcd-server)",
     ),
 }
 

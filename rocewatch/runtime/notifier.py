@@ -43,7 +43,9 @@ def open_dispatcher(cfg: Config, store: Store | None = None) -> Dispatcher | Non
     sinks = build_notifiers(cfg.notify)
     log.info("notify: delivering to %s", ", ".join(s.name for s in sinks))
     n = cfg.notify
-    return Dispatcher(Outbox(store), sinks, n.retry, poll_s=n.poll_s, seed=n.seed)
+    # each notification links its incident page (generatorURL) when the API serves pages
+    outbox = Outbox(store, incident_url=cfg.api.incident_url())
+    return Dispatcher(outbox, sinks, n.retry, poll_s=n.poll_s, seed=n.seed)
 
 
 def run_notify(cfg: Config, max_idle_s: float = 0.0) -> int:

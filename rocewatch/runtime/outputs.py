@@ -1,0 +1,55 @@
+"""The one writer of a pipeline's outputs to the store and the notify outbox, used by replay,
+the demo, the sink (`event_sink`) and the detect stage (its inhibited alerts), so they store
+and notify the same things in the same order.
+
+Notified alerts are queued in the outbox first (durable before anything else sees them), then
+stored with the inhibited ones (kept, never notified), then the actions and the rollups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from rocewatch.core.model import Action, Alert
+
+
+@dataclass
+class Written:
+    """What one ``write`` stored and queued."""
+
+    queued: int = 0
+    alerts: int = 0
+    actions: int = 0
+    rollups: int = 0
+
+
+class OutputWriter:
+    """``store`` (storage.store.Store or None) and ``notifier`` (a started dispatcher with
+    ``enqueue``, or None). Errors of either propagate (the caller retries or counts them)."""
+
+    def __init__(self, store: Any = None, notifier: Any = None) -> None:
+        self.store = store
+        self.notifier = notifier
+
+    def write(
+        self,
+        alerts: list[Alert] = (),  # type: ignore[assignment]
+        inhibited: list[Alert] = (),  # type: ignore[assignment]
+        actions: list[Action] = (),  # type: ignore[assignment]
+        rollups: list[pl.DataFrame] = (),  # type: ignore[assignment]
+    ) -> Written:
+        w = Written()
+        if self.notifier is not None and alerts:
+            w.queued = int(self.notifier.enqueue(list(alerts)) or 0)
+        if self.store is None:
+            return w
+        if alerts or inhibited:
+            w.alerts = int(self.store.write_alerts([*alerts, *inhibited]) or 0)
+        if actions:
+            w.actions = int(self.store.write_actions(list(actions)) or 0)
+        if rollups:  # in the order given: a complete bucket replaces a provisional one
+            w.rollups = int(self.store.write_rollups(pl.concat(list(rollups))) or 0)
+        return w
