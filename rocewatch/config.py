@@ -146,21 +146,27 @@ def build(cls: type[T], data: Any, where: str) -> T:
 
 
 def _notify(data: Any, where: str) -> NotifyConfig:
-    """The ``notify`` section: lists of webhooks and alertmanagers, retry settings."""
-    from rocewatch.notify.base import AlertmanagerConfig, NotifyConfig, WebhookConfig
+    """The ``notify`` section: a list of sinks per kind the sink registry has (webhooks,
+    alertmanagers), retry settings."""
+    from rocewatch.notify.base import NotifyConfig
+    from rocewatch.notify.registry import SINKS
 
     if data is None:
         return NotifyConfig()
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: must be a mapping")
     data = dict(data)
-    lists: dict[str, Any] = {}
-    for key, cls in (("webhooks", WebhookConfig), ("alertmanagers", AlertmanagerConfig)):
+    if "sinks" in data:  # (not a key of the file: the lists are under their kinds' names)
+        raise ConfigError(f"{where}.sinks: unknown setting (sinks go under {', '.join(SINKS)})")
+    sinks: dict[str, tuple[Any, ...]] = {}
+    for key, entry in SINKS.items():
         items = data.pop(key, None) or []
         if not isinstance(items, list):
             raise ConfigError(f"{where}.{key}: must be a list")
-        lists[key] = tuple(build(cls, d, f"{where}.{key}[{i}]") for i, d in enumerate(items))
-    cfg = dataclasses.replace(build(NotifyConfig, data, where), **lists)
+        sinks[key] = tuple(
+            build(entry.config, d, f"{where}.{key}[{i}]") for i, d in enumerate(items)
+        )
+    cfg = dataclasses.replace(build(NotifyConfig, data, where), sinks=sinks)
     cfg.validate()
     return cfg
 

@@ -357,7 +357,8 @@ class Pipeline:
             Inhibitor,
             *(e.detector for e in DETECTORS.values()),
         ]
-        return StateTypes(t for part in parts for t in part.STATE_TYPES)
+        # (and the actions it retains, as the lifecycle retains its alerts)
+        return StateTypes([Action, *(t for part in parts for t in part.STATE_TYPES)])
 
     def state(self) -> dict[str, Any]:
         """Every part's state, as data (never the parts: they are built from the configuration
@@ -377,6 +378,8 @@ class Pipeline:
             },
             "samples_in": self.samples_in,
             "detector_seconds": self.detector_seconds,
+            # retained (replay, the demo) as the lifecycle's history is: empty in a service
+            "actions": list(self.actions),
         }
 
     def restore(self, data: Mapping[str, Any]) -> dict[str, int]:
@@ -413,6 +416,8 @@ class Pipeline:
         self.stats.counts.update(st_stats.get("counts", {}))
         for k, d in (st_stats.get("detail") or {}).items():
             self.stats.detail.setdefault(k, Counter()).update(d)
+        if self.retain:
+            self.actions = list(data.get("actions") or [])
         self.samples_in = int(data.get("samples_in", 0))
         self.detector_seconds = float(data.get("detector_seconds", 0.0))
         # alerts whose detector is off now, or whose entity left the topology, resolve at the

@@ -389,7 +389,8 @@ def sections() -> tuple[Section, ...]:
     from collector.gnmi.config import TlsConfig as GnmiTlsConfig
     from detectors.registry import DETECTORS
     from rocewatch.config import Config
-    from rocewatch.notify.base import AlertmanagerConfig, NotifyConfig, WebhookConfig
+    from rocewatch.notify.base import NotifyConfig
+    from rocewatch.notify.registry import SINKS
 
     # read by hand (or overwritten) by the loader: their own sections below
     popped = (*OVERWRITTEN, "executors", "notify", "detectors", "gnmi", "inhibit")
@@ -459,11 +460,15 @@ def sections() -> tuple[Section, ...]:
             "notify",
             "notify",
             (
-                Key("notify.webhooks", "list of mappings", "[]", "webhook receivers"),
-                *walk(WebhookConfig, "notify.webhooks[]"),
-                Key("notify.alertmanagers", "list of mappings", "[]", "Alertmanagers"),
-                *walk(AlertmanagerConfig, "notify.alertmanagers[]"),
-                *walk(NotifyConfig, "notify", skip=("webhooks", "alertmanagers")),
+                *(
+                    k
+                    for key, entry in SINKS.items()
+                    for k in (
+                        Key(f"notify.{key}", "list of mappings", "[]", entry.help),
+                        *walk(entry.config, f"notify.{key}[]"),
+                    )
+                ),
+                *walk(NotifyConfig, "notify", skip=("sinks",)),
             ),
         ),
         Section("agent: the node agent", "agent", tuple(walk(_cls(Config, "agent"), "agent"))),

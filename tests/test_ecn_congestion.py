@@ -5,7 +5,6 @@ congestion that must stay silent."""
 
 from __future__ import annotations
 
-import pickle
 import re
 from collections.abc import Callable
 
@@ -19,6 +18,7 @@ from rocewatch.core.errors import ConfigError
 from rocewatch.core.model import Alert, conform
 from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
+from tests.support.restart import restart_pipeline
 
 S = 1_000_000_000
 T0 = 1_795_946_400 * S
@@ -254,15 +254,44 @@ def test_absolute_share_fires_without_history() -> None:
     assert (a.starts_at - (T0 + 2 * S)) / S <= 3.0
 
 
-def test_state_pickles_mid_episode() -> None:
+def test_a_checkpoint_taken_mid_episode_carries_on() -> None:
+    """The detector's state through the product's codec (rocewatch/core/checkpoint.py)
+    while a run is under way, laid over a pipeline built anew from the configuration: the
+    alerts are those of the uninterrupted run, with the same startsAt."""
     frames = telemetry(40, 1.0, with_fault(dcqcn(), 20.0, 15.0))
     cut = next(i for i, f in enumerate(frames) if int(f["ts"].min()) > T0 + 21 * S)
+    whole = run(frames)
     p = feed(pipeline(), frames[:cut])
     det = next(d for d in p.detectors if isinstance(d, EcnCongestionDetector))
     assert det.runs  # a run under way, not yet an alert
-    p = feed(pickle.loads(pickle.dumps(p)), frames[cut:])
+    p = restart_pipeline(p, only=("ecn_congestion",))
+    back = next(d for d in p.detectors if isinstance(d, EcnCongestionDetector))
+    assert back is not det and back.runs.keys() == det.runs.keys()
+    p = feed(p, frames[cut:])
     p.finish()
     assert sorted(entity(a) for a in ecn(p)) == sorted([FIELD, FIELD_NIC])
+    assert [a.to_json() for a in ecn(p)] == [a.to_json() for a in ecn(whole)]
+
+
+@pytest.mark.slow  # 40 s of telemetry twice: 3 to 5 s on a loaded machine
+def test_a_restored_detector_takes_todays_sustain() -> None:
+    """Restarted mid-run with ``sustain_s`` 5 s instead of 2: the restored run keeps its start,
+    and the alerts wait for today's 5 s (``Sustain.PARAMS``)."""
+    frames = telemetry(40, 1.0, with_fault(dcqcn(), 20.0, 15.0))
+    cut = next(i for i, f in enumerate(frames) if int(f["ts"].min()) > T0 + 21 * S)
+    whole = {entity(a): a.starts_at for a in ecn(run(frames))}
+    p = feed(pipeline(), frames[:cut])
+    cfg = Config(detectors={"ecn_congestion": EcnCongestionConfig(sustain_s=5.0)})
+    p = restart_pipeline(p, cfg, only=("ecn_congestion",))
+    (det,) = p.detectors
+    assert isinstance(det, EcnCongestionDetector) and det.sustain.sustain_s == 5.0
+    p = feed(p, frames[cut:])
+    p.finish()
+    later = {entity(a): a.starts_at for a in ecn(p)}
+    assert later.keys() == whole.keys() == {FIELD, FIELD_NIC}
+    for k, t in later.items():
+        # (readings every second: 2 to 3 s later than under the 2 s it started with)
+        assert 1.5 <= (t - whole[k]) / S <= 3.5, (k, (t - whole[k]) / S)
 
 
 def test_config_from_file_and_validation() -> None:

@@ -75,7 +75,7 @@ def sink_cfg(bootstrap: str, kafka_topics: Any, db: str, hook_port: int | None) 
     if hook_port is not None:
         hook = WebhookConfig(name="ops", url=f"http://127.0.0.1:{hook_port}/", secret=SECRET)
         notify = NotifyConfig(
-            webhooks=(hook,), retry=RetryConfig(initial_s=0.2, max_s=1.0), poll_s=0.2
+            sinks={"webhooks": (hook,)}, retry=RetryConfig(initial_s=0.2, max_s=1.0), poll_s=0.2
         )
     return Config(storage_url=db, kafka=k, notify=notify)
 

@@ -6,11 +6,12 @@ from typing import Any
 
 from actions import DrainPolicy, PolicyConfig
 from detectors.base import Finding, StepContext
-from detectors.fabric_incident import FabricIncidentDetector
+from detectors.fabric_incident import FabricIncidentConfig, FabricIncidentDetector
 from detectors.lifecycle import AlertLifecycle
 from detectors.registry import ALERTNAMES, DETECTORS
 from rocewatch.core.model import Alert
 from rocewatch.core.topology import Topology
+from tests.support.restart import restart_part
 
 T0 = 1_795_946_400_000_000_000
 S = 1_000_000_000
@@ -60,19 +61,27 @@ def transport(i: int, r: int = 0) -> Finding:
     )
 
 
-def run(steps: list[list[Finding]]) -> tuple[list[Alert], AlertLifecycle]:
-    """The pipeline's per-step order: the rule alerts first, then fabric_incident reads them."""
+def run(
+    steps: list[list[Finding]], cut: int | None = None, after: FabricIncidentConfig | None = None
+) -> tuple[list[Alert], AlertLifecycle]:
+    """The pipeline's per-step order: the rule alerts first, then fabric_incident reads them.
+    With ``cut``, stopped before that step and started again as the service does: the
+    lifecycle's and the detector's state through the product's checkpoint codec, laid over
+    ones built anew (the detector from ``after``, the configuration it restarts with)."""
     life = AlertLifecycle()
     det = FabricIncidentDetector(TOPO)
     events: list[Alert] = []
     for k, findings in enumerate(steps):
+        if k == cut:
+            life = restart_part(life, AlertLifecycle())
+            det = restart_part(det, FabricIncidentDetector(TOPO, after or det.config))
         end = T0 + (k + 1) * STEP
         ctx = StepContext(
             engine=None,  # type: ignore[arg-type]
             topology=TOPO,
             start=end - STEP,
             end=end,
-            firing=lambda: [a.labels for a in life.firing.values()],
+            firing=lambda life=life: [a.labels for a in life.firing.values()],
         )
         events += life.update("transport_errors", end, findings)
         events += life.update(det.name, end, det.evaluate(ctx))
@@ -113,6 +122,35 @@ def test_eight_nics_of_one_rail_make_one_rail_incident() -> None:
     # when the storm stops, the incident resolves with its members
     later, _ = run([findings] * 3 + [[]] * 25)
     assert [a.ends_at > 0 for a in incidents(later)] == [False, True]
+
+
+def test_a_checkpoint_taken_mid_incident_carries_on() -> None:
+    """Stopped while the rail incident fires and started again from the state through the
+    codec: no second incident, the same one (same startsAt) resolving with its members when
+    the uninterrupted one does."""
+    findings = [transport(i) for i in SPREAD]
+    steps = [findings] * 6 + [[]] * 25
+    whole, _ = run(steps)
+    assert [a.status for a in incidents(whole)] == ["firing", "resolved"]
+    cut, life = run(steps, cut=4)
+    assert [a.to_json() for a in cut] == [a.to_json() for a in whole]
+    assert not life.firing
+
+
+def test_a_restored_incident_detector_takes_todays_thresholds() -> None:
+    """Restarted mid-incident with thresholds the 8 NICs no longer reach (10 entities, half
+    the rail): today's configuration applies at once, and the incident that was open (the
+    same alert) resolves; the member alerts go on."""
+    findings = [transport(i) for i in SPREAD]
+    higher = FabricIncidentConfig(min_entities=10, min_share=0.5)
+    events, life = run([findings] * 20, cut=4, after=higher)
+    inc = incidents(events)
+    assert [a.status for a in inc] == ["firing", "resolved"]
+    assert inc[1].fingerprint == inc[0].fingerprint and inc[1].starts_at == inc[0].starts_at
+    assert len([a for a in life.firing.values() if a.name == "TransportErrors"]) == 8
+    # the same steps without the restart keep the incident open
+    events, _ = run([findings] * 20)
+    assert [a.status for a in incidents(events)] == ["firing"]
 
 
 def test_two_alerts_make_no_incident() -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import polars as pl
@@ -12,12 +11,14 @@ import pytest
 
 from detectors.flaky_link import FlakyLinkConfig
 from detectors.state import EntitySlots
-from rocewatch.config import config_from_dict
+from rocewatch.config import Config, config_from_dict
+from rocewatch.core.checkpoint import StateTypes
 from rocewatch.core.errors import ConfigError
 from rocewatch.core.model import Alert, conform
 from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
 from tests import cadence
+from tests.support.restart import restart_pipeline, through_codec
 
 S = 1_000_000_000
 STEP = S // 10
@@ -106,13 +107,17 @@ def feed(
         )
 
 
-def run(frames: Iterator[pl.DataFrame], cut: int | None = None) -> list[Alert]:
-    """Replay ``frames``; with ``cut``, checkpoint the pipeline (pickle) after that many."""
+def run(
+    frames: Iterable[pl.DataFrame], cut: int | None = None, after: Config | None = None
+) -> list[Alert]:
+    """Replay ``frames``; with ``cut``, stop after that many and start again: the state
+    through the product's checkpoint codec, laid over a pipeline built anew (from ``after``,
+    the configuration it restarts with, if given)."""
     p = Pipeline(TOPO, rollup_s=None)
     p.detectors = [d for d in p.detectors if d.name == "flaky_link"]  # this detector alone
     for n, f in enumerate(frames):
         if n == cut:
-            p = pickle.loads(pickle.dumps(p))
+            p = restart_pipeline(p, after, only=("flaky_link",))
         p.ingest(f)
         p.advance(int(f["ts"].max()) - p.engine.lateness_ns())  # type: ignore[arg-type]
     p.finish()
@@ -151,6 +156,42 @@ def test_ber_rise_over_own_baseline_names_both_ends() -> None:
     assert 0.4 <= ttd <= 1.2, ttd
     # and resolved once the link is clean again for clear_s
     assert a.ends_at and T0 + int((end + 9) * S) < a.ends_at < T0 + int((end + 12) * S)
+
+
+def ber_rise() -> list[pl.DataFrame]:
+    """gpu-002's link at 100x its own BER from 6 to 9 s (as the test above), 22 s."""
+    rng = np.random.default_rng(1)
+    base = healthy(rng)
+
+    def inc(dev: str, port: str, metric: str, t: float) -> float:
+        if dev == "gpu-002" and metric == "nic_rx_corrected_bits" and 6.0 < t <= 9.0:
+            return float(rng.poisson(8e-6 * BITS))
+        return base(dev, port, metric, t)
+
+    return list(feed(22.0, inc))
+
+
+def test_a_checkpoint_taken_mid_fault_carries_on() -> None:
+    """Stopped at 8 s, the alert firing, and started again from its state through the
+    codec: the same alert (same startsAt, one alert), resolved when the uninterrupted run
+    resolves it."""
+    frames = ber_rise()
+    whole = run(frames)
+    assert len(whole) == 1 and whole[0].ends_at
+    assert whole[0].starts_at < T0 + 8 * S
+    cut = run(frames, cut=80)
+    assert [a.to_json() for a in cut] == [a.to_json() for a in whole]
+
+
+def test_a_restored_detector_takes_todays_clear_s() -> None:
+    """Restarted mid-fault with ``clear_s`` 3 s instead of 10: the restored cable resolves
+    after today's 3 s, not the 10 s it was flagged under; the alert is the same one."""
+    frames = ber_rise()
+    (whole,) = run(frames)
+    cfg = Config(detectors={"flaky_link": FlakyLinkConfig(clear_s=3.0)})
+    (a,) = run(frames, cut=80, after=cfg)
+    assert a.starts_at == whole.starts_at and a.ends_at and whole.ends_at
+    assert T0 + int(12 * S) < a.ends_at < T0 + int(14.5 * S) < T0 + int(18 * S) < whole.ends_at
 
 
 def test_a_link_that_always_ran_high_is_not_flagged() -> None:
@@ -237,7 +278,7 @@ def test_switch_to_switch_cable_names_an_end_and_its_peer() -> None:
 def test_counter_clears_agent_gaps_and_noise_raise_nothing() -> None:
     """Counters zeroed (a reboot, `sonic-clear counters`), an agent silent for 2 s while its
     counters keep counting, and the odd single error a healthy link shows: no alert. The
-    pipeline is also checkpointed (pickled) halfway, as the service does."""
+    pipeline is also checkpointed halfway, as the service does."""
     rng = np.random.default_rng(6)
     base = healthy(rng)
 
@@ -278,7 +319,7 @@ def test_entity_slots_survive_a_checkpoint() -> None:
     s = EntitySlots()
     f = pl.DataFrame({"device": ["b", "a", "b"], "port": ["x", "y", "x"]})
     assert s.rows(f).tolist() == [0, 1, 0]
-    s2 = pickle.loads(pickle.dumps(s))
+    s2 = through_codec(s, StateTypes([EntitySlots]))
     g = pl.DataFrame({"device": ["a", "c", "b"], "port": ["y", "z", "x"]})
     assert s2.rows(g).tolist() == [1, 2, 0]
 

@@ -5,8 +5,6 @@ every step's rows itself scores, window by window, entity by entity."""
 
 from __future__ import annotations
 
-import pickle
-
 import numpy as np
 import polars as pl
 import pytest
@@ -22,6 +20,7 @@ from rocewatch.config import Config
 from rocewatch.core.stats import Stats
 from rocewatch.sim import Simulator, build_topology
 from rocewatch.sim.scenarios import default_scenario
+from tests.support.restart import restart_part
 
 CFG = IsolationForestConfig(baseline_s=4.0, retrain_every_s=3.0)
 PARTS = 4
@@ -51,7 +50,8 @@ def test_forest_fed_by_partitions_scores_what_the_whole_stream_scores() -> None:
             e.add(f.filter(pl.Series(p == i)))
     until = int(pl.concat(frames)["ts"].max()) - whole.lateness_ns()
 
-    # stage 1: every partition's closed steps into its feed; a checkpoint midway (pickled)
+    # stage 1: every partition's closed steps into its feed; a checkpoint midway (its state
+    # through the product's codec, into a feed built anew)
     feeds = [FeatureFeed(CFG.feature_window_s) for _ in range(PARTS)]
     sent: list[tuple[int, pl.DataFrame]] = []
     for i, e in enumerate(parts):
@@ -62,7 +62,7 @@ def test_forest_fed_by_partitions_scores_what_the_whole_stream_scores() -> None:
         got = feeds[i].take(steps[half - 1].end)
         if got is not None:
             sent.append((i, got))
-        feeds[i] = pickle.loads(pickle.dumps(feeds[i]))
+        feeds[i] = restart_part(feeds[i], FeatureFeed(CFG.feature_window_s))
         for s in steps[half:]:
             feeds[i].add(s)
         got = feeds[i].take(e.closed_ns, idle=True)
@@ -151,7 +151,7 @@ def test_a_partition_that_resumes_inside_the_window_it_went_idle_in_sends_it_who
     partial = idle.take(mid[half - 1].end, idle=True)
     assert partial is not None and set(partial["end"]) == {end}
     assert not partial.equals(ref)  # half the window's values
-    idle = pickle.loads(pickle.dumps(idle))  # a checkpoint while idle
+    idle = restart_part(idle, FeatureFeed(1.0))  # a checkpoint while idle
     for s in [*mid[half:], after]:
         idle.add(s)
     again = idle.take(after.end)

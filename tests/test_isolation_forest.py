@@ -28,6 +28,7 @@ from detectors.isolation_forest import (
     _transform,
     feature_names,
 )
+from detectors.isolation_forest.model import MODEL_TYPES
 from detectors.transport_errors import TransportErrorsConfig
 from detectors.windows import Step, WindowEngine
 from rocewatch.cli import main
@@ -43,6 +44,7 @@ from rocewatch.sim import (
     write_scenario,
 )
 from rocewatch.sim import scenarios as sc
+from tests.support.restart import restart_part
 
 S = 1_000_000_000
 BASELINE = IsolationForestConfig(baseline_s=8.0, retrain_every_s=0.0)
@@ -97,15 +99,22 @@ def recorded(cfg: SimConfig) -> tuple[Simulator, list[Step]]:
 
 
 def run(
-    cfg: SimConfig, config: IsolationForestConfig
+    cfg: SimConfig,
+    config: IsolationForestConfig,
+    cut: int | None = None,
+    after: IsolationForestConfig | None = None,
 ) -> tuple[IsolationForestDetector, dict[tuple[tuple[str, str], ...], tuple[int, Finding]]]:
-    """Feed a scenario to a fresh detector; its first finding per entity, with the step end."""
+    """Feed a scenario to a fresh detector; its first finding per entity, with the step end.
+    With ``cut``, the detector stops before that step and starts again: its state through the
+    product's checkpoint codec, laid over one built anew from ``after`` (``config`` if none)."""
     sim, steps = recorded(cfg)
     det = IsolationForestDetector(sim.topology, config)
     eng = WindowEngine()
     eng.keep_history(det.window_s)
     first: dict[tuple[tuple[str, str], ...], tuple[int, Finding]] = {}
-    for st in steps:
+    for i, st in enumerate(steps):
+        if i == cut:
+            det = restart_part(det, IsolationForestDetector(sim.topology, after or config))
         eng.enter(st)
         for f in det.evaluate(StepContext(eng, sim.topology, st.start, st.end)):
             first.setdefault(tuple(sorted(f.labels.items())), (st.end, f))
@@ -209,6 +218,46 @@ def test_flags_each_fault_on_its_own_entity(trained: tuple[IsolationForestDetect
         assert any(x["onset_ns"] <= f.ts <= x["end_ns"] + 2 * S for x in truth["faults"])
 
 
+@pytest.mark.slow  # the faults' scenario twice
+def test_a_checkpoint_taken_mid_fault_carries_on() -> None:
+    """Stopped mid-fault, its baseline learned and its first findings raised, and started
+    again from its state through the product's checkpoint codec (built anew from the
+    configuration): the same findings at the same steps as the uninterrupted detector."""
+    _, steps = recorded(FAULTS)
+    onset = min(f["onset_ns"] for f in Simulator(FAULTS).truth()["faults"])
+    whole_det, whole = run(FAULTS, BASELINE)
+    assert whole_det.model is not None and whole_det.fits >= 1
+    # mid-fault: some found before the stop, some after
+    ends = sorted(end for end, _ in whole.values())
+    cut = next(i for i, st in enumerate(steps) if st.end > ends[0])
+    assert onset < steps[cut].start and steps[cut].end <= ends[-1]
+    det, found = run(FAULTS, BASELINE, cut=cut)
+    assert found == whole
+    assert det.fits == whole_det.fits and det.windows == whole_det.windows
+
+
+def test_a_restored_detector_takes_todays_sustain_and_clear_windows() -> None:
+    """The thresholds' streaks are state, their ``sustain``/``clear`` configuration
+    (``Threshold.PARAMS``): restored into a detector built with ``sustain_windows`` 5, two
+    windows above before the stop count, and the entity enters at today's fifth, not the
+    third the old configuration said."""
+    topo = Simulator(SimConfig(nodes=2, nics_per_node=2, spines=1, duration_s=0.5)).topology
+    old = IsolationForestDetector(topo, BASELINE)
+    th = old.kinds["nic"].threshold
+    assert (th.sustain, th.clear) == (3, 2)
+    idx, hot = np.array([0, 1]), np.array([0.9, 0.9])
+    for _ in range(2):
+        th.update(idx, hot, 2)
+    today = dataclasses.replace(BASELINE, sustain_windows=5, clear_windows=4)
+    new = restart_part(old, IsolationForestDetector(topo, today))
+    t2 = new.kinds["nic"].threshold
+    assert (t2.sustain, t2.clear) == (5, 4) and t2.streak.tolist() == [2, 2]
+    assert [t2.update(idx, hot, 2)[0].tolist() for _ in range(3)] == [[], [], [0, 1]]
+    # and it leaves after today's 4 calm windows
+    cool = np.array([0.1, 0.1])
+    assert [t2.update(idx, cool, 2)[1].tolist() for _ in range(4)] == [[], [], [], [0, 1]]
+
+
 @pytest.mark.slow
 def test_moe_traffic_with_its_own_baseline_raises_nothing() -> None:
     det, found = run(MOE, BASELINE)
@@ -265,10 +314,10 @@ def test_a_model_for_another_feature_list_is_a_config_error(
     trained: tuple[IsolationForestDetector, Path], tmp_path: Path
 ) -> None:
     _, path = trained
-    doc: dict[str, Any] = checkpoint.loads(path.read_bytes(), MODEL_KIND)
+    doc: dict[str, Any] = checkpoint.loads(path.read_bytes(), MODEL_KIND, MODEL_TYPES)
     doc["features"]["nic"] = [*feature_names("nic")[:-1], "nvlink_errors_per_s"]
     bad = tmp_path / "other.model"
-    bad.write_bytes(checkpoint.dumps(doc, MODEL_KIND))
+    bad.write_bytes(checkpoint.dumps(doc, MODEL_KIND, MODEL_TYPES))
     with pytest.raises(ConfigError, match="another feature list"):
         ForestModel.load(bad)
     sim, _ = recorded(HEALTHY)
@@ -276,7 +325,7 @@ def test_a_model_for_another_feature_list_is_a_config_error(
         IsolationForestDetector(sim.topology, IsolationForestConfig(model_path=str(bad)))
     doc["features"]["nic"] = feature_names("nic")
     doc["version"] = 99
-    bad.write_bytes(checkpoint.dumps(doc, MODEL_KIND))
+    bad.write_bytes(checkpoint.dumps(doc, MODEL_KIND, MODEL_TYPES))
     with pytest.raises(ConfigError, match="version"):
         ForestModel.load(bad)
     (tmp_path / "junk.joblib").write_bytes(b"not a model")
@@ -298,9 +347,9 @@ def test_cli_replay_refuses_a_bad_model_in_one_line(
 ) -> None:
     scenario = tmp_path / "tiny"
     write_scenario(SimConfig(nodes=2, nics_per_node=2, spines=1, duration_s=0.5), scenario)
-    doc: dict[str, Any] = checkpoint.loads(trained[1].read_bytes(), MODEL_KIND)
+    doc: dict[str, Any] = checkpoint.loads(trained[1].read_bytes(), MODEL_KIND, MODEL_TYPES)
     doc["features"]["port"] = ["role"]
-    (tmp_path / "bad.joblib").write_bytes(checkpoint.dumps(doc, MODEL_KIND))
+    (tmp_path / "bad.joblib").write_bytes(checkpoint.dumps(doc, MODEL_KIND, MODEL_TYPES))
     code = main(
         [
             "replay",

@@ -45,7 +45,9 @@ def test_detect_service_sends_every_alert_event_once(
         kafka=k,
         state_dir=str(tmp_path / "state"),
         storage_url=f"sqlite:///{tmp_path / 'rocewatch.db'}",
-        notify=NotifyConfig(webhooks=(hook,), retry=RetryConfig(initial_s=0.2, max_s=1.0)),
+        notify=NotifyConfig(
+            sinks={"webhooks": (hook,)}, retry=RetryConfig(initial_s=0.2, max_s=1.0)
+        ),
     )
     cfg = dataclasses.replace(cfg, notify=dataclasses.replace(cfg.notify, poll_s=0.2))
     try:

@@ -5,11 +5,13 @@ import dataclasses
 import polars as pl
 import pytest
 
+from detectors.pfc_storm import PfcStormConfig
 from rocewatch.config import Config
 from rocewatch.core.model import conform
 from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
 from tests import cadence
+from tests.support.restart import restart_pipeline
 
 S = 1_000_000_000
 STEP = S // 10
@@ -394,3 +396,51 @@ def test_a_relay_read_every_second_is_not_blamed_for_a_victim_read_every_100ms(l
     origins = {a.labels.get("switch") for a in r.named("PFCStorm") if a.labels["role"] == "origin"}
     assert origins == {"spine-0"}, origins
     assert not [a for a in r.pipeline.actions if a.action == "drain"]
+
+
+# --- a restart mid-storm ---------------------------------------------------------------------
+
+
+def run_restarted(frames, cut=None, after=None):
+    """``frames`` into a pipeline of this detector alone; stopped before frame ``cut`` and
+    started again as the service does: each part's state through the product's checkpoint
+    codec, laid over a pipeline built anew from the configuration ``after`` (the same if
+    none)."""
+    p = Pipeline(TOPO, Config(), rollup_s=None)
+    p.detectors = [d for d in p.detectors if d.name == "pfc_storm"]
+    for i, f in enumerate(frames):
+        if i == cut:
+            p = restart_pipeline(p, after, only=("pfc_storm",))
+        p.ingest(f)
+        p.advance(int(f["ts"].max()) - p.engine.lateness_ns())
+    p.finish()
+    return p
+
+
+def storm_alerts(p):
+    return [a.to_json() for a in p.all_alerts() if a.name == "PFCStorm"]
+
+
+def test_a_checkpoint_taken_mid_storm_carries_on():
+    """Stopped 2.5 s in, the storm's origin and victims alerting: the restarted pipeline
+    raises no second alert, keeps the same ones (same startsAt) and resolves them when the
+    uninterrupted one does; the one drain is not made again."""
+    frames = list(ticks(seconds=6.0))
+    whole = run_restarted(frames)
+    p = run_restarted(frames, cut=25)
+    assert storm_alerts(whole) and storm_alerts(p) == storm_alerts(whole)
+    assert [a.to_json() for a in p.actions] == [a.to_json() for a in whole.actions]
+    assert [a.node for a in p.actions if a.action == "drain"] == ["gpu-001"]
+
+
+def test_a_restored_storm_detector_takes_todays_restoration_time():
+    """Restarted mid-storm with ``restoration_time_s`` 1.5 s instead of 0.2: the origin's alert
+    (the same alert) resolves after today's 1.5 s of calm, not the 0.2 s it started under."""
+    frames = list(ticks())
+    (before,) = [a for a in run_restarted(frames).all_alerts() if a.labels.get("role") == "origin"]
+    cfg = Config(detectors={"pfc_storm": PfcStormConfig(restoration_time_s=1.5)})
+    p = run_restarted(frames, cut=25, after=cfg)
+    (after,) = [a for a in p.all_alerts() if a.labels.get("role") == "origin"]
+    assert after.fingerprint == before.fingerprint and after.starts_at == before.starts_at
+    assert before.ends_at and after.ends_at
+    assert 1.2 <= (after.ends_at - before.ends_at) / S <= 1.6, (after.ends_at - before.ends_at) / S

@@ -4,7 +4,6 @@ that must stay silent, the absolute limit without history, and PFC-paused queues
 
 from __future__ import annotations
 
-import pickle
 import re
 from collections.abc import Callable
 
@@ -18,6 +17,7 @@ from rocewatch.core.errors import ConfigError
 from rocewatch.core.model import Alert, conform
 from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
+from tests.support.restart import restart_pipeline
 
 S = 1_000_000_000
 T0 = 1_795_946_400 * S
@@ -273,21 +273,50 @@ def test_unsized_switch_uses_the_default_buffer() -> None:
     assert buildups(run(frames, cfg, topo=topo)) == []  # no default: unsized queues unjudged
 
 
-def test_state_pickles_mid_run() -> None:
-    frames = telemetry(40, 1.0, field_report(20.0, 15.0))
+def run_restarted(frames: list[pl.DataFrame], after: Config | None = None) -> Pipeline:
+    """``frames`` into the detector, stopped 21 s in (a run under way on the field report's
+    queue) and started again from its state through the product's checkpoint codec, with the
+    configuration ``after`` if given."""
     p = Pipeline(TOPO, Config(), rollup_s=None)
     p.detectors = [d for d in p.detectors if d.name == "queue_buildup"]
     cut = next(i for i, f in enumerate(frames) if int(f["ts"].min()) > T0 + 21 * S)
     for f in frames[:cut]:
         p.ingest(f)
         p.advance(int(f["ts"].max()) - p.engine.lateness_ns())
-    p = pickle.loads(pickle.dumps(p))
+    assert not buildups(p)  # mid-fault: not raised yet
+    p = restart_pipeline(p, after, only=("queue_buildup",))
     for f in frames[cut:]:
         p.ingest(f)
         p.advance(int(f["ts"].max()) - p.engine.lateness_ns())
     p.finish()
+    return p
+
+
+def test_a_checkpoint_taken_mid_run_carries_on() -> None:
+    frames = telemetry(40, 1.0, field_report(20.0, 15.0))
+    p = run_restarted(frames)
     (a,) = buildups(p)
     assert entity(a) == FIELD and 0 < (a.starts_at - (T0 + 20 * S)) / S <= 10
+    # the alert of the uninterrupted run: same startsAt, same end
+    assert [x.to_json() for x in buildups(p)] == [x.to_json() for x in buildups(run(frames))]
+
+
+def test_a_restored_detector_takes_todays_standing_s_and_baseline_tau() -> None:
+    """Restarted mid-run with ``standing_s`` 8 s instead of 2 and ``baseline_tau_s`` 60: the
+    alert needs today's 8 s of standing queue; the restored baseline sketch keeps what it
+    learned and forgets at today's pace (``Sketch.PARAMS``)."""
+    from detectors.queue_buildup import QueueBuildupDetector
+
+    frames = telemetry(40, 1.0, field_report(20.0, 15.0))
+    cfg = Config(
+        detectors={"queue_buildup": QueueBuildupConfig(standing_s=8.0, baseline_tau_s=60.0)}
+    )
+    p = run_restarted(frames, cfg)
+    (det,) = p.detectors
+    assert isinstance(det, QueueBuildupDetector)
+    assert det.sketch.tau_s == 60.0 and det.sketch.counts(np.arange(1)).sum() > 0
+    (a,) = buildups(p)
+    assert entity(a) == FIELD and 8 <= (a.starts_at - (T0 + 20 * S)) / S <= 12
 
 
 def test_config_validation() -> None:

@@ -1248,6 +1248,7 @@ def test_detect_checkpoint_keeps_buffered_coded_rows_as_strings() -> None:
     from rocewatch.core.keys import KEYS
     from rocewatch.core.topology import Topology
     from rocewatch.pipeline import Pipeline
+    from rocewatch.runtime.aggregate import STATE_VERSION
     from rocewatch.runtime.detect import DetectState, load_detect_state
     from tests.test_topology import GOOD
 
@@ -1271,8 +1272,10 @@ def test_detect_checkpoint_keeps_buffered_coded_rows_as_strings() -> None:
         return out
 
     pipe = Pipeline(Topology.from_dict(GOOD))
-    st = DetectState(1, pipe, {}, {}, {7: {0: coded("sw-a", 7, 0)}}, None, 0, {})
-    back = load_detect_state(state_record(st))
+    st = DetectState(STATE_VERSION, pipe, {}, {}, {7: {0: coded("sw-a", 7, 0)}}, None, 0, {})
+    fresh = Pipeline(Topology.from_dict(GOOD))  # built anew at the restart
+    back = load_detect_state(state_record(st), fresh)
+    assert back.pipeline is fresh
     kept = back.buffer[7][0]
     assert kept["device"].dtype == pl.String and "sid" not in kept.columns
     assert kept.select(list(rows("x", 7).columns)).equals(rows("sw-a", 7))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import pickle
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -13,12 +12,12 @@ import pytest
 
 from detectors.straggler import StragglerConfig
 from rocewatch.config import Config
-from rocewatch.core import checkpoint
 from rocewatch.core.errors import ConfigError
 from rocewatch.core.model import Alert, conform
 from rocewatch.core.topology import Topology
 from rocewatch.pipeline import Pipeline
 from tests import cadence
+from tests.support.restart import restart_pipeline, through_codec
 
 S = 1_000_000_000
 STEP = S // 10
@@ -101,12 +100,17 @@ def feed(
         )
 
 
-def run(frames: Iterator[pl.DataFrame], cut: int | None = None) -> list[Alert]:
+def run(
+    frames: Iterator[pl.DataFrame], cut: int | None = None, after: Config | None = None
+) -> list[Alert]:
+    """Replay ``frames``; with ``cut``, stop after that many and start again from the state
+    through the product's checkpoint codec (the service's restart), with the configuration
+    ``after`` if given."""
     p = Pipeline(TOPO, rollup_s=None)
     p.detectors = [d for d in p.detectors if d.name == "straggler"]  # this detector alone
     for n, f in enumerate(frames):
         if n == cut:
-            p = pickle.loads(pickle.dumps(p))  # a checkpoint, as the service takes
+            p = restart_pipeline(p, after, only=("straggler",))
         p.ingest(f)
         p.advance(int(f["ts"].max()) - p.engine.lateness_ns())  # type: ignore[arg-type]
     p.finish()
@@ -151,6 +155,20 @@ def test_the_slow_nic_is_found_not_its_rail_peers() -> None:
     assert "pause requested" in ev and "RDMA transmit" in ev and "upper quartile" in ev
     assert "its rail 1 runs at" in ev
     assert a.annotations["pcie"] == "PCIe link 16 GT/s below its maximum 32 GT/s"
+
+
+def test_a_restored_detector_takes_todays_min_windows() -> None:
+    """Restarted mid-fault (at 5.5 s, the slow windows counting) with ``min_windows`` 5
+    instead of 3: the alert waits for today's 5 windows in a row, those before the stop
+    counted."""
+    pcie = lambda n, c, t: 16.0 if (n, c) == CULPRIT and pcie_slow(t) else 32.0  # noqa: E731
+    cfg = Config(detectors={"straggler": StragglerConfig(min_windows=5)})
+    alerts = run(feed(10.0, straggling, pcie=pcie), cut=55, after=cfg)
+    (a,) = alerts
+    assert (a.labels["node"], a.labels["nic"]) == CULPRIT
+    ttd = (a.starts_at - (T0 + int(ONSET * S))) / S
+    assert 4.5 <= ttd <= 6.0, ttd
+    assert "5 in a row" in a.annotations["evidence"]
 
 
 def test_look_alikes_gaps_and_clears_are_not_stragglers() -> None:
@@ -546,11 +564,16 @@ def test_alone_slow_survives_a_checkpoint(older: bool) -> None:
     for f in cadence.frames(series, seconds):
         if cut is not None and int(f["ts"].min()) >= cut:  # type: ignore[arg-type]
             cut = None
-            st = p.detectors[0].__dict__
-            if older:
+            if not older:
+                p = restart_pipeline(p, only=("straggler",))
+            else:
+                data = through_codec(p.state(), Pipeline.state_types())
+                st = data["detectors"]["straggler"]
                 for name in ("roll", "roll_med", "roll_at"):
                     del st[name]
-            p = checkpoint.loads(checkpoint.dumps(p, "test"), "test")
+                p = Pipeline(TOPO, Config(), rollup_s=None)
+                p.detectors = [d for d in p.detectors if d.name == "straggler"]
+                p.restore(data)
         p.ingest(f)
         p.advance(int(f["ts"].max()) - p.engine.lateness_ns())  # type: ignore[arg-type]
     p.finish()

@@ -5,11 +5,11 @@ import polars as pl
 
 from detectors.state import NS, counter_timing
 from detectors.windows import AGG_SCHEMA, WindowEngine, window_by_group_by
-from rocewatch.core import checkpoint
 from rocewatch.core.model import SAMPLE_SCHEMA, SERIES_KEY
 from rocewatch.sim import Simulator
 from rocewatch.sim.scenarios import SCENARIOS
 from tests import cadence
+from tests.support.restart import restart_part
 
 
 def reference(parts: list[pl.DataFrame]) -> pl.DataFrame:
@@ -44,8 +44,9 @@ def run(batch: int) -> tuple[WindowEngine, int]:
 def test_two_step_windows_match_the_group_by():
     eng, checked = run(batch=1)  # one sample per series and step: rows taken as they are
     assert checked > 100
-    # a restored engine has no series positions: it takes the general path, same windows
-    restored = checkpoint.loads(checkpoint.dumps(eng, "t"), "t")
+    # a restored engine (its state through the checkpoint codec, into an engine built anew)
+    # has no series positions: it takes the general path, same windows
+    restored = restart_part(eng, WindowEngine())
     assert all(s.positions is None for s in restored.history)
     for metric in ("pfc_rx_pause_us", "queue_depth_bytes", "nic_link_speed_mbps"):
         a, b = eng.window(metric, 0.2), restored.window(metric, 0.2)
@@ -89,7 +90,7 @@ def test_coded_samples_give_the_same_steps_and_checkpoint_as_strings():
     for i, f in enumerate(ticks):
         if i == half:  # a checkpoint and restore mid-stream, samples still buffered
             assert coded.pending
-            coded = checkpoint.loads(checkpoint.dumps(coded, "t"), "t")
+            coded = restart_part(coded, WindowEngine())
             for p, _, _ in coded.pending:  # codes mean nothing in another process
                 assert p["device"].dtype == pl.String and "sid" not in p.columns
         wm = int(f["ts"].max()) - plain.lateness_ns()
@@ -128,7 +129,9 @@ def test_series_beyond_the_limit_are_dropped_and_counted():
     seen: set[tuple[str, str]] = set()
     for t in range(12):
         if t == 6:
-            eng = checkpoint.loads(checkpoint.dumps(eng, "t"), "t")  # restored mid-flood
+            # restored mid-flood, into an engine built anew from the same configuration (the
+            # counts are the pipeline's state: its stats carry on)
+            eng = restart_part(eng, WindowEngine(WindowConfig(max_series=50), eng.stats))
         # every tick, 15 ports never seen before (30 series) besides the steady ones
         flood = [f"Bogus{t}-{j}" for j in range(15)]
         eng.add(batch(t, steady + flood))
@@ -179,3 +182,20 @@ def test_step_rows_carry_each_series_sampling_interval() -> None:
     assert np.allclose([held for _, held, _ in fast[1:-1]], 0.1 * NS, rtol=1e-3)
     assert len(slow) == 5 and np.allclose([iv for iv, _, _ in slow], NS, rtol=1e-3)
     assert all(dt is None for _, _, dt in gauge) and all(iv == 0 for iv, _, _ in gauge)
+
+
+def test_a_state_of_another_step_length_is_refused_not_laid_over():
+    """An engine's state holds steps of its step length: restored into an engine built with
+    another ``window.step_s`` it is refused (``StateMismatch``: the caller starts afresh), and
+    the engine is left as built."""
+    import pytest
+
+    from detectors.windows import WindowConfig
+    from rocewatch.core.state import StateMismatch
+
+    eng, _ = run(batch=1)
+    assert eng.history
+    other = WindowEngine(WindowConfig(step_s=0.2))
+    with pytest.raises(StateMismatch, match="step_s changed"):
+        restart_part(eng, other)
+    assert not other.history and not other.pending and other.closed_ns is None

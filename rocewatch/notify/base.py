@@ -102,8 +102,8 @@ class RetryConfig:
 
 @dataclass(frozen=True)
 class NotifyConfig:
-    webhooks: tuple[WebhookConfig, ...] = ()
-    alertmanagers: tuple[AlertmanagerConfig, ...] = ()
+    # notify.<key> -> that kind's sinks (rocewatch/notify/registry.py: webhooks, alertmanagers)
+    sinks: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     retry: RetryConfig = field(default_factory=RetryConfig)
     poll_s: float = 0.5  # how often the dispatcher looks for due events
     drain_timeout_s: float = 10.0  # how long replay waits at exit for deliveries
@@ -112,11 +112,19 @@ class NotifyConfig:
     seed: int = 0
 
     @property
+    def webhooks(self) -> tuple[WebhookConfig, ...]:
+        return self.sinks.get("webhooks", ())
+
+    @property
+    def alertmanagers(self) -> tuple[AlertmanagerConfig, ...]:
+        return self.sinks.get("alertmanagers", ())
+
+    @property
     def enabled(self) -> bool:
-        return bool(self.webhooks or self.alertmanagers)
+        return any(self.sinks.values())
 
     def validate(self) -> None:
-        names = [w.name for w in self.webhooks] + [a.name for a in self.alertmanagers]
+        names = [s.name for kind in self.sinks.values() for s in kind]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ConfigError(f"notify: sink names must be unique: {', '.join(dup)}")

@@ -17,19 +17,17 @@ from typing import Any
 
 from rocewatch.core.errors import PermanentError, RetryableError
 from rocewatch.core.model import Alert
-from rocewatch.notify.alertmanager import AlertmanagerNotifier
 from rocewatch.notify.base import Notifier, NotifyConfig, RetryConfig
 from rocewatch.notify.http import RetryLater
-from rocewatch.notify.webhook import WebhookNotifier
+from rocewatch.notify.registry import SINKS
 from storage.outbox import Outbox, OutboxItem
 
 log = logging.getLogger(__name__)
 
 
 def build_notifiers(cfg: NotifyConfig) -> list[Notifier]:
-    sinks: list[Notifier] = [WebhookNotifier(w) for w in cfg.webhooks]
-    sinks += [AlertmanagerNotifier(a) for a in cfg.alertmanagers]
-    return sinks
+    """One notifier per configured sink, of every kind the registry has."""
+    return [entry.notifier(c) for key, entry in SINKS.items() for c in cfg.sinks.get(key, ())]
 
 
 class Dispatcher:
