@@ -51,12 +51,12 @@ DETECTORS: dict[str, Entry] = {
     "flaky_link": Entry(FlakyLinkDetector, FlakyLinkConfig, "FlakyLink"),
     "pcie_downgrade": Entry(PcieDowngradeDetector, PcieDowngradeConfig, "PCIeDowngrade"),
     "straggler": Entry(StragglerDetector, StragglerConfig, "Straggler"),
-    "fabric_incident": Entry(
-        FabricIncidentDetector, FabricIncidentConfig, "FabricIncident", reads_alerts=True
-    ),
     "slow_rank": Entry(SlowRankDetector, SlowRankConfig, "SlowRank", reads_alerts=True),
     "bus_bandwidth_drop": Entry(
         BusBandwidthDropDetector, BusBandwidthDropConfig, "BusBandwidthDrop", reads_alerts=True
+    ),
+    "fabric_incident": Entry(
+        FabricIncidentDetector, FabricIncidentConfig, "FabricIncident", reads_alerts=True
     ),
     "isolation_forest": Entry(
         IsolationForestDetector,
