@@ -37,6 +37,7 @@ S = 1_000_000_000
 LAG = "nccl_kernel_start_lag_us"
 JOIN = "nccl_rank_gpu"
 HOST_SIDE = "host or GPU side"
+MAX_PLACES = 200_000  # ranks whose place (GPU, NIC) is remembered
 # fabric alerts that explain a late rank, and how the cause reads
 CAUSES = {
     "PCIeDowngrade": "PCIe downgrade",
@@ -106,6 +107,9 @@ class SlowRankDetector(Stateful):
             old = self.places.get(key)
             if old is None or int(ts) >= old[2]:
                 self.places[key] = (int(v), nic, int(ts))
+        if len(self.places) > MAX_PLACES:  # ranks of long-gone jobs: keep the newest
+            keep = sorted(self.places.items(), key=lambda kv: kv[1][2])[-MAX_PLACES // 2 :]
+            self.places = dict(keep)
 
     def _observe(self, lag: pl.DataFrame) -> None:
         cfg = self.config
