@@ -205,6 +205,7 @@ def agent_config_from_dict(doc: Any, where: str = "config") -> AgentFileConfig:
 def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
     from actions.policy import PolicyConfig
     from actions.routing import ExecutorsConfig
+    from collector.registry import validate_sections
     from detectors.registry import DETECTORS
     from rocewatch.alerting.inhibit import inhibit_config
 
@@ -230,6 +231,7 @@ def config_from_dict(doc: dict[str, Any], where: str = "config") -> Config:
                 f"(known: {', '.join(sorted(DETECTORS))})"
             )
         built[name] = build(DETECTORS[name].config, d, f"{where}.detectors.{name}")
+    validate_sections(doc, where)  # each collector's own section (collector/registry.py)
     cfg = build(Config, doc, where)
     policy = build(PolicyConfig, actions, f"{where}.actions")
     if not isinstance(storage, dict):
