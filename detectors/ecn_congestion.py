@@ -265,7 +265,11 @@ class EcnCongestionDetector:
         den = self._den(s, ts, kind)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.minimum(marks / den, 1.0)
-        valid = np.isfinite(share) & (dt > 0) & (den > 0) & (marks >= 0)
+        # a queue that marks what it takes in while it sends nothing (paused by PFC, filling)
+        # marks all of it: its share is whole, not undefined
+        stuck = (den == 0) & (marks > 0) & np.isfinite(marks)
+        share = np.where(stuck, 1.0, share)
+        valid = np.isfinite(share) & (dt > 0) & ((den > 0) | stuck) & (marks >= 0)
         s, ts, dt, n, marks, den, share = (a[valid] for a in (s, ts, dt, n, marks, den, share))
         if len(s) == 0:
             return []

@@ -18,7 +18,7 @@ from detectors.base import Finding
 from rocewatch.model import Alert, fingerprint
 
 # annotations that follow the latest finding of a firing alert (rocewatch/alerting/group.py)
-LIVE_ANNOTATIONS = ("members", "ports", "victims")
+LIVE_ANNOTATIONS = ("members", "ports", "victims", "tree")
 
 
 @dataclass(frozen=True)
