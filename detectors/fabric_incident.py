@@ -11,7 +11,8 @@ before ``isolation_forest``. Victims (``role=victim``), PortAnomaly and FabricIn
 not members, nor are alerts the inhibition stage holds inhibited (``inhibited_by``: another
 alert explains them) or other alerts on an entity a PFC storm pauses or starts from (a storm's
 members: the congestion on the ports it pauses, its origin's silence are the storm, which has
-its own alert; a mass storm still counts its origins). Per alertname and entity kind (NIC, node, switch port), a scope qualifies when at
+its own alert; a mass storm still counts its origins, a switch origin once, however many
+ports it pauses from). Per alertname and entity kind (NIC, node, switch port), a scope qualifies when at
 least ``min_entities`` distinct entities fire in it, or at least ``min_share`` of the scope's
 entities of that kind (per the topology), and at least ``min_share_entities``. The narrowest
 qualifying scope (fewest entities) takes the group; a wider scope is raised only for what the
@@ -158,6 +159,9 @@ class FabricIncidentDetector:
             (kind, ent), scopes = found
             if name != STORM and (kind, ent) in in_storm:
                 continue
+            if name == STORM and kind == "port" and labels.get("role") == "origin":
+                # a switch that is the origin on many ports is one device at fault: one member
+                ent = ent.partition("/")[0] + "/"
             by_scope = groups.setdefault((name, kind), {})
             for s in scopes:
                 by_scope.setdefault(s, set()).add(ent)
@@ -216,7 +220,7 @@ def _member_labels(kind: str, name: str) -> dict[str, str]:
     if kind == "nic":
         return {"node": a, "nic": b}
     if kind == "port":
-        return {"switch": a, "port": b}
+        return {"switch": a, "port": b} if b else {"switch": a}
     return {"node": name}
 
 

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from actions.policy import PolicyConfig
 from detectors.base import Finding, StepContext, node_labels, port_labels
 from detectors.fabric_incident import FabricIncidentDetector
-from rocewatch.alerting.inhibit import InhibitConfig, Inhibitor, parse_rule
+from rocewatch.alerting.inhibit import STORM_HOLD_S, InhibitConfig, Inhibitor, parse_rule
 from rocewatch.config import Config, config_from_dict
 from rocewatch.errors import ConfigError
 from rocewatch.model import Action, Alert, conform
@@ -91,6 +91,14 @@ def slow_2_to_9(t: float) -> list[Finding]:
     return [straggler("gpu-001", t)] if 2.0 <= t < 9.0 else []
 
 
+def slow_2_to_40(t: float) -> list[Finding]:
+    return [straggler("gpu-001", t)] if 2.0 <= t < 40.0 else []
+
+
+def slow_1_to_40(t: float) -> list[Finding]:
+    return [straggler("gpu-001", t)] if 1.0 <= t < 40.0 else []
+
+
 def slow_1_to_9(t: float) -> list[Finding]:
     return [straggler("gpu-001", t)] if 1.0 <= t < 9.0 else []
 
@@ -160,7 +168,7 @@ def test_a_paused_nics_straggler_is_stored_inhibited_not_notified_nor_drained_un
 ) -> None:
     p = pipeline(
         Scripted("pfc_storm", storm_1_to_4),
-        Scripted("straggler", slow_2_to_9),
+        Scripted("straggler", slow_2_to_40),
         cfg=drains_on(("Straggler",)),
     )
     store = Store(f"sqlite:///{tmp_path / 'a.db'}")
@@ -179,8 +187,9 @@ def test_a_paused_nics_straggler_is_stored_inhibited_not_notified_nor_drained_un
     assert ("Straggler", victims[0].fingerprint) in rows
     assert all(by is None for name, by in rows if name != "Straggler")
 
-    # the storm ends (its victim alert resolves 1 s later); the straggler outlives it
-    after = run(p, 3.5, 12)
+    # the storm ends (its victim alert resolves 1 s later); the straggler outlives it, and is
+    # held for the rule's hold_s more (a symptom drains down after its cause) before it shows
+    after = run(p, 3.5, 30)
     for _, o in after:
         store.write_alerts(o.alerts + o.inhibited)
     (shown,) = [a for a in named(after, "Straggler") if a.status == "firing"]
@@ -188,7 +197,8 @@ def test_a_paused_nics_straggler_is_stored_inhibited_not_notified_nor_drained_un
     assert shown.starts_at == muted.starts_at  # the same alert, not a new one
     storm_over = max(a.ends_at for a in named(after, "PFCStorm") if a.ends_at)
     released = first_time(after, "Straggler")
-    assert storm_over <= at(released) <= storm_over + STEP
+    hold = round(STORM_HOLD_S * S)
+    assert storm_over + hold <= at(released) <= storm_over + hold + 2 * STEP
     (drain,) = drains(after)  # drained on once it is an ordinary alert, never before
     assert drain.node == "gpu-001" and drain.time >= storm_over
     with store.engine.connect() as conn:
@@ -202,12 +212,12 @@ def test_a_paused_nics_straggler_is_stored_inhibited_not_notified_nor_drained_un
 
 
 def test_a_target_that_fires_before_its_source_is_held_and_still_inhibited() -> None:
-    p = pipeline(Scripted("pfc_storm", storm_3_to_6), Scripted("straggler", slow_1_to_9))
-    outs = run(p, 0, 12)
+    p = pipeline(Scripted("pfc_storm", storm_3_to_6), Scripted("straggler", slow_1_to_40))
+    outs = run(p, 0, 35)
     # held from 1 s (wait 5 s), inhibited when the storm starts at 3 s
     assert first_time(outs, "Straggler", "inhibited") == pytest.approx(3.0, abs=0.15)
     storm_over = max(a.ends_at for a in named(outs, "PFCStorm") if a.ends_at)
-    assert at(first_time(outs, "Straggler")) >= storm_over
+    assert at(first_time(outs, "Straggler")) >= storm_over + round(STORM_HOLD_S * S)
     # with a shorter wait it is notified before the storm begins, and stays notified
     short = Config(inhibit=InhibitConfig(wait_s=1.0))
     p = pipeline(Scripted("pfc_storm", storm_3_to_6), Scripted("straggler", slow_1_to_9), cfg=short)
@@ -242,10 +252,10 @@ def test_a_fabric_incident_inhibits_its_members_stragglers_only() -> None:
 def test_inhibition_state_survives_a_checkpoint() -> None:
     """The scale-out detect stage pickles the pipeline: an alert inhibited before the
     checkpoint is released after it, once."""
-    p = pipeline(Scripted("pfc_storm", storm_1_to_4), Scripted("straggler", slow_2_to_9))
+    p = pipeline(Scripted("pfc_storm", storm_1_to_4), Scripted("straggler", slow_2_to_40))
     run(p, 0, 3)
     p = pickle.loads(pickle.dumps(p))
-    outs = run(p, 3, 8)
+    outs = run(p, 3, 30)
     assert len([a for a in named(outs, "Straggler") if a.status == "firing"]) == 1
 
 
@@ -375,11 +385,49 @@ def test_inhibit_rules_from_the_config_file_replace_the_defaults() -> None:
                     {
                         "source_matchers": ["alertname=A"],
                         "target_matchers": ["alertname=B"],
-                        "members": "yes",
+                        "members": 3,
                     }
                 ]
             },
-            "members: must be true or false",
+            "members: must be true, false or an annotation name",
+        ),
+        (
+            {
+                "inhibit_rules": [
+                    {
+                        "source_matchers": ["alertname=A"],
+                        "target_matchers": ["alertname=B"],
+                        "members": "the tree",
+                    }
+                ]
+            },
+            "'the tree' is not an annotation name",
+        ),
+        (
+            {
+                "inhibit_rules": [
+                    {
+                        "source_matchers": ["alertname=A"],
+                        "target_matchers": ["alertname=B"],
+                        "members": "tree",
+                        "hold_s": -1,
+                    }
+                ]
+            },
+            "hold_s: must be a number of seconds >= 0",
+        ),
+        (
+            {
+                "inhibit_rules": [
+                    {
+                        "source_matchers": ["alertname=A"],
+                        "target_matchers": ["alertname=B"],
+                        "members": True,
+                        "started_after_source": "yes",
+                    }
+                ]
+            },
+            "started_after_source: must be true or false",
         ),
         ({"inhibit_wait_s": -1}, "inhibit_wait_s"),
         ({"inhibit_wait_s": "soon"}, "inhibit_wait_s"),

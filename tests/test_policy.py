@@ -72,6 +72,15 @@ def storm(node: str, t: int, role: str = "origin", nic: str = "mlx5_0", ends: in
     )
 
 
+def flaky(node: str, t: int, nic: str = "mlx5_0") -> Alert:
+    """A flaky cable at ``node``'s NIC: a culprit the share caps hold (a storm's origin is not)."""
+    return Alert(
+        labels={"alertname": "FlakyLink", "severity": "warning", "node": node, "nic": nic},
+        annotations={"summary": f"flaky cable at {node}/{nic}"},
+        starts_at=t,
+    )
+
+
 def resolved(a: Alert, t: int) -> Alert:
     return replace(a, ends_at=t)
 
@@ -299,7 +308,7 @@ def test_second_node_of_a_job_within_job_cooldown_refused() -> None:
 def test_job_share_cap_withholds_and_raises_job_incident() -> None:
     cfg = PolicyConfig(max_rail_share=1, max_fabric_share=1, resume_after_healthy_s=60)
     p = DrainPolicy(cfg, TOPO)
-    a0, a1, a2 = (storm(f"gpu-{i:02d}", T0 + i * 10 * S) for i in range(3))
+    a0, a1, a2 = (flaky(f"gpu-{i:02d}", T0 + i * 10 * S) for i in range(3))
     for a in (a0, a1, a2):
         p.on_alert(a, a.starts_at)
     acts, incs = run(p, T0, T0 + 30 * S, step=S)
@@ -326,7 +335,7 @@ def test_job_share_cap_withholds_and_raises_job_incident() -> None:
 def test_rail_share_cap_with_default_config() -> None:
     p = DrainPolicy(PolicyConfig(), TOPO)
     for k, node in enumerate(["gpu-12", "gpu-13", "gpu-14"]):
-        p.on_alert(storm(node, T0 + k * 10 * S, nic="mlx5_1"), T0 + k * 10 * S)
+        p.on_alert(flaky(node, T0 + k * 10 * S, nic="mlx5_1"), T0 + k * 10 * S)
     acts, incs = run(p, T0, T0 + 30 * S, step=S)
     # Every node hangs off both rails: 10 % of 20 nodes is 2.
     assert [a.outcome for a in acts] == ["dry-run", "dry-run", "refused: max_rail_share"]
@@ -636,7 +645,7 @@ def test_a_domains_policy_caps_its_share_of_the_rail_and_of_the_hourly_drains() 
     p = DrainPolicy(PolicyConfig(), topo)
     p.domain = "pod-a"
     for k, node in enumerate(["gpu-00", "gpu-01"]):
-        p.on_alert(storm(node, T0 + k * 10 * S), T0 + k * 10 * S)
+        p.on_alert(flaky(node, T0 + k * 10 * S), T0 + k * 10 * S)
     acts, incs = run(p, T0, T0 + 30 * S, step=S)
     # 10 % of the fabric's 20 nodes on rail 0 would allow 2; pod-a holds 10 of them: 1
     assert [(a.node, a.outcome) for a in acts] == [
