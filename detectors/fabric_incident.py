@@ -7,13 +7,13 @@ holds such a group, which tells the drain policy to withhold drains of the nodes
 when that many entities fault together, the fabric is at fault, not the nodes.
 
 It reads only the alerts firing now (``ctx.firing``), so it sits after every rule detector and
-before ``isolation_forest``. Victims (``role=victim``), PortAnomaly and FabricIncident alerts are
-not members, nor are alerts the inhibition stage holds inhibited (``inhibited_by``: another
+before ``isolation_forest``. Victims (``role=victim``), PortAnomaly and FabricIncident alerts
+are not members, nor are alerts the inhibition stage holds inhibited (``inhibited_by``: another
 alert explains them) or other alerts on an entity a PFC storm pauses or starts from (a storm's
 members: the congestion on the ports it pauses, its origin's silence are the storm, which has
-its own alert; a mass storm still counts its origins, a switch origin once, however many
-ports it pauses from). Per alertname and entity kind (NIC, node, switch port), a scope qualifies when at
-least ``min_entities`` distinct entities fire in it, or at least ``min_share`` of the scope's
+its own alert; a mass storm still counts its origins, a switch origin once, however many ports
+it pauses from). Per alertname and entity kind (NIC, node, switch port), a scope qualifies when
+at least ``min_entities`` distinct entities fire in it, or at least ``min_share`` of the scope's
 entities of that kind (per the topology), and at least ``min_share_entities``. The narrowest
 qualifying scope (fewest entities) takes the group; a wider scope is raised only for what the
 narrower incidents leave over, if that still qualifies. An incident resolves when its scope

@@ -342,6 +342,67 @@ def test_rail_share_cap_with_default_config() -> None:
     assert incs[0].labels["scope"] == "rail:1"
 
 
+def _rail_fabric() -> Topology:
+    """16 nodes per rail (one leaf per rail, rails 0 and 1), two jobs of 8 nodes."""
+    names = [f"gpu-{i:03d}" for i in range(1, 17)]
+    return Topology.from_dict(
+        {
+            "switches": [{"name": f"leaf-r{r}", "role": "leaf", "rail": r} for r in (0, 1)]
+            + [{"name": "spine-0", "role": "spine"}],
+            "nodes": [
+                {
+                    "name": n,
+                    "nics": [
+                        {"nic": f"mlx5_{r}", "rail": r, "switch_port": f"leaf-r{r}/Ethernet{i}"}
+                        for r in (0, 1)
+                    ],
+                }
+                for i, n in enumerate(names, 1)
+            ],
+            "jobs": [
+                {"name": "llm-a", "nodes": names[:8]},
+                {"name": "llm-b", "nodes": names[8:]},
+            ],
+        }
+    )
+
+
+def test_two_independent_storm_origins_on_a_16_node_rail_are_both_drained() -> None:
+    """Two unrelated NIC storms on two leaves, seconds apart: 10 % of a 16-node rail allows one
+    node out, but a storm's origin pauses every job behind it, so the second is drained too.
+    The cap still holds a second culprit of another kind."""
+    topo = _rail_fabric()
+    p = DrainPolicy(PolicyConfig(), topo)
+    p.on_alert(storm("gpu-003", T0, nic="mlx5_1"), T0)
+    p.on_alert(storm("gpu-011", T0 + 3 * S, nic="mlx5_0"), T0 + 3 * S)
+    acts, incs = run(p, T0, T0 + 10 * S)
+    assert [(a.node, a.outcome) for a in acts] == [("gpu-003", "dry-run"), ("gpu-011", "dry-run")]
+    assert incs == []
+    # a flaky cable elsewhere now: the rail's share is taken twice over, so it waits
+    p.on_alert(flaky("gpu-007", T0 + 20 * S, nic="mlx5_0"), T0 + 20 * S)
+    acts, _ = run(p, T0 + 20 * S, T0 + 30 * S)
+    assert [(a.node, a.outcome) for a in acts] == [("gpu-007", "refused: max_rail_share")]
+    assert "withheld by max_rail_share" in acts[0].reason
+
+
+def test_a_mass_storm_drains_none_and_every_refusal_names_its_guard() -> None:
+    """A third of the nodes storm at once: the fabric, not the nodes. No origin is drained,
+    and every refusal says which guard withheld it."""
+    topo = _rail_fabric()
+    p = DrainPolicy(PolicyConfig(), topo)
+    nodes = [f"gpu-{i:03d}" for i in (1, 3, 5, 8, 10, 12)]  # 6 of 16
+    for k, node in enumerate(nodes):
+        t = T0 + k * 150 * MS
+        p.on_alert(storm(node, t, nic=f"mlx5_{k % 2}"), t)
+    acts, incs = run(p, T0, T0 + 30 * S)
+    assert drains(acts) == []
+    assert sorted(a.node for a in acts) == sorted(nodes)  # each refused once
+    for a in acts:
+        assert a.outcome == "refused: blast_radius", a
+        assert "withheld by blast_radius:" in a.reason and "blast radius 3" in a.reason
+    assert [i.labels["scope"] for i in incs if i.status == "firing"] == ["fabric"]
+
+
 def test_rate_limit_per_scheduler() -> None:
     cfg = PolicyConfig(max_drains_per_hour=1, max_rail_share=1, max_fabric_share=1)
     p = DrainPolicy(cfg, TOPO)

@@ -23,10 +23,11 @@ origin or itself paused.
 Every grouped alert carries ``members``: its current members (seen within the lifecycle's
 ``resolve_after_s``) as a JSON list of entity label sets. Every origin alert carries ``tree``:
 the storm's pause tree as the same kind of list, its own members (the NIC, or the switch's
-ports) and the current members of every victim alert of its storm; the inhibition stage reads
-it to tell the storm's symptoms (congestion on the ports it pauses, the origin's silence). The inhibition stage and the
-detectors that read the alerts firing (``StepContext.firing``) see a grouped alert as one
-alert per member (``views``), so grouping changes what is notified, not what they know.
+ports) and the current members of every victim alert of its storm; the inhibition stage reads it
+to tell the storm's symptoms (congestion on the ports it pauses, the origin's silence). The
+inhibition stage and the detectors that read the alerts firing (``StepContext.firing``) see a
+grouped alert as one alert per member (``views``), so grouping changes what is notified, not
+what they know.
 
 >>> views({"alertname": "PFCStorm", "switch": "leaf-0", "port": "Ethernet1", "role": "origin"},
 ...       {"members": '[{"port":"Ethernet1","switch":"leaf-0"},'

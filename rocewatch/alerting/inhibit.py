@@ -26,10 +26,11 @@ policy (``Pipeline``). Each alert event comes out in one of two lists:
 
 A target whose source fires a moment after it (sources come at other cadences) would slip
 through, so a firing target is held for ``wait_s`` of telemetry time (like Alertmanager's
-``group_wait``) and inhibited if a source appears meanwhile; otherwise it is shown when the
-wait ends. An inhibited alert is re-checked every step; when no source inhibits it any more
-(for the ``hold_s`` of the rules that target it) while it still fires, it is shown from then on
-like any other alert (notified, and the policy may drain on it), and never inhibited again. Alerts that match no rule's target pass at once.
+``group_wait``) and inhibited if a source appears meanwhile; otherwise it is shown when the wait
+ends. An inhibited alert is re-checked every step; when no source inhibits it any more (for the
+``hold_s`` of the rules that target it) while it still fires, it is shown from then on like any
+other alert (notified, and the policy may drain on it), and never inhibited again. Alerts that
+match no rule's target pass at once.
 
 Time is the caller's: every call carries the telemetry time of the step (``now_ns``), so
 replay and tests decide exactly as live operation does.
