@@ -276,6 +276,15 @@ DEFAULT_RULES_DOC: tuple[dict[str, Any], ...] = (
         "started_after_source": True,
         "hold_s": STORM_HOLD_S,
     },
+    # victims grouped before their origin was confirmed (a switch origin read every few
+    # seconds is named once its own counters report): the origin's tree holds them
+    {
+        "source_matchers": ['alertname="PFCStorm"', 'role="origin"'],
+        "target_matchers": ['alertname="PFCStorm"', 'role="victim"', 'origin="unknown"'],
+        "members": "tree",
+        "started_after_source": True,
+        "hold_s": STORM_HOLD_S,
+    },
     # a fabric event slows its members down: the incident is the one alert
     {
         "source_matchers": ['alertname="FabricIncident"'],
