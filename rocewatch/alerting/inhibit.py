@@ -221,10 +221,11 @@ def parse_rule(d: Any, where: str = "inhibit_rules[0]") -> InhibitRule:
     equal = d.get("equal") or []
     if not isinstance(equal, list | tuple) or not all(isinstance(x, str) for x in equal):
         raise ConfigError(f"{where}.equal: must be a list of label names")
-    members = d.get("members", False)
+    given = d.get("members", False)
     key = MEMBERS
-    if isinstance(members, str) and members:
-        members, key = True, members
+    members = given
+    if isinstance(given, str) and given:
+        members, key = True, given  # the annotation that lists the source's members
     if not isinstance(members, bool):
         raise ConfigError(f"{where}.members: must be true, false or an annotation name")
     after = d.get("started_after_source", False)
@@ -373,7 +374,6 @@ class Inhibitor:
         # member label-set shapes of the members rules' sources (rebuilt with the index)
         self._shapes: list[set[tuple[str, ...]]] = []
         self._starts: dict[str, int] = {}  # the indexed sources' startsAt
-        self._holds: dict[tuple[tuple[str, str], ...], int] = {}  # labels -> hold (ns)
 
     def is_target(self, labels: Mapping[str, str]) -> bool:
         return any(r.is_target(labels) for r in self.config.rules)
@@ -402,7 +402,7 @@ class Inhibitor:
             if ev.ends_at:
                 if fp in self.inhibited:  # the event carries inhibited_by (the lifecycle's)
                     del self.inhibited[fp]
-                    self.orphaned.pop(fp, None)
+                    self._orphans().pop(fp, None)
                     hidden.append(ev)
                 elif fp in self.held:  # ended within its wait: decided now, both events
                     first, _ = self.held.pop(fp)
@@ -439,39 +439,36 @@ class Inhibitor:
             a = alerts.firing.get(fp)
             if a is None:  # gone without its resolved event (e.g. replaced): nothing to show
                 del self.inhibited[fp]
-                self.orphaned.pop(fp, None)
+                self._orphans().pop(fp, None)
                 continue
             new = source(a)
             if new is None:
-                since = self.orphaned.setdefault(fp, self.now)
+                since = self._orphans().setdefault(fp, self.now)
                 if self.now - since < self._hold_ns(a.labels):
                     continue  # a symptom draining down after its cause: still its
                 # it outlived its source: an ordinary alert from now on
                 del self.inhibited[fp]
-                del self.orphaned[fp]
+                del self._orphans()[fp]
                 alerts.mark(fp, a.starts_at, None)
                 shown.append(_marked(a, None))
                 log.info("alert %s outlived its inhibiting source %s: shown", fp, src)
             else:
-                self.orphaned.pop(fp, None)
+                self._orphans().pop(fp, None)
                 if new != src:
                     self.inhibited[fp] = new
                     alerts.mark(fp, a.starts_at, new)
         return shown, hidden
 
+    def _orphans(self) -> dict[str, int]:
+        """``orphaned`` (absent from a checkpoint of a version without it: empty)."""
+        return self.__dict__.setdefault("orphaned", {})  # type: ignore[no-any-return]
+
     def _hold_ns(self, labels: Mapping[str, str]) -> int:
         """How long an inhibited alert stays so after its last source stopped: the longest
         ``hold_s`` of the rules that target it."""
-        key = tuple(sorted(labels.items()))
-        hold = self._holds.get(key)
-        if hold is None:
-            hold = max(
-                (int(r.hold_s * 1e9) for r in self.config.rules if r.is_target(labels)), default=0
-            )
-            if len(self._holds) > 4096:
-                self._holds.clear()
-            self._holds[key] = hold
-        return hold
+        return max(
+            (int(r.hold_s * 1e9) for r in self.config.rules if r.is_target(labels)), default=0
+        )
 
     def flush(self, alerts: AlertStore) -> tuple[list[Alert], list[Alert]]:
         """Decide every held alert now (the stream ended): (shown, inhibited) events."""
