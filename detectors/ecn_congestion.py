@@ -9,7 +9,8 @@ occupancy sits past the RED profile's Kmin for seconds. The marked share of each
 bound), or at a NIC ``nic_ecn_marked_pkts`` over the packets received (its RDMA byte counter at
 ``packet_bytes`` a packet: the agent exports no packet counter); ``np_cnp_sent`` goes into the
 evidence. Each reading must mark at least ``min_marked_pps`` (an idle port's few packets say
-nothing). Three rules:
+nothing). A queue that marks while it sends nothing (paused by PFC and filling: it marks what
+it takes in) marks all it handles: share 1, not undefined. Three rules:
 
 - **peers**: every reading for ``sustain_s`` marks at least ``peer_factor`` times the median
   share of its peers (the same switch role, rail and kind of port, same queue; a NIC's rail; the
