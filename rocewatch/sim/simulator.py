@@ -405,6 +405,7 @@ class Simulator:
         self.n_ticks = cfg.n_ticks
         self.interval_ns = round(cfg.interval_s * NS)
         self._static(np.random.default_rng([cfg.seed, 1]))
+        self._storm_rng = np.random.default_rng([cfg.seed, 8])  # steps() starts it afresh
         self._frame_layout()
         self.schedules: dict[str, Schedule] = {}
         if cfg.cadenced:
@@ -882,6 +883,7 @@ class Simulator:
         if not cfg.cadenced:
             raise ConfigError("readings() needs a cadenced run (set a source's interval)")
         rng = np.random.default_rng([cfg.seed, 2])  # the physics, as in a default run
+        self._storm_rng = np.random.default_rng([cfg.seed, 8])
         late_rng = np.random.default_rng([cfg.seed, 4])
         T = cfg.interval_s
         sw_cum = self.sw_init.copy()
@@ -998,6 +1000,9 @@ class Simulator:
         """The raw readings, tick by tick (what ``ticks`` and the file writers format)."""
         cfg, fab = self.cfg, self.fabric
         rng = np.random.default_rng([cfg.seed, 2])
+        # what only storms draw comes from a stream of its own: the rest of a run's noise does
+        # not depend on whether (or where) a storm was
+        self._storm_rng = np.random.default_rng([cfg.seed, 8])
         T, T_ns = cfg.interval_s, self.interval_ns
         E = fab.n_nics
         sw_cum = self.sw_init.copy()
@@ -1284,7 +1289,7 @@ class Simulator:
         q_marks = marks
         if len(held):
             q_marks = marks.copy()
-            q_marks[held] += rng.poisson(stuck[held] * by[held] / PKT_BYTES)
+            q_marks[held] += self._storm_rng.poisson(stuck[held] * by[held] / PKT_BYTES)
 
         # --- physical layer ---------------------------------------------------------------------
         ber = self.ber.copy()
@@ -1338,11 +1343,11 @@ class Simulator:
             f = _ov(f0, f1, t0, t1)
             if f > 0:
                 lam[:, e] += f * scale * (0.3 + 0.7 * a[e]) * TRANSPORT_FAULT_RATES * per_tick
+        oos, seq, ack, rnr, imp = rng.poisson(lam)
         for x, f in quiet:
             # the origin processes no ACK while its receive path is stalled: its requests
             # time out (a few queue pairs, each at its retransmission timeout)
-            lam[2, x] += f * STORM_ORIGIN_TIMEOUTS * per_tick
-        oos, seq, ack, rnr, imp = rng.poisson(lam)
+            ack[x] += self._storm_rng.poisson(f * STORM_ORIGIN_TIMEOUTS * per_tick)
         ecn = marks[1 : 2 * E : 2]
         cnp = np.minimum(np.rint(ecn * rng.uniform(0.4, 0.6, E)), T / 50e-6 * 16)
         handled = np.bincount(self.group, weights=cnp, minlength=self.n_groups)[self.group]
