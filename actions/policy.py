@@ -22,7 +22,13 @@ withholds a drain names the refusal (``refused: <rule>`` in the action record):
 ``max_job_share`` / ``max_rail_share`` / ``max_fabric_share``
     draining the node would put more than that share of a job's, a rail's or the fabric's
     nodes out of service at once (at least one node may always be drained); a FabricIncident
-    names the job, rail or fabric.
+    names the job, rail or fabric. A storm's origin (an alert named in ``uncapped_origins``
+    with ``role=origin``: ``PFCStorm``) is exempt: it pauses every job behind its links, so
+    draining it is the one drain that protects them all, and two independent origins are
+    both drained. What guards against a fabric event drained node by node is
+    ``blast_radius`` (and ``fabric_incident``), which still holds for them.
+
+The reason of every refusal names its rule: ``<alert> (withheld by <rule>: <why>)``.
 
 A policy of one fabric domain (the scale-out detect stage split by domain: ``domain`` set)
 sees only that domain's alerts and drains, so it applies the caps to the domain's share of
@@ -77,6 +83,8 @@ class PolicyConfig:
     mode: str = "dry-run"  # dry-run | approval | auto
     drain_on: tuple[str, ...] = ("PFCStorm", "FlakyLink", "PCIeDowngrade")
     origin_only: tuple[str, ...] = ("PFCStorm",)  # these drain only with role=origin
+    # origins of these (role=origin) are not held to the share caps: a storm pauses everyone
+    uncapped_origins: tuple[str, ...] = ("PFCStorm",)
     hold_down_s: float = 2.0
     blast_radius_nodes: int = 3
     max_job_share: float = 0.25
@@ -95,7 +103,7 @@ class PolicyConfig:
         problems: list[str] = []
         if self.mode not in MODES:
             problems.append(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
-        for name in (*self.drain_on, *self.origin_only):
+        for name in (*self.drain_on, *self.origin_only, *self.uncapped_origins):
             if name not in ALERTNAMES or name == "FabricIncident":
                 problems.append(f"{name!r} is not an alert that can name a culprit node")
         for k in ("hold_down_s", "cooldown_s", "job_cooldown_s", "resume_after_healthy_s"):
@@ -128,7 +136,7 @@ class PolicyConfig:
             raise ConfigError(f"drain policy: unknown settings {', '.join(unknown)}")
         kw = dict(d)
         try:
-            for k in ("drain_on", "origin_only"):
+            for k in ("drain_on", "origin_only", "uncapped_origins"):
                 if k in kw:
                     kw[k] = tuple(str(x) for x in kw[k])
             if "maintenance" in kw:
@@ -159,6 +167,7 @@ class _Candidate:
     status: str = "waiting"
     refused: str = ""  # rule of the last refusal recorded for it
     blast_checked: bool = False
+    uncapped: bool = False  # a storm's origin: the share caps do not hold it back
 
 
 @dataclass
@@ -422,6 +431,8 @@ class DrainPolicy:
         if recent >= limit:
             why = f"{recent} {sched} drains in the last hour (limit {limit}{self._where()})"
             return "max_drains_per_hour", why, ""
+        if c.uncapped:
+            return "", "", ""
         for j in jobs:
             members = set(self.topology.jobs[j].nodes)
             why = self._share_exceeded(f"job {j}", members, cfg.max_job_share)
@@ -727,6 +738,8 @@ class DrainPolicy:
             reason="rocewatch: " + " ".join(p for p in parts if p),
             starts_at=alert.starts_at,
             ends_at=alert.ends_at,
+            uncapped=labels.get("role") == "origin"
+            and labels["alertname"] in self.config.uncapped_origins,
         )
 
     def _execute(self, what: str, rec: _NodeRecord) -> str:
@@ -752,7 +765,11 @@ class DrainPolicy:
     def _action(
         self, now: int, what: str, c: _Candidate, executed: bool, outcome: str, why: str = ""
     ) -> Action:
-        reason = f"{c.reason} (withheld: {why})" if why else c.reason
+        rule = outcome.removeprefix("refused: ") if outcome.startswith("refused: ") else ""
+        if rule:
+            reason = f"{c.reason} (withheld by {rule}: {why or 'see the policy'})"
+        else:
+            reason = f"{c.reason} (withheld: {why})" if why else c.reason
         sched = self.topology.scheduler_of(c.node)
         return Action(now, what, c.node, sched, reason, c.fingerprint, executed, outcome)
 

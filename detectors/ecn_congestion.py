@@ -9,7 +9,8 @@ occupancy sits past the RED profile's Kmin for seconds. The marked share of each
 bound), or at a NIC ``nic_ecn_marked_pkts`` over the packets received (its RDMA byte counter at
 ``packet_bytes`` a packet: the agent exports no packet counter); ``np_cnp_sent`` goes into the
 evidence. Each reading must mark at least ``min_marked_pps`` (an idle port's few packets say
-nothing). Three rules:
+nothing). A queue that marks while it sends nothing (paused by PFC and filling: it marks what
+it takes in) marks all it handles: share 1, not undefined. Three rules:
 
 - **peers**: every reading for ``sustain_s`` marks at least ``peer_factor`` times the median
   share of its peers (the same switch role, rail and kind of port, same queue; a NIC's rail; the
@@ -276,7 +277,11 @@ class EcnCongestionDetector(Stateful):
         den = self._den(s, ts, kind)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.minimum(marks / den, 1.0)
-        valid = np.isfinite(share) & (dt > 0) & (den > 0) & (marks >= 0)
+        # a queue that marks what it takes in while it sends nothing (paused by PFC, filling)
+        # marks all of it: its share is whole, not undefined
+        stuck = (den == 0) & (marks > 0) & np.isfinite(marks)
+        share = np.where(stuck, 1.0, share)
+        valid = np.isfinite(share) & (dt > 0) & ((den > 0) | stuck) & (marks >= 0)
         s, ts, dt, n, marks, den, share = (a[valid] for a in (s, ts, dt, n, marks, den, share))
         if len(s) == 0:
             return []

@@ -7,9 +7,13 @@ holds such a group, which tells the drain policy to withhold drains of the nodes
 when that many entities fault together, the fabric is at fault, not the nodes.
 
 It reads only the alerts firing now (``ctx.firing``), so it sits after every rule detector and
-before ``isolation_forest``. Victims (``role=victim``), PortAnomaly and FabricIncident alerts are
-not members. Per alertname and entity kind (NIC, node, switch port), a scope qualifies when at
-least ``min_entities`` distinct entities fire in it, or at least ``min_share`` of the scope's
+before ``isolation_forest``. Victims (``role=victim``), PortAnomaly and FabricIncident alerts
+are not members, nor are alerts the inhibition stage holds inhibited (``inhibited_by``: another
+alert explains them) or other alerts on an entity a PFC storm pauses or starts from (a storm's
+members: the congestion on the ports it pauses, its origin's silence are the storm, which has
+its own alert; a mass storm still counts its origins, a switch origin once, however many ports
+it pauses from). Per alertname and entity kind (NIC, node, switch port), a scope qualifies when
+at least ``min_entities`` distinct entities fire in it, or at least ``min_share`` of the scope's
 entities of that kind (per the topology), and at least ``min_share_entities``. The narrowest
 qualifying scope (fewest entities) takes the group; a wider scope is raised only for what the
 narrower incidents leave over, if that still qualifies. An incident resolves when its scope
@@ -29,6 +33,7 @@ from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 ALERTNAME = "FabricIncident"
 IGNORED = ("FabricIncident", "PortAnomaly")
+STORM = "PFCStorm"
 # the label that keeps these apart from the policy's own (blast-radius) FabricIncidents
 SOURCE = "detector"
 LEVEL = {"switch": 0, "rail": 1, "job": 2, "fabric": 3}
@@ -140,14 +145,28 @@ class FabricIncidentDetector(Stateful):
             return []
         # (alertname, kind) -> scope -> entities firing in it
         groups: dict[tuple[str, str], dict[str, set[str]]] = {}
-        for labels in ctx.firing():
+        firing = list(ctx.firing())
+        # what the storms firing now pause, or start from: their symptoms are theirs
+        in_storm = {
+            found[0]
+            for labels in firing
+            if labels.get("alertname") == STORM and (found := self._entity(labels)) is not None
+        }
+        for labels in firing:
             name = labels.get("alertname", "")
             if not name or name in IGNORED or labels.get("role") == "victim":
+                continue
+            if labels.get("inhibited_by"):  # another alert explains it (the inhibition stage)
                 continue
             found = self._entity(labels)
             if found is None:
                 continue
             (kind, ent), scopes = found
+            if name != STORM and (kind, ent) in in_storm:
+                continue
+            if name == STORM and kind == "port" and labels.get("role") == "origin":
+                # a switch that is the origin on many ports is one device at fault: one member
+                ent = ent.partition("/")[0] + "/"
             by_scope = groups.setdefault((name, kind), {})
             for s in scopes:
                 by_scope.setdefault(s, set()).add(ent)
@@ -206,7 +225,7 @@ def _member_labels(kind: str, name: str) -> dict[str, str]:
     if kind == "nic":
         return {"node": a, "nic": b}
     if kind == "port":
-        return {"switch": a, "port": b}
+        return {"switch": a, "port": b} if b else {"switch": a}
     return {"node": name}
 
 

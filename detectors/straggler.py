@@ -511,8 +511,9 @@ class StragglerDetector(Stateful):
                     "leaf)",
                     f"ECN-marked packets {ecn[i]:,.0f}/s (peer median {med_e:,.0f}/s, z "
                     f"{zs[i, 1]:.0f}; evidence only)",
-                    f"RDMA transmit {tput[i] * 8 / 1e9:.1f} Gb/s = {pct(tput[i] / ref_t)} of the "
-                    f"peers' upper quartile {ref_t * 8 / 1e9:.1f} Gb/s (threshold "
+                    f"RDMA transmit {tput[i] * 8 / 1e9:.1f} Gb/s = "
+                    f"{pct(tput[i] / ref_t) if ref_t > 0 else 'n/a'} of the peers' upper "
+                    f"quartile {ref_t * 8 / 1e9:.1f} Gb/s (threshold "
                     f"{pct(cfg.max_throughput_ratio)}; median {med_t * 8 / 1e9:.1f} Gb/s, z "
                     f"{zs[i, 2]:.1f})",
                 ]

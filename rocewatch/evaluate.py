@@ -774,7 +774,9 @@ class Cell:
     (no faults: every alert is a false alarm). ``traffic``: ``allreduce``, ``moe`` or
     ``mixed`` (one job of each). Every cell has ``rounds`` rounds, each a PFC storm and then
     one fault of every other kind at once on other nodes and rails, so each kind has
-    ``rounds`` faults.
+    ``rounds`` faults. ``storm_pairs``: a round whose storm starts at a NIC has a second,
+    independent NIC storm (another job, another rail) two seconds later: both spread to the
+    spines, both origins are to be drained.
     """
 
     name: str
@@ -790,6 +792,7 @@ class Cell:
     traffic: str = "allreduce"
     rounds: int = 5
     nics_per_node: int = 8
+    storm_pairs: bool = False
 
     @property
     def healthy(self) -> bool:
@@ -808,7 +811,10 @@ class Cell:
             "fault_s": max(16.0, 8 * slowest),
             "fault_gap_s": max(6.0, 3 * slowest),
         }
-        t["round_s"] = t["storm_s"] + t["storm_gap_s"] + t["fault_s"] + t["fault_gap_s"]
+        t["pair_s"] = 2.0 if self.storm_pairs else 0.0  # the second storm's lag
+        t["round_s"] = (
+            t["storm_s"] + t["pair_s"] + t["storm_gap_s"] + t["fault_s"] + t["fault_gap_s"]
+        )
         n = min(2, self.rounds) if self.healthy else self.rounds  # a healthy cell: 2 at most
         t["duration_s"] = t["lead_s"] + n * t["round_s"]
         return t
@@ -830,6 +836,8 @@ MATRIX: tuple[Cell, ...] = (
     ),
     Cell("sonic-2s-5s-800g-severe", 2.0, 5.0, 800, 64, "sonic", 16, "severe", 108, traffic="moe"),
     Cell("oc-1s-1s-400g-128n-middling", 1.0, 1.0, 400, 64, "openconfig", 128, "middling", 109),
+    Cell("oc-500ms-1s-400g-storm-pairs", 0.5, 1.0, 400, 32, "openconfig", 16, "middling", 110,
+         traffic="mixed", storm_pairs=True),
     Cell("healthy-oc-100ms-400g", 0.1, 0.1, 400, 64, "openconfig", 16, "healthy", 201,
          traffic="mixed"),
     Cell("healthy-sonic-1s-800g-moe", 1.0, 1.0, 800, 64, "sonic", 16, "healthy", 202,
@@ -910,7 +918,9 @@ def cell_config(cell: Cell) -> SimConfig:
             faults.append(PfcStorm(onset_s=r0, duration_s=st, node=dark.pop(0)))
         else:
             faults.append(PfcStorm(onset_s=r0, duration_s=st))
-        f0 = r0 + tl["storm_s"] + tl["storm_gap_s"]
+        if cell.storm_pairs and origin != "switch":  # a switch's storm holds every job
+            faults.append(PfcStorm(onset_s=r0 + tl["pair_s"], duration_s=st))
+        f0 = r0 + tl["storm_s"] + tl["pair_s"] + tl["storm_gap_s"]
         fl = tl["fault_s"]
 
         def at(j: int, f0: float = f0) -> float:

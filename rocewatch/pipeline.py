@@ -472,7 +472,11 @@ class Pipeline:
         (a storm's victims, a switch's origin ports) as one label set per member."""
         out: list[Mapping[str, str]] = []
         for a in self.lifecycle.firing.values():
-            out += views(a.labels, a.annotations)
+            by = a.annotations.get(INHIBITED_BY)
+            if by is None:
+                out += views(a.labels, a.annotations)
+            else:  # explained by another alert: said so, for who counts faults (incidents)
+                out += [{**v, INHIBITED_BY: by} for v in views(a.labels, a.annotations)]
         return out
 
     def all_alerts(self) -> list[Alert]:

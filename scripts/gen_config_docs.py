@@ -210,7 +210,11 @@ NOTES: dict[str, str] = {
     "inhibit_rules[].target_match": "older form: label: value (equality)",
     "inhibit_rules[].target_match_re": "older form: label: regular expression",
     "inhibit_rules[].equal": "labels that must have the same values on source and target",
-    "inhibit_rules[].members": "the target must be one of the members the source lists",
+    "inhibit_rules[].members": "the target must be one of the members the source lists "
+    "(true: its members annotation; a name: that annotation, e.g. tree)",
+    "inhibit_rules[].started_after_source": "only a source that began no later than the target "
+    "inhibits it",
+    "inhibit_rules[].hold_s": "seconds a target stays inhibited after its last source stopped",
     "inhibit_wait_s": "a firing target is held this long (telemetry time) for a late source",
 }
 
@@ -548,7 +552,9 @@ _RULE_TYPES = {
     "target_match": "mapping",
     "target_match_re": "mapping",
     "equal": "list of strings",
-    "members": "boolean",
+    "members": "boolean or string",
+    "started_after_source": "boolean",
+    "hold_s": "number",
 }
 
 

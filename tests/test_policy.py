@@ -72,6 +72,15 @@ def storm(node: str, t: int, role: str = "origin", nic: str = "mlx5_0", ends: in
     )
 
 
+def flaky(node: str, t: int, nic: str = "mlx5_0") -> Alert:
+    """A flaky cable at ``node``'s NIC: a culprit the share caps hold (a storm's origin is not)."""
+    return Alert(
+        labels={"alertname": "FlakyLink", "severity": "warning", "node": node, "nic": nic},
+        annotations={"summary": f"flaky cable at {node}/{nic}"},
+        starts_at=t,
+    )
+
+
 def resolved(a: Alert, t: int) -> Alert:
     return replace(a, ends_at=t)
 
@@ -299,7 +308,7 @@ def test_second_node_of_a_job_within_job_cooldown_refused() -> None:
 def test_job_share_cap_withholds_and_raises_job_incident() -> None:
     cfg = PolicyConfig(max_rail_share=1, max_fabric_share=1, resume_after_healthy_s=60)
     p = DrainPolicy(cfg, TOPO)
-    a0, a1, a2 = (storm(f"gpu-{i:02d}", T0 + i * 10 * S) for i in range(3))
+    a0, a1, a2 = (flaky(f"gpu-{i:02d}", T0 + i * 10 * S) for i in range(3))
     for a in (a0, a1, a2):
         p.on_alert(a, a.starts_at)
     acts, incs = run(p, T0, T0 + 30 * S, step=S)
@@ -326,11 +335,72 @@ def test_job_share_cap_withholds_and_raises_job_incident() -> None:
 def test_rail_share_cap_with_default_config() -> None:
     p = DrainPolicy(PolicyConfig(), TOPO)
     for k, node in enumerate(["gpu-12", "gpu-13", "gpu-14"]):
-        p.on_alert(storm(node, T0 + k * 10 * S, nic="mlx5_1"), T0 + k * 10 * S)
+        p.on_alert(flaky(node, T0 + k * 10 * S, nic="mlx5_1"), T0 + k * 10 * S)
     acts, incs = run(p, T0, T0 + 30 * S, step=S)
     # Every node hangs off both rails: 10 % of 20 nodes is 2.
     assert [a.outcome for a in acts] == ["dry-run", "dry-run", "refused: max_rail_share"]
     assert incs[0].labels["scope"] == "rail:1"
+
+
+def _rail_fabric() -> Topology:
+    """16 nodes per rail (one leaf per rail, rails 0 and 1), two jobs of 8 nodes."""
+    names = [f"gpu-{i:03d}" for i in range(1, 17)]
+    return Topology.from_dict(
+        {
+            "switches": [{"name": f"leaf-r{r}", "role": "leaf", "rail": r} for r in (0, 1)]
+            + [{"name": "spine-0", "role": "spine"}],
+            "nodes": [
+                {
+                    "name": n,
+                    "nics": [
+                        {"nic": f"mlx5_{r}", "rail": r, "switch_port": f"leaf-r{r}/Ethernet{i}"}
+                        for r in (0, 1)
+                    ],
+                }
+                for i, n in enumerate(names, 1)
+            ],
+            "jobs": [
+                {"name": "llm-a", "nodes": names[:8]},
+                {"name": "llm-b", "nodes": names[8:]},
+            ],
+        }
+    )
+
+
+def test_two_independent_storm_origins_on_a_16_node_rail_are_both_drained() -> None:
+    """Two unrelated NIC storms on two leaves, seconds apart: 10 % of a 16-node rail allows one
+    node out, but a storm's origin pauses every job behind it, so the second is drained too.
+    The cap still holds a second culprit of another kind."""
+    topo = _rail_fabric()
+    p = DrainPolicy(PolicyConfig(), topo)
+    p.on_alert(storm("gpu-003", T0, nic="mlx5_1"), T0)
+    p.on_alert(storm("gpu-011", T0 + 3 * S, nic="mlx5_0"), T0 + 3 * S)
+    acts, incs = run(p, T0, T0 + 10 * S)
+    assert [(a.node, a.outcome) for a in acts] == [("gpu-003", "dry-run"), ("gpu-011", "dry-run")]
+    assert incs == []
+    # a flaky cable elsewhere now: the rail's share is taken twice over, so it waits
+    p.on_alert(flaky("gpu-007", T0 + 20 * S, nic="mlx5_0"), T0 + 20 * S)
+    acts, _ = run(p, T0 + 20 * S, T0 + 30 * S)
+    assert [(a.node, a.outcome) for a in acts] == [("gpu-007", "refused: max_rail_share")]
+    assert "withheld by max_rail_share" in acts[0].reason
+
+
+def test_a_mass_storm_drains_none_and_every_refusal_names_its_guard() -> None:
+    """A third of the nodes storm at once: the fabric, not the nodes. No origin is drained,
+    and every refusal says which guard withheld it."""
+    topo = _rail_fabric()
+    p = DrainPolicy(PolicyConfig(), topo)
+    nodes = [f"gpu-{i:03d}" for i in (1, 3, 5, 8, 10, 12)]  # 6 of 16
+    for k, node in enumerate(nodes):
+        t = T0 + k * 150 * MS
+        p.on_alert(storm(node, t, nic=f"mlx5_{k % 2}"), t)
+    acts, incs = run(p, T0, T0 + 30 * S)
+    assert drains(acts) == []
+    assert sorted(a.node for a in acts) == sorted(nodes)  # each refused once
+    for a in acts:
+        assert a.outcome == "refused: blast_radius", a
+        assert "withheld by blast_radius:" in a.reason and "blast radius 3" in a.reason
+    assert [i.labels["scope"] for i in incs if i.status == "firing"] == ["fabric"]
 
 
 def test_rate_limit_per_scheduler() -> None:
@@ -636,7 +706,7 @@ def test_a_domains_policy_caps_its_share_of_the_rail_and_of_the_hourly_drains() 
     p = DrainPolicy(PolicyConfig(), topo)
     p.domain = "pod-a"
     for k, node in enumerate(["gpu-00", "gpu-01"]):
-        p.on_alert(storm(node, T0 + k * 10 * S), T0 + k * 10 * S)
+        p.on_alert(flaky(node, T0 + k * 10 * S), T0 + k * 10 * S)
     acts, incs = run(p, T0, T0 + 30 * S, step=S)
     # 10 % of the fabric's 20 nodes on rail 0 would allow 2; pod-a holds 10 of them: 1
     assert [(a.node, a.outcome) for a in acts] == [

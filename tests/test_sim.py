@@ -358,6 +358,46 @@ def test_storm_origin_pauses_and_is_not_paused_victims_are(default_run: Run) -> 
     assert pf.filter(pl.col("t") < t_on)["frac"].to_numpy().max() < 0.5
 
 
+def test_a_storm_fills_and_marks_the_queues_it_pauses_and_silences_its_origin(
+    default_run: Run,
+) -> None:
+    """What a paused fabric shows: the spine ports facing the paused leaf send nothing, their
+    queues stand toward the buffer's limit and mark every packet they take in; the origin
+    NIC sends and receives nothing and its requests time out."""
+    sim, df, r = default_run
+    truth = sim.truth()
+    storm = next(f for f in truth["faults"] if f["kind"] == "PfcStorm")
+    t_end = (storm["end_ns"] - truth["start_ns"]) / 1e9
+    hop2 = storm["details"]["propagation"][1]
+    t2 = (hop2["onset_ns"] - truth["start_ns"]) / 1e9
+    spines = [v for v in hop2["paused"] if str(v.get("switch", "")).startswith("spine")]
+    assert len(spines) == sim.cfg.spines
+    t_on = (storm["onset_ns"] - truth["start_ns"]) / 1e9
+    inside = pl.col("t").is_between(t2 + 0.15, t_end - 0.05)
+    before = pl.col("t") < t_on - 0.1
+    buffer = truth["queue_share_bytes"]
+    depth = df.with_columns(((pl.col("ts") - truth["start_ns"]) / 1e9).alias("t")).filter(
+        pl.col("metric") == "queue_depth_bytes"
+    )
+    for v in spines:
+        port = (pl.col("device") == v["switch"]) & (pl.col("port") == v["port"])
+        q = r.filter(port, inside)
+        assert q.filter(pl.col("metric") == "queue_tx_pkts")["d"].to_numpy().max() == 0, v
+        marks = q.filter(pl.col("metric") == "queue_ecn_marked_pkts")["d"].to_numpy()
+        assert len(marks) >= 10 and marks.min() > 0, v
+        held = depth.filter(port, inside)["value"].to_numpy()
+        assert held.min() >= 0.5 * buffer, v
+        assert depth.filter(port, before)["value"].to_numpy().max() < 0.3 * buffer, v
+    node, nic = storm["labels"]["node"], storm["labels"]["nic"]
+    me = (pl.col("device") == node) & (pl.col("port") == nic)
+    quiet = r.filter(me, pl.col("t").is_between(t_on + 0.15, t_end - 0.05))
+    for m in ("nic_tx_bytes", "nic_rx_bytes", "nic_tx_rdma_bytes"):
+        assert quiet.filter(pl.col("metric") == m)["d"].to_numpy().max() == 0, m
+        assert r.filter(me, before, pl.col("metric") == m)["d"].to_numpy().sum() > 0, m
+    timeouts = quiet.filter(pl.col("metric") == "nic_local_ack_timeout")["d"].to_numpy().sum()
+    assert timeouts >= 10 * (t_end - t_on)
+
+
 def test_storm_spreads_hop_by_hop(default_run: Run) -> None:
     sim, _, r = default_run
     truth = sim.truth()

@@ -21,9 +21,13 @@ paused entity is paused by the device at the other end of its cable, which is ei
 origin or itself paused.
 
 Every grouped alert carries ``members``: its current members (seen within the lifecycle's
-``resolve_after_s``) as a JSON list of entity label sets. The inhibition stage and the
-detectors that read the alerts firing (``StepContext.firing``) see a grouped alert as one
-alert per member (``views``), so grouping changes what is notified, not what they know.
+``resolve_after_s``) as a JSON list of entity label sets. Every origin alert carries ``tree``:
+the storm's pause tree as the same kind of list, its own members (the NIC, or the switch's
+ports) and the current members of every victim alert of its storm; the inhibition stage reads it
+to tell the storm's symptoms (congestion on the ports it pauses, the origin's silence). The
+inhibition stage and the detectors that read the alerts firing (``StepContext.firing``) see a
+grouped alert as one alert per member (``views``), so grouping changes what is notified, not
+what they know.
 
 >>> views({"alertname": "PFCStorm", "switch": "leaf-0", "port": "Ethernet1", "role": "origin"},
 ...       {"members": '[{"port":"Ethernet1","switch":"leaf-0"},'
@@ -50,6 +54,7 @@ from rocewatch.core.state import Stateful
 from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 STORM = "PFCStorm"
+TREE = "tree"  # an origin alert's pause tree: its members and its storm's victims
 Entity = tuple[str, str, str]  # ("nic", node, nic) | ("port", switch, port)
 Device = tuple[str, str, str]  # ("nic", node, nic) | ("switch", switch, "")
 
@@ -138,10 +143,35 @@ class StormGrouper(Stateful):
             for f in storms
             if f.labels.get("role") not in ("origin", "victim") or entity_of(f.labels) is None
         ]
-        out += self._origins(now_ns, origins)
-        out += self._victims(now_ns, victims, origins)
+        mine = self._origins(now_ns, origins)
+        paused = self._victims(now_ns, victims, origins)
+        out += [self._with_tree(f) for f in mine] + paused
         self._forget(now_ns)
         return out
+
+    def _with_tree(self, f: Finding) -> Finding:
+        """An origin finding with its storm's pause tree (``TREE``): its own members and the
+        current members of the victim groups whose storm it started."""
+        e = entity_of(f.labels)
+        if e is None:
+            return f
+        origin = _device(e)
+        own = parse_members(f.extra.get(MEMBERS, "")) if MEMBERS in f.extra else ()
+        sets: list[Mapping[str, str]] = [dict(m) for m in own] or [_member_labels(f.labels)]
+        for key in sorted(self.groups):
+            g = self.groups[key]
+            if key[0] == "victim" and g.storm == origin:
+                sets += [_member_labels(v.labels) for v, _ in g.current.values()]
+        return Finding(
+            f.alertname,
+            f.labels,
+            f.severity,
+            f.ts,
+            f.summary,
+            f.evidence,
+            f.description,
+            {**f.extra, TREE: encode_members(sets)},
+        )
 
     # --- origins -----------------------------------------------------------------------------
     def _origins(self, now: int, origins: list[Finding]) -> list[Finding]:
@@ -370,6 +400,7 @@ class StormGrouper(Stateful):
 
 __all__ = [
     "MEMBERS",
+    "TREE",
     "StormGrouper",
     "encode_members",
     "entity_of",

@@ -7,8 +7,14 @@ rule's target matchers must require every ``equal`` label (``node=~".+"``): othe
 without the label would inhibit every target without it, fabric-wide. That is checked at start.
 ``members: true`` ties a target to a source that lists its members (the ``members`` annotation,
 a JSON list of entity label sets: a FabricIncident's entities, a grouped storm's ports or
-victims) instead: the target is inhibited when its labels hold every label of one member. A
-grouped alert is also matched member by member for ``equal`` (``rocewatch.alerting.group``).
+victims) instead: the target is inhibited when its labels hold every label of one member;
+``members: <annotation>`` reads the members from another annotation (``tree``: a storm origin's
+pause tree, its own members and its victims'). A grouped alert is also matched member by member
+for ``equal`` (``rocewatch.alerting.group``). ``started_after_source: true`` lets only a source
+that began no later than the target inhibit it (a congestion that began before the storm is not
+the storm's). ``hold_s``: a target that loses its last source stays inhibited that long more
+(a symptom drains down after its cause, on its own detector's hysteresis); it is shown only if
+it still fires then.
 
 The stage sits after the detectors and the alert lifecycle, before notification and the drain
 policy (``Pipeline``). Each alert event comes out in one of two lists:
@@ -20,10 +26,11 @@ policy (``Pipeline``). Each alert event comes out in one of two lists:
 
 A target whose source fires a moment after it (sources come at other cadences) would slip
 through, so a firing target is held for ``wait_s`` of telemetry time (like Alertmanager's
-``group_wait``) and inhibited if a source appears meanwhile; otherwise it is shown when the
-wait ends. An inhibited alert is re-checked every step; when no source inhibits it any more
-while it still fires, it is shown from then on like any other alert (notified, and the policy
-may drain on it), and never inhibited again. Alerts that match no rule's target pass at once.
+``group_wait``) and inhibited if a source appears meanwhile; otherwise it is shown when the wait
+ends. An inhibited alert is re-checked every step; when no source inhibits it any more (for the
+``hold_s`` of the rules that target it) while it still fires, it is shown from then on like any
+other alert (notified, and the policy may drain on it), and never inhibited again. Alerts that
+match no rule's target pass at once.
 
 Time is the caller's: every call carries the telemetry time of the step (``now_ns``), so
 replay and tests decide exactly as live operation does.
@@ -123,6 +130,9 @@ class InhibitRule:
     target: tuple[Matcher, ...]
     equal: tuple[str, ...] = ()
     members: bool = False
+    member_key: str = MEMBERS  # the source's annotation that lists its members
+    started_after_source: bool = False  # only a source that began no later than the target
+    hold_s: float = 0.0  # a target stays inhibited this long after its last source stopped
 
     def validate(self, where: str = "inhibit rule") -> None:
         problems = []
@@ -144,6 +154,11 @@ class InhibitRule:
                     f'{label}=~".+"): a label missing on both sides counts as equal, so a '
                     f"target without {label} would be inhibited by any source without it"
                 )
+        if not _LABEL.fullmatch(self.member_key):
+            problems.append(f"members: {self.member_key!r} is not an annotation name")
+        h = self.hold_s
+        if not isinstance(h, int | float) or isinstance(h, bool) or not math.isfinite(h) or h < 0:
+            problems.append(f"hold_s: must be a number of seconds >= 0, not {h!r}")
         if problems:
             raise ConfigError(f"{where}: " + "; ".join(problems))
 
@@ -158,7 +173,8 @@ def parse_rule(d: Any, where: str = "inhibit_rules[0]") -> InhibitRule:
     """One rule from its config mapping, in Alertmanager's syntax: ``source_matchers`` and
     ``target_matchers`` (lists of matcher strings) or the older ``source_match`` /
     ``source_match_re`` / ``target_match`` / ``target_match_re`` mappings, ``equal`` (label
-    names) and rocewatch's ``members`` (true/false)."""
+    names) and rocewatch's ``members`` (true/false, or the annotation listing the members),
+    ``started_after_source`` (true/false) and ``hold_s`` (seconds)."""
     if not isinstance(d, dict):
         raise ConfigError(f"{where}: must be a mapping")
     known = {
@@ -170,6 +186,8 @@ def parse_rule(d: Any, where: str = "inhibit_rules[0]") -> InhibitRule:
         "target_match_re",
         "equal",
         "members",
+        "started_after_source",
+        "hold_s",
     }
     unknown = sorted(set(d) - known)
     if unknown:
@@ -204,17 +222,36 @@ def parse_rule(d: Any, where: str = "inhibit_rules[0]") -> InhibitRule:
     equal = d.get("equal") or []
     if not isinstance(equal, list | tuple) or not all(isinstance(x, str) for x in equal):
         raise ConfigError(f"{where}.equal: must be a list of label names")
-    members = d.get("members", False)
+    given = d.get("members", False)
+    key = MEMBERS
+    members = given
+    if isinstance(given, str) and given:
+        members, key = True, given  # the annotation that lists the source's members
     if not isinstance(members, bool):
-        raise ConfigError(f"{where}.members: must be true or false")
-    rule = InhibitRule(matchers("source"), matchers("target"), tuple(equal), members)
+        raise ConfigError(f"{where}.members: must be true, false or an annotation name")
+    after = d.get("started_after_source", False)
+    if not isinstance(after, bool):
+        raise ConfigError(f"{where}.started_after_source: must be true or false")
+    rule = InhibitRule(
+        matchers("source"),
+        matchers("target"),
+        tuple(equal),
+        members,
+        key,
+        after,
+        d.get("hold_s", 0.0),
+    )
     rule.validate(where)
     return rule
 
 
 # The defaults, in the config file's own syntax (docs/alerting.md shows them as YAML).
+# A storm's symptoms clear on their own detectors' hysteresis (a clear time plus 2.5 sampling
+# intervals, up to ~15 s at 5 s cadences) after the storm's alerts resolve: held that long more.
+STORM_HOLD_S = 20.0
 DEFAULT_RULES_DOC: tuple[dict[str, Any], ...] = (
-    # a paused NIC is slow, retransmits and backs up because of the storm: not a straggler
+    # a paused NIC is slow, retransmits and backs up because of the storm: not a straggler;
+    # the origin itself, its receive path stalled, falls silent and times out
     {
         "source_matchers": ['alertname="PFCStorm"'],
         "target_matchers": [
@@ -223,11 +260,32 @@ DEFAULT_RULES_DOC: tuple[dict[str, Any], ...] = (
             'nic=~".+"',
         ],
         "equal": ["node", "nic"],
+        "hold_s": STORM_HOLD_S,
+    },
+    # the ports a storm pauses fill and mark: congestion that began after the storm, anywhere
+    # in its pause tree (its origin's tree; victims whose origin is not known, their members)
+    {
+        "source_matchers": ['alertname="PFCStorm"', 'role="origin"'],
+        "target_matchers": ['alertname=~"ECNCongestion|QueueBuildup"'],
+        "members": "tree",
+        "started_after_source": True,
+        "hold_s": STORM_HOLD_S,
     },
     {
-        "source_matchers": ['alertname="PFCStorm"'],
-        "target_matchers": ['alertname="QueueBuildup"', 'switch=~".+"', 'port=~".+"'],
-        "equal": ["switch", "port"],
+        "source_matchers": ['alertname="PFCStorm"', 'role="victim"'],
+        "target_matchers": ['alertname=~"ECNCongestion|QueueBuildup"'],
+        "members": True,
+        "started_after_source": True,
+        "hold_s": STORM_HOLD_S,
+    },
+    # victims grouped before their origin was confirmed (a switch origin read every few
+    # seconds is named once its own counters report): the origin's tree holds them
+    {
+        "source_matchers": ['alertname="PFCStorm"', 'role="origin"'],
+        "target_matchers": ['alertname="PFCStorm"', 'role="victim"', 'origin="unknown"'],
+        "members": "tree",
+        "started_after_source": True,
+        "hold_s": STORM_HOLD_S,
     },
     # a storm stalls the jobs it pauses: their NCCL alerts follow from it (docs/nccl.md)
     {
@@ -318,8 +376,11 @@ class Inhibitor(Stateful):
         self.held: dict[str, tuple[Alert, int]] = {}  # fingerprint -> (firing event, since)
         self.inhibited: dict[str, str] = {}  # fingerprint -> source fingerprint
         self.now = 0
+        # inhibited alerts whose sources all stopped: since when (each rule's hold_s)
+        self.orphaned: dict[str, int] = {}
         # member label-set shapes of the members rules' sources (rebuilt with the index)
         self._shapes: list[set[tuple[str, ...]]] = []
+        self._starts: dict[str, int] = {}  # the indexed sources' startsAt
 
     STATE_TYPES: ClassVar[tuple[type, ...]] = (Alert,)
     NOT_STATE: ClassVar[frozenset[str]] = frozenset({"wait_ns", "_shapes"})
@@ -343,7 +404,7 @@ class Inhibitor(Stateful):
             nonlocal index
             if index is None:
                 index = self._index(alerts.firing)
-            return self._lookup(index, a.labels, a.fingerprint)
+            return self._lookup(index, a.labels, a.fingerprint, a.starts_at)
 
         arrived: set[str] = set()
         for ev in events:
@@ -351,6 +412,7 @@ class Inhibitor(Stateful):
             if ev.ends_at:
                 if fp in self.inhibited:  # the event carries inhibited_by (the lifecycle's)
                     del self.inhibited[fp]
+                    self._orphans().pop(fp, None)
                     hidden.append(ev)
                 elif fp in self.held:  # ended within its wait: decided now, both events
                     first, _ = self.held.pop(fp)
@@ -387,18 +449,36 @@ class Inhibitor(Stateful):
             a = alerts.firing.get(fp)
             if a is None:  # gone without its resolved event (e.g. replaced): nothing to show
                 del self.inhibited[fp]
+                self._orphans().pop(fp, None)
                 continue
             new = source(a)
             if new is None:
+                since = self._orphans().setdefault(fp, self.now)
+                if self.now - since < self._hold_ns(a.labels):
+                    continue  # a symptom draining down after its cause: still its
                 # it outlived its source: an ordinary alert from now on
                 del self.inhibited[fp]
+                del self._orphans()[fp]
                 alerts.mark(fp, a.starts_at, None)
                 shown.append(_marked(a, None))
                 log.info("alert %s outlived its inhibiting source %s: shown", fp, src)
-            elif new != src:
-                self.inhibited[fp] = new
-                alerts.mark(fp, a.starts_at, new)
+            else:
+                self._orphans().pop(fp, None)
+                if new != src:
+                    self.inhibited[fp] = new
+                    alerts.mark(fp, a.starts_at, new)
         return shown, hidden
+
+    def _orphans(self) -> dict[str, int]:
+        """``orphaned`` (absent from a checkpoint of a version without it: empty)."""
+        return self.__dict__.setdefault("orphaned", {})  # type: ignore[no-any-return]
+
+    def _hold_ns(self, labels: Mapping[str, str]) -> int:
+        """How long an inhibited alert stays so after its last source stopped: the longest
+        ``hold_s`` of the rules that target it."""
+        return max(
+            (int(r.hold_s * 1e9) for r in self.config.rules if r.is_target(labels)), default=0
+        )
 
     def flush(self, alerts: AlertStore) -> tuple[list[Alert], list[Alert]]:
         """Decide every held alert now (the stream ended): (shown, inhibited) events."""
@@ -409,7 +489,7 @@ class Inhibitor(Stateful):
         index = self._index(alerts.firing)
         for fp, (ev, _) in list(self.held.items()):
             del self.held[fp]
-            src = self._lookup(index, ev.labels, fp)
+            src = self._lookup(index, ev.labels, fp, ev.starts_at)
             if src is None:
                 shown.append(ev)
             else:
@@ -428,14 +508,14 @@ class Inhibitor(Stateful):
         rules = self.config.rules
         index: _Index = [{} for _ in rules]
         self._shapes = [set() for _ in rules]
+        self._starts = {}
         for fp, a in firing.items():
             vs = views(a.labels, a.annotations)
-            member_sets = (
-                parse_members(a.annotations.get(MEMBERS, ""))
-                if any(r.members for r in rules)
-                else ()
-            )
+            self._starts[fp] = a.starts_at
             for i, r in enumerate(rules):
+                member_sets = (
+                    parse_members(a.annotations.get(r.member_key, "")) if r.members else ()
+                )
                 for v in vs:
                     if not r.is_source(v):
                         continue
@@ -448,8 +528,11 @@ class Inhibitor(Stateful):
                         index[i].setdefault(eq, []).append(fp)
         return index
 
-    def _lookup(self, index: _Index, labels: Mapping[str, str], fp: str) -> str | None:
-        """The first firing source that inhibits an alert with ``labels`` (never itself)."""
+    def _lookup(
+        self, index: _Index, labels: Mapping[str, str], fp: str, starts_at: int = 0
+    ) -> str | None:
+        """The first firing source that inhibits an alert with ``labels`` that began at
+        ``starts_at`` (never itself)."""
         for i, r in enumerate(self.config.rules):
             if not r.is_target(labels):
                 continue
@@ -465,8 +548,11 @@ class Inhibitor(Stateful):
                 keys = [eq]
             for key in keys:
                 for src in index[i].get(key, ()):
-                    if src != fp:
-                        return src
+                    if src == fp:
+                        continue
+                    if r.started_after_source and self._starts.get(src, 0) > starts_at:
+                        continue  # it began before this source: not its symptom
+                    return src
         return None
 
 

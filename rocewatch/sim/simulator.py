@@ -57,6 +57,7 @@ TRAFFICS = ("allreduce", "moe")
 PCIE_MAX_GTS = 32.0
 # extra out_of_sequence, packet_seq_err, local_ack_timeout, rnr_nak, implied_nak per interval
 TRANSPORT_FAULT_RATES = np.array([300.0, 30.0, 4.0, 0.0, 10.0])
+STORM_ORIGIN_TIMEOUTS = 3.0  # local ACK timeouts per interval at a storm's origin (30/s)
 U64 = np.uint64
 
 SW_COUNTERS = (
@@ -404,6 +405,7 @@ class Simulator:
         self.n_ticks = cfg.n_ticks
         self.interval_ns = round(cfg.interval_s * NS)
         self._static(np.random.default_rng([cfg.seed, 1]))
+        self._storm_rng = np.random.default_rng([cfg.seed, 8])  # steps() starts it afresh
         self._frame_layout()
         self.schedules: dict[str, Schedule] = {}
         if cfg.cadenced:
@@ -419,6 +421,9 @@ class Simulator:
         lo, hi = (math.log10(x) for x in cfg.ber_range)
         self.ber = 10.0 ** rng.uniform(lo, hi, D)  # each link direction its own baseline
         self.stall_level = self.buffer_bytes * rng.uniform(0.30, 0.40, D)
+        # how full a queue a storm keeps paused gets (of the buffer): drawn from a stream of its
+        # own, so runs without storms are what they were
+        self.stuck_fill = np.random.default_rng([cfg.seed, 6]).uniform(0.6, 0.9, D)
         jmax = min(0.004, 0.3 * T)
         self.sw_jit = rng.uniform(0.15, 0.85, len(fab.switches)) * jmax
         node_jit = rng.uniform(0.15, 0.85, fab.n_nodes) * jmax
@@ -878,6 +883,7 @@ class Simulator:
         if not cfg.cadenced:
             raise ConfigError("readings() needs a cadenced run (set a source's interval)")
         rng = np.random.default_rng([cfg.seed, 2])  # the physics, as in a default run
+        self._storm_rng = np.random.default_rng([cfg.seed, 8])
         late_rng = np.random.default_rng([cfg.seed, 4])
         T = cfg.interval_s
         sw_cum = self.sw_init.copy()
@@ -994,6 +1000,9 @@ class Simulator:
         """The raw readings, tick by tick (what ``ticks`` and the file writers format)."""
         cfg, fab = self.cfg, self.fabric
         rng = np.random.default_rng([cfg.seed, 2])
+        # what only storms draw comes from a stream of its own: the rest of a run's noise does
+        # not depend on whether (or where) a storm was
+        self._storm_rng = np.random.default_rng([cfg.seed, 8])
         T, T_ns = cfg.interval_s, self.interval_ns
         E = fab.n_nics
         sw_cum = self.sw_init.copy()
@@ -1128,10 +1137,14 @@ class Simulator:
         np.minimum.at(gmin, self.group, cap)
         ring = gmin[self.group]
         stall = np.ones(E)
-        for s0, s1, _x, job, hops, _w in self.storms:
+        quiet: list[tuple[int, float]] = []  # storm origins: (NIC, share of the interval)
+        for s0, s1, x, job, hops, _w in self.storms:
             f = _ov(s0 + hops[1][0], s1 + hops[1][0], t0, t1)
             if f > 0 and job >= 0:
                 stall[fab.nic_job == job] *= 1 - 0.98 * f
+            f = _ov(s0, s1, t0, t1)
+            if f > 0:
+                quiet.append((x, f))
         for s0, s1, mine, in_jobs, hops in self.sw_storms:
             st = np.ones(E)
             st[in_jobs] = 1 - 0.98 * _ov(s0 + hops[1][0], s1 + hops[1][0], t0, t1)
@@ -1177,6 +1190,10 @@ class Simulator:
         by = np.maximum(by, 0) + rng.uniform(0.5e6, 2e6, D) * T  # plus a little non-RDMA traffic
         down_dir = np.concatenate([np.repeat(down, 2), up_down])
         by *= 1 - down_dir
+        for x, f in quiet:
+            # a storm's origin NIC, its receive path stalled, gets no ACK back and sends
+            # nothing at all while it pauses the fabric (the rest of its job only slows down)
+            by[2 * x] *= 1 - f
         load = np.minimum(by / line, 1.0)
 
         # --- PFC: healthy background, then faults ----------------------------------------------
@@ -1189,16 +1206,19 @@ class Simulator:
         )
         spike = moe & (rng.random(D) < 0.02 * load)
         pf = np.where(spike, rng.uniform(0.3, 0.6, D), pf)
+        stuck = np.zeros(D)  # share of the interval each direction is held by a storm
         for s0, s1, _x, _job, hops, _w in self.storms:
             for delay, dirs in hops:
                 f = _ov(s0 + delay, s1 + delay, t0, t1)
                 if f > 0 and len(dirs):
                     pf[dirs] = f * rng.uniform(0.996, 1.0, len(dirs)) + (1 - f) * pf[dirs]
+                    stuck[dirs] = np.maximum(stuck[dirs], f)
         for s0, s1, _mine, _in_jobs, hops in self.sw_storms:
             for delay, dirs in hops:
                 f = _ov(s0 + delay, s1 + delay, t0, t1)
                 if f > 0 and len(dirs):
                     pf[dirs] = f * rng.uniform(0.996, 1.0, len(dirs)) + (1 - f) * pf[dirs]
+                    stuck[dirs] = np.maximum(stuck[dirs], f)
         for e, inten, sev in pcie_int:
             pf[2 * e + 1] = max(pf[2 * e + 1], inten * sev * rng.uniform(0.2, 0.4))
             peers = np.flatnonzero(
@@ -1255,9 +1275,21 @@ class Simulator:
             if on.any():
                 ov = (np.minimum(b1[on], t1) - np.maximum(b0[on], t0)) / T
                 np.maximum.at(pm, bd[on], share[on] * ov)
+        held = np.flatnonzero(stuck > 0)
+        if len(held):
+            # a queue a storm pauses sends nothing, so what still arrives (its senders slowed,
+            # not yet paused themselves) stands in it: it fills toward the buffer's limit
+            depth[held] = np.maximum(depth[held], stuck[held] * self.stuck_fill[held] * B)
+            peak[held] = np.maximum(peak[held], depth[held])
         depth = np.minimum(np.rint(depth), B)
         peak = np.minimum(np.rint(peak), B)
         marks = np.minimum(rng.poisson(pkts * np.minimum(pm, 1.0)), np.rint(pkts))
+        # the switch queues' own counts: far past the marking threshold, a paused queue marks
+        # every packet it takes in (marking on enqueue), though it transmits none of them
+        q_marks = marks
+        if len(held):
+            q_marks = marks.copy()
+            q_marks[held] += self._storm_rng.poisson(stuck[held] * by[held] / PKT_BYTES)
 
         # --- physical layer ---------------------------------------------------------------------
         ber = self.ber.copy()
@@ -1312,6 +1344,10 @@ class Simulator:
             if f > 0:
                 lam[:, e] += f * scale * (0.3 + 0.7 * a[e]) * TRANSPORT_FAULT_RATES * per_tick
         oos, seq, ack, rnr, imp = rng.poisson(lam)
+        for x, f in quiet:
+            # the origin processes no ACK while its receive path is stalled: its requests
+            # time out (a few queue pairs, each at its retransmission timeout)
+            ack[x] += self._storm_rng.poisson(f * STORM_ORIGIN_TIMEOUTS * per_tick)
         ecn = marks[1 : 2 * E : 2]
         cnp = np.minimum(np.rint(ecn * rng.uniform(0.4, 0.6, E)), T / 50e-6 * 16)
         handled = np.bincount(self.group, weights=cnp, minlength=self.n_groups)[self.group]
@@ -1345,7 +1381,7 @@ class Simulator:
         sw[9] = frames[i]
         sw[10] = pause_us[o]
         sw[11] = pause_us[i]
-        sw[12] = marks[o]
+        sw[12] = q_marks[o]
         sw[13] = np.rint(pkts[o] * 0.985)
         sw[14] = drops[o]
         sw_g = np.stack([depth[o], peak[o]])
