@@ -383,7 +383,7 @@ class Inhibitor(Stateful):
         self._starts: dict[str, int] = {}  # the indexed sources' startsAt
 
     STATE_TYPES: ClassVar[tuple[type, ...]] = (Alert,)
-    NOT_STATE: ClassVar[frozenset[str]] = frozenset({"wait_ns", "_shapes"})
+    NOT_STATE: ClassVar[frozenset[str]] = frozenset({"wait_ns", "_shapes", "_starts"})
 
     def is_target(self, labels: Mapping[str, str]) -> bool:
         return any(r.is_target(labels) for r in self.config.rules)
