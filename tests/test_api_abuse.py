@@ -284,8 +284,8 @@ def test_the_detector_keeps_up_with_its_stream_while_its_api_is_attacked(
     from tests.test_kafka_pipeline import kafka_cfg, sorted_actions, wait_for_outputs
 
     cfg = kafka_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
-    from rocewatch.bus.publish import publish_scenario
     from rocewatch.bus.topics import ensure_topics
+    from rocewatch.runtime.publish import publish_scenario
 
     ensure_topics(cfg.kafka)
     k = cfg.kafka

@@ -3,6 +3,7 @@ the directory tailer losing nothing on truncation and rotation, and the rank joi
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -108,6 +109,8 @@ def test_teardown_only_configuration_is_flagged() -> None:
 
 
 def test_teardown_dump_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    # (another test's command may have raised the root logger's level: this one's is its own)
+    caplog.set_level(logging.WARNING, logger="collector.nccl")
     lines = (
         (JOB / "gpu-002-pid5152.log")
         .read_bytes()
