@@ -281,6 +281,7 @@ def test_the_detector_keeps_up_with_its_stream_while_its_api_is_attacked(
     and bad lengths hit the API meanwhile. The detector's thread count stays bounded, the
     API answers, the consumer lag falls back to zero once the stream ends and the alerts and
     actions are exactly the replay's."""
+    from tests.support.state_keys import SIGNING_YAML
     from tests.test_kafka_pipeline import kafka_cfg, sorted_actions, wait_for_outputs
 
     cfg = kafka_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
@@ -309,6 +310,7 @@ def test_the_detector_keeps_up_with_its_stream_while_its_api_is_attacked(
                     "idle_flush_s": 3.0,
                     "session_timeout_ms": 6000,
                     "topics": dataclasses.asdict(k.topics),
+                    "state_signing": SIGNING_YAML,
                 },
             }
         )
