@@ -110,9 +110,6 @@ class FabricIncidentDetector(Stateful):
             n = sizes[(scope, kind)] = sum(1 for k, _ in self.members.get(scope, ()) if k == kind)
         return n
 
-    def __getstate__(self) -> dict[str, object]:
-        return {k: v for k, v in self.__dict__.items() if k != "_sizes"}
-
     def _entity(self, labels: Mapping[str, str]) -> tuple[Entity, set[str]] | None:
         """The entity an alert names and the scopes it belongs to (topology and labels)."""
         node, nic = labels.get("node"), labels.get("nic")

@@ -182,13 +182,6 @@ class FlakyLinkDetector(Stateful):
         self.next_prune_ns = 0
         self.speed_sig: tuple[object, ...] = ()  # the speed gauges last matched to links
 
-    def __setstate__(self, d: dict[str, object]) -> None:
-        self.__dict__.update(d)
-        if "acc_bits" not in d:  # a checkpoint from before readings were summed per link
-            n = len(self.base_log)
-            self.acc_bits, self.acc_s = np.zeros(n), np.zeros(n)
-            self.acc_ts = np.zeros(n, dtype=np.int64)
-
     # --- BER against each link's own baseline ----------------------------------------------------
     def _grow(self) -> None:
         n, have = len(self.slots), len(self.base_log)

@@ -96,11 +96,6 @@ class PcieDowngradeDetector(Stateful):
         self.seen = np.empty((0, len(GAUGES)), dtype=np.int64)
         self.interval = np.empty(0)
 
-    def __setstate__(self, d: dict[str, object]) -> None:
-        self.__dict__.update(d)
-        if "slots" not in d:  # a checkpoint from before the gauges were remembered
-            self.__post_init__()
-
     def _grow(self) -> None:
         add = len(self.slots) - len(self.interval)
         if add > 0:

@@ -126,13 +126,6 @@ class PfcStormDetector(Stateful):
         # ends facing this one, so no wait shows it a relay: it is where the pause enters
         self.domain: str | None = None
 
-    def __setstate__(self, d: dict[str, object]) -> None:
-        self.__dict__.update(d)
-        self.__dict__.setdefault("domain", None)
-        # a checkpoint from before the cadence-aware state: start its tables over
-        if "port_slots" not in d:
-            self.__post_init__()
-
     # --- per-entity states with hysteresis -------------------------------------------------------
     @staticmethod
     def _fractions(w: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -167,14 +167,6 @@ class RateEngine:
         self._ts = frame.get_column("last_ts").to_numpy().astype(np.int64)
         self._raw = frame.get_column("last_raw").to_numpy().astype(np.uint64)
 
-    def __getstate__(self) -> dict[str, object]:
-        return {"config": self.config, "stats": self.stats, "state": self.state}
-
-    def __setstate__(self, d: dict[str, object]) -> None:
-        self.config = d["config"]  # type: ignore[assignment]
-        self.stats = d["stats"]  # type: ignore[assignment]
-        self.state = d["state"]  # type: ignore[assignment]
-
     def _counters(
         self, sid: np.ndarray, ts: np.ndarray, raw: np.ndarray, row: np.ndarray
     ) -> dict[str, np.ndarray]:

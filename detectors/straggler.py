@@ -201,21 +201,6 @@ class StragglerDetector(Stateful):
         """Reads only the newest step: its windows are summed here, per NIC, as steps close."""
         return 0.0
 
-    def __setstate__(self, d: dict[str, object]) -> None:
-        self.__dict__.update(d)
-        if "streak_s" not in d:  # a checkpoint from before streaks counted time
-            self.streak_s = self.streak * float(self.config.window_s)
-        if "last_ts" not in d:  # a checkpoint from before the newest samples were kept
-            n = len(self.acc_ts)
-            self.last_delta, self.last_dt = np.zeros((n, K)), np.zeros((n, K))
-            self.last_ts = np.zeros((n, K), dtype=np.int64)
-            self.interval = np.zeros(n)
-        if "roll" not in d:  # a checkpoint from before the alone_slow rule
-            self.roll = np.full((len(self.acc_ts), ROLL_WINDOWS), np.nan)
-            self.roll_med = self.roll.copy()
-            self.roll_at = 0
-        self._conform()
-
     def _conform(self) -> None:
         """Per-signal arrays of a checkpoint from before the received pause was read get its
         column (empty: it is summed from the next window on)."""

@@ -301,23 +301,6 @@ class TransportErrorsDetector(Stateful):
         self.rail = np.empty(0, dtype=np.int64)
         self.pooled = np.zeros(1)
 
-    def __setstate__(self, d: dict[str, object]) -> None:
-        self.__dict__.update(d)
-        if "slots" not in d:  # a checkpoint from before the per-sample baselines: start over
-            self.__post_init__()
-            return
-        if "following" not in d:
-            self.following = np.array([k in self.errors for k in self.slots.keys], dtype=bool)
-        if "oos_streak" not in d:
-            self.oos_streak = np.zeros(len(self.slots), dtype=np.int64)
-            self.sustain.min_rows = 1
-        self.next_prune = int(d.get("next_prune", 0))  # type: ignore[call-overload]
-        if "err_count" not in d:  # from before the error baselines: they learn from now on
-            n = len(self.slots)
-            self.err_count, self.err_time = np.zeros(n), np.zeros(n)
-            self.rail = np.array([self._rail(k) for k in self.slots.keys], dtype=np.int64)
-            self.pooled = np.zeros(1)
-
     @property
     def window_s(self) -> float:
         """Reads only the newest step: the windows it needs are its own."""
