@@ -8,6 +8,7 @@ stored with the inhibited ones (kept, never notified), then the actions and the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,10 +37,10 @@ class OutputWriter:
 
     def write(
         self,
-        alerts: list[Alert] = (),  # type: ignore[assignment]
-        inhibited: list[Alert] = (),  # type: ignore[assignment]
-        actions: list[Action] = (),  # type: ignore[assignment]
-        rollups: list[pl.DataFrame] = (),  # type: ignore[assignment]
+        alerts: Sequence[Alert] = (),
+        inhibited: Sequence[Alert] = (),
+        actions: Sequence[Action] = (),
+        rollups: Sequence[pl.DataFrame] = (),
     ) -> Written:
         w = Written()
         if self.notifier is not None and alerts:
