@@ -53,7 +53,7 @@ class SlowEdgeConfig:
     ratio: float = 1.5  # an edge this many times the communicator's median edge is slow
     min_excess_us: float = 5.0  # and at least this much above it
     min_edges: int = 4  # edges of the communicator (same direction) needed to compare
-    window_s: float = 10.0  # judged over the edge's exports of the last this many seconds
+    window_s: float = 5.0  # judged over the edge's exports of the last this many seconds
     hold_s: float = 3.0  # its slow exports span at least this long
     slow_share: float = 0.8  # share of its exports in the window that were slow
     min_points: int = 3  # exports in the window before it is judged
@@ -74,6 +74,7 @@ class _Edge:
     active: bool = False
     fired_ts: int = 0
     evidence: str = ""
+    dst_named: bool = False  # the alert's node/nic name the destination's end (see _suspect)
 
 
 @dataclass
@@ -152,6 +153,7 @@ class SlowEdgeDetector(Stateful):
             if not st.active:
                 if n >= cfg.min_points and share >= cfg.slow_share and span >= cfg.hold_s:
                     st.active, st.fired_ts = True, slow[-1][0]
+                    st.dst_named = self._suspect(key, firing) == key[2]
                     comm, s, d = key
                     lat = statistics.median(x[2] for x in slow) / 1000
                     med = statistics.median(x[3] for x in slow) / 1000
@@ -166,6 +168,23 @@ class SlowEdgeDetector(Stateful):
             if st.active:
                 out.append(self._finding(key, st, firing))
         return out
+
+    def _suspect(self, key: tuple[str, int, int], firing: list[Mapping[str, str]]) -> int:
+        """The end of a slow edge its alert is about: the one whose NIC has a fabric alert,
+        else the one more of the communicator's slow edges touch (a slow NIC slows its send and
+        its receive edge), else the source."""
+        comm, src, dst = key
+        for r in (src, dst):
+            host, _, nic = self._place(comm, r)
+            if host and nic and alerts_on(nic_path(self.topology, host, nic), firing):
+                return r
+        touch = {src: 0, dst: 0}
+        for (c, s, d), e in self.edges.items():
+            if c == comm and (e.active or (e.seen and e.seen[-1][1])):
+                for r in (s, d):
+                    if r in touch:
+                        touch[r] += 1
+        return dst if touch[dst] > touch[src] else src
 
     def _place(self, comm: str, rank: int) -> tuple[str, int, str]:
         host, gpu, nic, _ = self.places.get((comm, rank), ("", -1, "", 0))
@@ -188,12 +207,14 @@ class SlowEdgeDetector(Stateful):
         comm, src, dst = key
         h1, g1, n1 = self._place(comm, src)
         h2, g2, n2 = self._place(comm, dst)
-        labels = node_labels(self.topology, h1, n1 or None) if h1 else {}
+        # node/nic: the suspect end (``_suspect``), peer_node/peer_nic: the other
+        (hs, ns), (hp, np_) = ((h2, n2), (h1, n1)) if st.dst_named else ((h1, n1), (h2, n2))
+        labels = node_labels(self.topology, hs, ns or None) if hs else {}
         labels.update(comm=comm, src_rank=str(src), dst_rank=str(dst))
-        if h2:
-            labels["peer_node"] = h2
-        if n2:
-            labels["peer_nic"] = n2
+        if hp:
+            labels["peer_node"] = hp
+        if np_:
+            labels["peer_nic"] = np_
         path = self.path(comm, src, dst)
         on_path = alerts_on(path, firing)
         cause = on_path[0]["alertname"] if on_path else UNKNOWN
