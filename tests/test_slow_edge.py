@@ -10,7 +10,7 @@ import pytest
 
 from detectors.slow_edge import UNKNOWN, SlowEdgeConfig, SlowEdgeDetector
 from rocewatch.core.errors import ConfigError
-from tests.support.nccl_edges import COMM, S, T0, run, topology
+from tests.support.nccl_edges import COMM, T0, S, run, topology
 
 
 def slow_from(onset: int, edge: tuple[int, int] = (1, 2), k: float = 3.0, end: int = 99):

@@ -3,9 +3,10 @@
 The directory holds Inspector's files exactly as NCCL wrote them (``<host>-pid<pid>.log``)
 and ``debug/<host>.log``, the job's ``NCCL_DEBUG=INFO`` output on each host (CONTRACTS.md
 section 5), and, where the job ran google/CoMMA, ``comma/<host>.jsonl``: its OTLP/JSON exports
-(per-edge latency) as an OTel collector's file exporter writes them. The debug logs are read first (they only build the join); then each Inspector
-file, in the order of its first dump, each followed by the join's ``nccl_rank_gpu`` samples
-at that file's first time (so a restarted job's new map takes over from when it started).
+(per-edge latency) as an OTel collector's file exporter writes them. The debug logs are read
+first (they only build the join); then each Inspector file, in the order of its first dump,
+each followed by the join's ``nccl_rank_gpu`` samples at that file's first time (so a
+restarted job's new map takes over from when it started); then the CoMMA exports.
 Samples are handed out in time order, ``chunk_rows`` at a time, like the other recorded
 sources (``rocewatch.sources``).
 """
