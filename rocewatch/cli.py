@@ -136,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the matrix of cadences, fabrics and magnitudes (docs/evaluation.md)",
     )
     ev.add_argument("--cells", help="matrix: only the cells whose names contain one of these (a,b)")
+    ev.add_argument(
+        "--nccl",
+        action="store_true",
+        help="the NCCL cases: the jobs' own view of PCIe, slow-GPU and storm faults (docs/nccl.md)",
+    )
     ev.add_argument("--jobs", type=int, help="matrix: cells run in this many processes (CPUs)")
 
     def store_args(sp: argparse.ArgumentParser) -> None:
@@ -378,6 +383,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rocewatch.evaluate import run_evaluate
 
         tune_gc()
+        if args.nccl:
+            from rocewatch.evaluate.nccl import run_evaluate_nccl
+
+            return run_evaluate_nccl(args.out, args.json, args.config)
         if args.matrix:
             from rocewatch.evaluate import run_evaluate_matrix
 
