@@ -4,8 +4,6 @@ cause (unit tests on a four-node communicator fed through a real window engine).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from detectors.slow_edge import UNKNOWN, SlowEdgeConfig, SlowEdgeDetector
@@ -87,49 +85,3 @@ def test_config_is_validated() -> None:
         SlowEdgeConfig(ratio=1.0)
     with pytest.raises(ConfigError):
         SlowEdgeConfig(min_edges=0)
-
-
-@pytest.mark.slow  # simulates and replays a 4-node, 10 s scenario (~4 s)
-def test_replay_pcie_downgrade_mid_job_slow_edges_and_the_join_on_alerts(tmp_path: Path) -> None:
-    """The simulator's CoMMA exports: a NIC whose PCIe link trains down mid-job slows both of
-    its ring edges; each SlowEdge names both ranks, hosts and NICs, and the downgrade as its
-    cause; the PCIeDowngrade alert names the job and rank on that NIC, and the job's alerts
-    the fabric alerts on their path."""
-    import dataclasses
-    import json
-
-    from rocewatch.core.model import Alert
-    from rocewatch.replay import replay
-    from rocewatch.sim import PcieDowngrade
-    from rocewatch.sim.scenarios import healthy_scenario
-    from rocewatch.sim.writers import write_scenario
-
-    cfg = healthy_scenario(nodes=4, duration_s=10, seed=2)
-    fault = PcieDowngrade(onset_s=4.0, node="gpu-002", nic="mlx5_1")
-    scen = write_scenario(dataclasses.replace(cfg, faults=(fault,)), tmp_path / "s", nccl=True)
-    assert (scen / "nccl" / "llm-train-a" / "comma" / "gpu-002.jsonl").exists()
-    res = replay(scen, tmp_path / "out")
-    alerts = [
-        Alert.from_json(json.loads(x))
-        for x in (tmp_path / "out" / "alerts.jsonl").read_text().splitlines()
-    ]
-    edges = [a for a in alerts if a.name == "SlowEdge"]
-    # rank 9 (gpu-002 GPU 1) sends to rank 1 and receives from it (a two-node ring per job)
-    assert sorted((a.labels["src_rank"], a.labels["dst_rank"]) for a in edges) == [
-        ("1", "9"),
-        ("9", "1"),
-    ]
-    for a in edges:
-        assert (a.labels["node"], a.labels["nic"]) == ("gpu-002", "mlx5_1")
-        assert (a.labels["peer_node"], a.labels["peer_nic"]) == ("gpu-001", "mlx5_1")
-        assert a.annotations["cause"] == "PCIeDowngrade"
-        assert a.annotations["path_nics"] == "gpu-001/mlx5_1, gpu-002/mlx5_1"
-        assert 4e9 < a.starts_at - cfg.start_ns < 10e9
-    (pcie,) = [a for a in alerts if a.name == "PCIeDowngrade"]
-    assert pcie.annotations["jobs"] == "llm-train-a"
-    assert pcie.annotations["ranks"] == "llm-train-a rank 9 (gpu-002 GPU 1 mlx5_1)"
-    (rank,) = [a for a in alerts if a.name == "SlowRank"]
-    assert rank.annotations["path_alerts"].startswith("PCIeDowngrade: job=llm-train-a")
-    # the other job's edges, and every other edge of this one, stay quiet
-    assert {a.labels["job"] for a in alerts if "comm" in a.labels} == {"llm-train-a"}
-    assert not any(k.startswith("nccl_") for k in res.stats), res.stats

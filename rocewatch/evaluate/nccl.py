@@ -156,6 +156,25 @@ def _check_pcie(
             str(e),
         )
     )
+    ends = sorted(
+        (a.labels.get("src_rank"), a.labels.get("dst_rank"), a.labels.get("peer_node"))
+        for a in edges
+    )
+    out.append(
+        (
+            "SlowEdge names both ranks and the peer's host",
+            len(ends) == 2 and all(s and d and p and p != node for s, d, p in ends),
+            str(ends),
+        )
+    )
+    paths = [a.annotations.get("path_alerts", "") for a in slow]
+    out.append(
+        (
+            "SlowRank lists the fabric alerts on its path",
+            bool(paths) and paths[0].startswith("PCIeDowngrade:"),
+            str(paths),
+        )
+    )
     pcie = _named(alerts, "PCIeDowngrade")
     ranks = [a.annotations.get("ranks", "") for a in pcie]
     out.append(

@@ -91,7 +91,7 @@ def alert_views(alert: Alert) -> list[Mapping[str, str]]:
     nics = alert.annotations.get("path_nics")
     if nics and "comm" in alert.labels and "node" not in alert.labels:
         for e in nics.split(","):
-            node, _, nic = e.strip().partition("/")
+            node, _, nic = e.split(" (")[0].strip().partition("/")  # (and "(+N more)")
             if node and nic:
                 out.append({**alert.labels, "node": node, "nic": nic})
     return out
