@@ -35,7 +35,7 @@ from rocewatch.evaluate.scoring import S, aggregate, score_run
 
 if TYPE_CHECKING:
     from rocewatch.config import Config
-    from rocewatch.sim.scenarios import ScenarioConfig
+    from rocewatch.sim.simulator import SimConfig
 
 HOST_SIDE = "host or GPU side"  # detectors/slow_rank.py: the cause of a late rank on a clean path
 JOB_ALERTS = ("SlowRank", "SlowEdge", "BusBandwidthDrop")
@@ -60,7 +60,7 @@ class NcclCase:
     seed: int
     fault: str  # pcie | slow_gpu | storm
 
-    def scenario(self) -> ScenarioConfig:
+    def scenario(self) -> SimConfig:
         from rocewatch.sim import PcieDowngrade, PfcStorm, SlowGpu
         from rocewatch.sim.scenarios import healthy_scenario
 
@@ -196,7 +196,8 @@ def _check_slow_gpu(
     fabric = [a.name for a in alerts if a.name in FABRIC]
     drains = [x.node for x in actions if x.action == "drain"]
     return [
-        ("SlowRank on the slow GPU's rank, host or GPU side", seen == [(node, nic, HOST_SIDE)], str(seen)),
+        ("SlowRank on the slow GPU's rank, host or GPU side",
+         seen == [(node, nic, HOST_SIDE)], str(seen)),
         ("no fabric alert", fabric == [], str(fabric)),
         ("no SlowEdge (the wire is clean)", not _named(alerts, "SlowEdge"), ""),
         ("no drain", drains == [], str(drains)),
