@@ -73,6 +73,8 @@ class Output:
     rollups: list[pl.DataFrame] = field(default_factory=list)
     steps: int = 0
     inhibited: list[Alert] = field(default_factory=list)
+    # NCCL ranks newly placed or moved (rocewatch/alerting/job_paths.py), for storage
+    ranks: list[dict[str, Any]] = field(default_factory=list)
 
     def extend(self, other: Output) -> None:
         self.alerts += other.alerts
@@ -80,6 +82,7 @@ class Output:
         self.rollups += other.rollups
         self.steps += other.steps
         self.inhibited += other.inhibited
+        self.ranks += other.ranks
 
 
 class Rollups:
@@ -290,7 +293,7 @@ class Pipeline:
         t0 = time.process_time()
         for step in steps:
             self.engine.enter(step)
-            self.job_paths.learn(step.get(JOIN))
+            out.ranks += self.job_paths.learn(step.get(JOIN))
             ctx = StepContext(
                 self.engine, self.topology, step.start, step.end, firing=self._firing_labels
             )

@@ -23,7 +23,7 @@ are another stage's business (not this module's).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import polars as pl
 
@@ -36,6 +36,7 @@ JOIN = "nccl_rank_gpu"
 JOB_ALERTS = ("SlowRank", "SlowEdge", "BusBandwidthDrop")
 MAX_LISTED = 20  # ranks, NICs, ports or alerts listed in one annotation
 MAX_PLACES = 200_000
+STORE_EVERY_NS = 60 * 1_000_000_000  # a rank still placed is stored again (last_seen) this often
 
 
 def _listing(items: list[str]) -> str:
@@ -52,27 +53,46 @@ class JobPaths(Stateful):
         self.topology = topology
         # (comm, rank) -> host, nic, gpu, telemetry time of the newest join sample
         self.places: dict[tuple[str, int], tuple[str, str, int, int]] = {}
+        self.stored: dict[tuple[str, int], int] = {}  # when each was last handed to storage
         self.under_leaf: dict[str, set[tuple[str, str]]] = {}
         for (node, nic), n in topology.nics.items():
             if n.switch_port is not None:
                 self.under_leaf.setdefault(n.switch_port.switch, set()).add((node, nic))
 
     # --- the join ------------------------------------------------------------------------------
-    def learn(self, join: pl.DataFrame) -> None:
-        """Take a step's ``nccl_rank_gpu`` rows (the window engine's aggregate columns)."""
+    def learn(self, join: pl.DataFrame) -> list[dict[str, Any]]:
+        """Take a step's ``nccl_rank_gpu`` rows (the window engine's aggregate columns); the
+        ranks newly placed, moved, or not stored for ``STORE_EVERY_NS``, as storage rows
+        (storage.store.Store.write_ranks)."""
         if not join.height:
-            return
+            return []
+        out: list[dict[str, Any]] = []
         for dev, port, qual, v, ts in join.select("device", "port", "qual", "last", "ts").rows():
             comm, _, nic = str(qual).partition("/")
             r = str(port).removeprefix("rank")
             if not r.isdigit() or not nic:
                 continue
-            old = self.places.get((comm, int(r)))
+            key = (comm, int(r))
+            old = self.places.get(key)
             if old is None or int(ts) >= old[3]:
-                self.places[(comm, int(r))] = (str(dev), nic, int(v), int(ts))
+                new = (str(dev), nic, int(v), int(ts))
+                self.places[key] = new
+                if (
+                    old is None
+                    or old[:3] != new[:3]
+                    or new[3] - self.stored.get(key, 0) >= (STORE_EVERY_NS)
+                ):
+                    self.stored[key] = new[3]
+                    host, nic_, gpu, t = new
+                    out.append(
+                        {"job": self.job_of(host, comm), "comm": comm, "rank": key[1],
+                         "host": host, "gpu": gpu, "nic": nic_, "seen_ns": t}
+                    )  # fmt: skip
         if len(self.places) > MAX_PLACES:  # ranks of long-gone jobs: keep the newest
             keep = sorted(self.places.items(), key=lambda kv: kv[1][3])[-MAX_PLACES // 2 :]
             self.places = dict(keep)
+            self.stored = {k: t for k, t in self.stored.items() if k in self.places}
+        return out
 
     def job_of(self, host: str, comm: str) -> str:
         jobs = self.topology.node_jobs.get(host)
