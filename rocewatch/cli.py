@@ -196,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     nc.add_argument(
         "--out", type=Path, help="write samples as JSON lines here (- for stdout), not Kafka"
     )
+    nc.add_argument(
+        "--key",
+        choices=["job", "host"],
+        default="job",
+        help="Kafka message key: nccl/<job>/<communicator> (default) or the host (docs/nccl.md)",
+    )
     nc.add_argument("--interval", type=float, default=1.0, help="seconds between reads")
     nc.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: forever)")
 
@@ -518,7 +524,10 @@ def _nccl_collect(args: argparse.Namespace) -> int:
         from rocewatch.bus.topics import ensure_topics
 
         ensure_topics(cfg.kafka)
-        sink = TelemetryPublisher(cfg.kafka, source=f"nccl-collect:{args.job}")
+        from rocewatch.bus.publish import nccl_key
+
+        key = nccl_key(args.job) if args.key == "job" else None
+        sink = TelemetryPublisher(cfg.kafka, source=f"nccl-collect:{args.job}", key=key)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     coll = NcclCollector(args.dir, args.job, topology, sink, args.debug_dir)
