@@ -29,6 +29,7 @@ from sqlalchemy.engine import URL, make_url
 
 from rocewatch.core.errors import ConfigError, PermanentError, RetryableError
 from rocewatch.core.model import Action, Alert
+from rocewatch.core.rollups import ROLLUP_COLUMNS, ROLLUP_KEY, ROLLUP_VALUES
 from storage import incidents
 from storage.models import (
     ENTITY_LABELS,
@@ -45,9 +46,6 @@ from storage.models import (
 
 log = logging.getLogger(__name__)
 
-ROLLUP_KEY = ["bucket_start_ns", "resolution_s", "device", "port", "qual", "metric"]
-ROLLUP_VALUES = ["mean", "max", "min", "last", "count"]
-ROLLUP_COLUMNS = ROLLUP_KEY + ROLLUP_VALUES
 PENDING = "pending-approval"  # the outcome of a drain that waits for approval (actions.policy)
 ROLLUP_KEY_DB = ["bucket_start", "resolution_s", "device", "port", "qual", "metric"]
 
