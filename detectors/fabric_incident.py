@@ -28,13 +28,12 @@ from typing import ClassVar
 
 from detectors.base import Finding, StepContext
 from rocewatch.core.members import encode_members
-from rocewatch.core.model import FABRIC_INCIDENT, PFC_STORM, PORT_ANOMALY
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
-ALERTNAME = FABRIC_INCIDENT
-IGNORED = (FABRIC_INCIDENT, PORT_ANOMALY)
-STORM = PFC_STORM
+ALERTNAME = "FabricIncident"
+IGNORED = ("FabricIncident", "PortAnomaly")
+STORM = "PFCStorm"
 # the label that keeps these apart from the policy's own (blast-radius) FabricIncidents
 SOURCE = "detector"
 LEVEL = {"switch": 0, "rail": 1, "job": 2, "fabric": 3}

@@ -17,19 +17,6 @@ from detectors.queue_buildup import QueueBuildupConfig, QueueBuildupDetector
 from detectors.slow_rank import SlowRankConfig, SlowRankDetector
 from detectors.straggler import StragglerConfig, StragglerDetector
 from detectors.transport_errors import TransportErrorsConfig, TransportErrorsDetector
-from rocewatch.core.model import (
-    BUS_BANDWIDTH_DROP,
-    ECN_CONGESTION,
-    FABRIC_INCIDENT,
-    FLAKY_LINK,
-    PCIE_DOWNGRADE,
-    PFC_STORM,
-    PORT_ANOMALY,
-    QUEUE_BUILDUP,
-    SLOW_RANK,
-    STRAGGLER,
-    TRANSPORT_ERRORS,
-)
 from rocewatch.core.topology import Topology
 
 
@@ -57,24 +44,24 @@ class Entry:
 
 
 DETECTORS: dict[str, Entry] = {
-    "pfc_storm": Entry(PfcStormDetector, PfcStormConfig, PFC_STORM, domain_aware=True),
-    "ecn_congestion": Entry(EcnCongestionDetector, EcnCongestionConfig, ECN_CONGESTION),
-    "queue_buildup": Entry(QueueBuildupDetector, QueueBuildupConfig, QUEUE_BUILDUP),
-    "transport_errors": Entry(TransportErrorsDetector, TransportErrorsConfig, TRANSPORT_ERRORS),
-    "flaky_link": Entry(FlakyLinkDetector, FlakyLinkConfig, FLAKY_LINK),
-    "pcie_downgrade": Entry(PcieDowngradeDetector, PcieDowngradeConfig, PCIE_DOWNGRADE),
-    "straggler": Entry(StragglerDetector, StragglerConfig, STRAGGLER),
-    "slow_rank": Entry(SlowRankDetector, SlowRankConfig, SLOW_RANK, reads_alerts=True),
+    "pfc_storm": Entry(PfcStormDetector, PfcStormConfig, "PFCStorm", domain_aware=True),
+    "ecn_congestion": Entry(EcnCongestionDetector, EcnCongestionConfig, "ECNCongestion"),
+    "queue_buildup": Entry(QueueBuildupDetector, QueueBuildupConfig, "QueueBuildup"),
+    "transport_errors": Entry(TransportErrorsDetector, TransportErrorsConfig, "TransportErrors"),
+    "flaky_link": Entry(FlakyLinkDetector, FlakyLinkConfig, "FlakyLink"),
+    "pcie_downgrade": Entry(PcieDowngradeDetector, PcieDowngradeConfig, "PCIeDowngrade"),
+    "straggler": Entry(StragglerDetector, StragglerConfig, "Straggler"),
+    "slow_rank": Entry(SlowRankDetector, SlowRankConfig, "SlowRank", reads_alerts=True),
     "bus_bandwidth_drop": Entry(
-        BusBandwidthDropDetector, BusBandwidthDropConfig, BUS_BANDWIDTH_DROP, reads_alerts=True
+        BusBandwidthDropDetector, BusBandwidthDropConfig, "BusBandwidthDrop", reads_alerts=True
     ),
     "fabric_incident": Entry(
-        FabricIncidentDetector, FabricIncidentConfig, FABRIC_INCIDENT, reads_alerts=True
+        FabricIncidentDetector, FabricIncidentConfig, "FabricIncident", reads_alerts=True
     ),
     "isolation_forest": Entry(
         IsolationForestDetector,
         IsolationForestConfig,
-        PORT_ANOMALY,
+        "PortAnomaly",
         reads_alerts=True,
         stage1_feed=True,
     ),

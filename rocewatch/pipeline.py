@@ -29,10 +29,10 @@ from detectors.windows import Step, WindowEngine
 from rocewatch.alerting.group import StormGrouper, views
 from rocewatch.alerting.inhibit import INHIBITED_BY, Inhibitor
 from rocewatch.config import Config
+from rocewatch.core import rollups
 from rocewatch.core.checkpoint import StateTypes
 from rocewatch.core.errors import ConfigError
 from rocewatch.core.model import SERIES_KEY, Action, Alert
-from rocewatch.core.rollups import ROLLUP_SCHEMA
 from rocewatch.core.state import StateMismatch
 from rocewatch.core.stats import Stats
 from rocewatch.core.topology import Topology
@@ -162,7 +162,7 @@ class Rollups:
                 pl.lit(self.bucket * self.resolution_ns, dtype=pl.Int64).alias("bucket_start_ns"),
                 pl.lit(self.resolution_s, dtype=pl.Int64).alias("resolution_s"),
             )
-            .select(list(ROLLUP_SCHEMA))
+            .select(list(rollups.ROLLUP_SCHEMA))
         )
         return df
 

@@ -38,24 +38,17 @@ from detectors.isolation_forest.model import (
 )
 from detectors.windows import Step
 from rocewatch.core.errors import ConfigError
-from rocewatch.core.model import (
-    ECN_CONGESTION,
-    FABRIC_INCIDENT,
-    PCIE_DOWNGRADE,
-    PFC_STORM,
-    PORT_ANOMALY,
-    QUEUE_BUILDUP,
-    STRAGGLER,
-)
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 log = logging.getLogger(__name__)
 
-ALERTNAME = PORT_ANOMALY
+ALERTNAME = "PortAnomaly"
 # rule alerts that say "this switch is congested": they may explain congestion symptoms of the
 # switch's other ports and of the NICs cabled to it
-CONGESTION_RULES = frozenset({PFC_STORM, ECN_CONGESTION, QUEUE_BUILDUP, STRAGGLER, PCIE_DOWNGRADE})
+CONGESTION_RULES = frozenset(
+    {"PFCStorm", "ECNCongestion", "QueueBuildup", "Straggler", "PCIeDowngrade"}
+)
 
 
 # --- thresholding -------------------------------------------------------------------------------
@@ -573,7 +566,7 @@ class IsolationForestDetector(Stateful):
         congested: set[str] = set()
         for labels in ctx.firing():
             name = labels.get("alertname")
-            if name in (ALERTNAME, FABRIC_INCIDENT):
+            if name in (ALERTNAME, "FabricIncident"):
                 continue
             ends: list[NicEnd | PortEnd] = []
             if "node" in labels and "nic" in labels:

@@ -24,18 +24,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from rocewatch.core.errors import ConfigError
-from rocewatch.core.model import (
-    BUS_BANDWIDTH_DROP,
-    ECN_CONGESTION,
-    FLAKY_LINK,
-    PCIE_DOWNGRADE,
-    PFC_STORM,
-    PORT_ANOMALY,
-    QUEUE_BUILDUP,
-    SLOW_RANK,
-    STRAGGLER,
-    TRANSPORT_ERRORS,
-)
 from rocewatch.sim.fabric import Fabric
 
 if TYPE_CHECKING:
@@ -81,7 +69,7 @@ class PfcStorm(Fault):
     switch: str | None = None
 
     kind: ClassVar[str] = "PfcStorm"
-    alertname: ClassVar[str | None] = PFC_STORM
+    alertname: ClassVar[str | None] = "PFCStorm"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,8 +93,8 @@ class FlakyLink(Fault):
     errors: bool = True  # False: the link only flaps, its error counters stay healthy
 
     kind: ClassVar[str] = "FlakyLink"
-    alertname: ClassVar[str | None] = FLAKY_LINK
-    also: ClassVar[tuple[str, ...]] = (PORT_ANOMALY,)
+    alertname: ClassVar[str | None] = "FlakyLink"
+    also: ClassVar[tuple[str, ...]] = ("PortAnomaly",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,8 +108,8 @@ class PcieDowngrade(Fault):
     width: int = 16
 
     kind: ClassVar[str] = "PcieDowngrade"
-    alertname: ClassVar[str | None] = PCIE_DOWNGRADE
-    also: ClassVar[tuple[str, ...]] = (STRAGGLER, PORT_ANOMALY, SLOW_RANK, BUS_BANDWIDTH_DROP)
+    alertname: ClassVar[str | None] = "PCIeDowngrade"
+    also: ClassVar[tuple[str, ...]] = ("Straggler", "PortAnomaly", "SlowRank", "BusBandwidthDrop")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,8 +124,8 @@ class EcnIncast(Fault):
     ecn: float | None = None  # share of the queue's packets marked (None: 0.4..0.7)
 
     kind: ClassVar[str] = "EcnIncast"
-    alertname: ClassVar[str | None] = ECN_CONGESTION
-    also: ClassVar[tuple[str, ...]] = (QUEUE_BUILDUP, PORT_ANOMALY)
+    alertname: ClassVar[str | None] = "ECNCongestion"
+    also: ClassVar[tuple[str, ...]] = ("QueueBuildup", "PortAnomaly")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,8 +134,8 @@ class QueueBuildup(EcnIncast):
     (incast the congestion control does not tame); the physics of ``EcnIncast``."""
 
     kind: ClassVar[str] = "QueueBuildup"
-    alertname: ClassVar[str | None] = QUEUE_BUILDUP
-    also: ClassVar[tuple[str, ...]] = (ECN_CONGESTION, PORT_ANOMALY)
+    alertname: ClassVar[str | None] = "QueueBuildup"
+    also: ClassVar[tuple[str, ...]] = ("ECNCongestion", "PortAnomaly")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,8 +150,8 @@ class TransportErrors(Fault):
     rate_per_s: float | None = None
 
     kind: ClassVar[str] = "TransportErrors"
-    alertname: ClassVar[str | None] = TRANSPORT_ERRORS
-    also: ClassVar[tuple[str, ...]] = (PORT_ANOMALY,)
+    alertname: ClassVar[str | None] = "TransportErrors"
+    also: ClassVar[tuple[str, ...]] = ("PortAnomaly",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,8 +165,8 @@ class Straggler(Fault):
     slow: float = 0.25
 
     kind: ClassVar[str] = "Straggler"
-    alertname: ClassVar[str | None] = STRAGGLER
-    also: ClassVar[tuple[str, ...]] = (PORT_ANOMALY, SLOW_RANK, BUS_BANDWIDTH_DROP)
+    alertname: ClassVar[str | None] = "Straggler"
+    also: ClassVar[tuple[str, ...]] = ("PortAnomaly", "SlowRank", "BusBandwidthDrop")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,7 +180,7 @@ class SlowGpu(Fault):
     lag_us: float = 300.0
 
     kind: ClassVar[str] = "SlowGpu"
-    alertname: ClassVar[str | None] = SLOW_RANK
+    alertname: ClassVar[str | None] = "SlowRank"
 
 
 @dataclass(frozen=True, kw_only=True)
