@@ -35,6 +35,7 @@ import polars as pl
 
 from detectors.base import Finding, StepContext, check_positive_numbers, node_labels
 from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import SLOW_EDGE
 from rocewatch.core.paths import Path, alerts_on, nic_path, path_between, say
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import Topology
@@ -227,7 +228,7 @@ class SlowEdgeDetector(Stateful):
             return f"{h or '?'} GPU {g if g >= 0 else '?'} NIC {n or '?'}"
 
         return Finding(
-            "SlowEdge",
+            SLOW_EDGE,
             labels,
             "warning",
             st.fired_ts,
