@@ -415,9 +415,9 @@ class DomainStage:
             except RetryableError as e:
                 self.stats.inc("inhibited_not_stored", len(out.inhibited))
                 log.warning("inhibited alerts not stored: %s", e)
-        if out.ranks and self.alert_db is not None:  # NCCL ranks: straight to the database
+        if out.ranks and self.outputs is not None:  # NCCL ranks: straight to the database
             try:
-                OutputWriter(self.alert_db).write(ranks=out.ranks)
+                self.outputs.write(ranks=out.ranks)
             except RetryableError as e:
                 self.stats.inc("ranks_not_stored", len(out.ranks))
                 log.warning("NCCL ranks not stored: %s", e)
