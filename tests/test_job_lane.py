@@ -9,7 +9,9 @@ import dataclasses
 import polars as pl
 
 from detectors.windows import WindowConfig, WindowEngine
+from rocewatch import wire
 from rocewatch.config import Config
+from rocewatch.core.keys import KEYS
 from rocewatch.core.model import conform
 from rocewatch.pipeline import Pipeline
 from tests.support.nccl_edges import T0, S, samples, topology
@@ -30,7 +32,11 @@ def fabric(sec: int) -> pl.DataFrame:
 
 
 def stream(
-    engine_or_pipe: WindowEngine | Pipeline, seconds: int, slow_from: int = 99, delay: int = DELAY
+    engine_or_pipe: WindowEngine | Pipeline,
+    seconds: int,
+    slow_from: int = 99,
+    delay: int = DELAY,
+    coded: bool = False,
 ) -> list[tuple[int, int, list[tuple[str, int]]]]:
     """Live order: each second's fabric telemetry at once, the job's ``delay`` seconds later;
     the watermark advanced after every arrival. Each closed step: (its end, when it closed, its
@@ -47,10 +53,11 @@ def stream(
             engine_or_pipe.advance(T0 + (sec + 1) * S - engine_or_pipe.engine.lateness_ns())
             continue
         eng = engine_or_pipe
-        for f in batch:
-            eng.add(f)
+        for f in batch:  # (as the Kafka readers hand them over: keys coded, ``coded``)
+            eng.add(wire.coded_frames([wire.parse(wire.encode(f))]) if coded else f)
         for st in eng.close_until(T0 + (sec + 1) * S - eng.lateness_ns()):
-            nccl = st.frame.filter(pl.col("metric").str.starts_with("nccl_"))
+            frame = KEYS.decode(st.frame)
+            nccl = frame.filter(pl.col("metric").str.starts_with("nccl_"))
             out.append((st.end, sec, sorted(zip(nccl["metric"], nccl["ts"], strict=True))))
     return out
 
@@ -76,6 +83,9 @@ def test_late_job_samples_are_kept_on_their_own_time_and_fabric_steps_are_not_de
     # later than the job lateness too: dropped and counted
     lane.add(samples(-5, {}))
     assert lane.stats.get("late_samples") == 8
+    # the Kafka readers' coded frames take the same lane
+    coded = WindowEngine(WindowConfig(step_s=0.5))
+    assert stream(coded, 8, coded=True) == with_lane
 
 
 def test_slow_edge_from_late_job_telemetry_fires_on_its_telemetry_time() -> None:
@@ -89,11 +99,11 @@ def test_slow_edge_from_late_job_telemetry_fires_on_its_telemetry_time() -> None
         p.finish()
         return p, [a.starts_at for a in p.all_alerts() if a.name == "SlowEdge"]
 
-    cfg = dataclasses.replace(Config(), window=WindowConfig(step_s=0.5))
+    cfg = dataclasses.replace(Config(), window=WindowConfig(step_s=1.0))
     _, on_time = run(cfg, delay=False)
     late_p, late = run(cfg, delay=True)
     assert on_time and late == on_time
     assert late_p.stats.get("late_samples") == 0
-    off = dataclasses.replace(Config(), window=WindowConfig(step_s=0.5, job_lateness_s=0.0))
+    off = dataclasses.replace(Config(), window=WindowConfig(step_s=1.0, job_lateness_s=0.0))
     off_p, none = run(off, delay=True)
     assert none == [] and off_p.stats.get("late_samples") > 0
