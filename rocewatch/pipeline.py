@@ -404,8 +404,10 @@ class Pipeline:
         self.lifecycle.restore(data["lifecycle"])
         self.grouper.restore(data["grouper"])
         self.inhibitor.restore(data["inhibitor"])
-        if "job_paths" in data:  # (a state written before the join on alerts has none)
+        if "job_paths" in data:
             self.job_paths.restore(data["job_paths"])
+        else:  # written before the join on alerts: its firing alerts get what it adds
+            self.job_paths.fill(self.lifecycle.firing, self._firing_labels)
         try:
             self.policy.restore(data["policy"])
         except ConfigError as e:

@@ -191,6 +191,20 @@ class JobPaths(Stateful):
             if rec is not None and rec.starts_at == ev.starts_at:
                 rec.annotations.update(ann)
 
+    def fill(
+        self, records: Mapping[str, Alert], firing: Callable[[], Iterable[Mapping[str, str]]]
+    ) -> None:
+        """Give the firing alerts of a restored state what this module adds and they lack (a
+        state written before it annotated alerts): the annotations they would have had."""
+        now: list[Mapping[str, str]] | None = None
+        for a in records.values():
+            if a.labels.get("alertname") not in (*FABRIC_ALERTS, *JOB_ALERTS):
+                continue
+            if now is None:
+                now = list(firing())
+            for k, v in self.annotations(a.labels, now).items():
+                a.annotations.setdefault(k, v)
+
     def refresh(self, records: Mapping[str, Alert], firing: Iterable[Mapping[str, str]]) -> None:
         """Add to each firing job alert's ``path_alerts`` the fabric alerts on its path that
         fired since (what its path had while it fired, not only when it began)."""
