@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocewatch.core.model import (
-    ECN_CONGESTION,
     FABRIC_INCIDENT,
     FLAKY_LINK,
     PFC_STORM,
@@ -274,7 +273,7 @@ def needed_sources(fault: Mapping[str, Any]) -> tuple[str, ...]:
         return ("nic", "switch") if agent else ("switch",)
     if kind == QUEUE_BUILDUP:
         return ("gauge",)
-    if kind == ECN_CONGESTION:
+    if kind == "ECNCongestion":
         return ("switch", "nic")  # the queue's marks and the receiver's ECN/CNP counters
     if kind == FLAKY_LINK:
         return (
