@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocewatch.core.model import (
+    ECN_CONGESTION,
     FABRIC_INCIDENT,
     FLAKY_LINK,
     PFC_STORM,
@@ -273,7 +274,7 @@ def needed_sources(fault: Mapping[str, Any]) -> tuple[str, ...]:
         return ("nic", "switch") if agent else ("switch",)
     if kind == QUEUE_BUILDUP:
         return ("gauge",)
-    if kind == "ECNCongestion":
+    if kind == ECN_CONGESTION:
         return ("switch", "nic")  # the queue's marks and the receiver's ECN/CNP counters
     if kind == FLAKY_LINK:
         return (
