@@ -43,12 +43,16 @@ TOPO = Topology.from_dict(
             {"name": "leaf-r1", "role": "leaf", "rail": 1},
             *({"name": s, "role": "spine"} for s in SPINES),
         ],
-        "links": [{"a": f"{LEAF}/{p}", "b": f"{s}/Ethernet1/1"} for p, s in zip(UP, SPINES)]
+        "links": [
+            {"a": f"{LEAF}/{p}", "b": f"{s}/Ethernet1/1"} for p, s in zip(UP, SPINES, strict=True)
+        ]
         + [{"a": f"leaf-r1/swp{49 + i}", "b": f"{s}/Ethernet1/2"} for i, s in enumerate(SPINES)],
         "nodes": [
             {
                 "name": "gpu-001",
-                "nics": [{"nic": "mlx5_0", "speed_gbps": 400, "switch_port": f"{LEAF}/Ethernet1/1"}],
+                "nics": [
+                    {"nic": "mlx5_0", "speed_gbps": 400, "switch_port": f"{LEAF}/Ethernet1/1"}
+                ],
             }
         ],
     }
@@ -124,8 +128,12 @@ def test_a_collision_is_found_once_at_any_cadence(interval: float) -> None:
     assert a.annotations["cold_uplinks"] == UP[0]
     assert 1.3 <= float(a.annotations["imbalance"]) <= 1.4  # 0.95 / 0.70
     members = {(m["switch"], m["port"]) for m in map(dict, parse_members(a.annotations[UPLINKS]))}
-    assert members == {(LEAF, UP[3]), ("spine-3", "Ethernet1/1"), (LEAF, UP[0]),
-                       ("spine-0", "Ethernet1/1")}
+    assert members == {
+        (LEAF, UP[3]),
+        ("spine-3", "Ethernet1/1"),
+        (LEAF, UP[0]),
+        ("spine-0", "Ethernet1/1"),
+    }
     ev = a.annotations["evidence"]
     assert "Ethernet2/1 0%" in ev and "max/mean 1.3" in ev and "ECN marks" in ev
     # it resolves once the flows are rehashed (within clear_s plus 2.5 judgements)
@@ -203,8 +211,10 @@ def test_a_counter_clear_mid_collision_gives_one_alert() -> None:
     fs = []
     for f in frames(series, seconds):
         base = pl.Series(
-            [at_cut[(p, m)] if t >= T0 + round(cut_s * S) else 0
-             for p, m, t in zip(f["port"], f["metric"], f["ts"], strict=True)],
+            [
+                at_cut[(p, m)] if t >= T0 + round(cut_s * S) else 0
+                for p, m, t in zip(f["port"], f["metric"], f["ts"], strict=True)
+            ],
             dtype=pl.UInt64,
         )
         raw = f["raw"] - base
@@ -248,8 +258,9 @@ def test_the_registry_entry_is_all_it_takes() -> None:
     # max/mean 1.35 is below 1.5: that configuration sees no collision
     assert go(uplinks(BALANCED, COLLISION, 1.0), config=cfg) == []
     off = config_from_dict({"detectors": {"ecmp_imbalance": {"enabled": False}}})
-    assert not [d for d in Pipeline(TOPO, off, rollup_s=None).detectors
-                if d.name == "ecmp_imbalance"]
+    assert not [
+        d for d in Pipeline(TOPO, off, rollup_s=None).detectors if d.name == "ecmp_imbalance"
+    ]
     with pytest.raises(ConfigError, match="min_imbalance"):
         config_from_dict({"detectors": {"ecmp_imbalance": {"min_imbalance": 0.9}}})
     with pytest.raises(ConfigError, match="unknown setting"):
@@ -263,8 +274,9 @@ def test_the_registry_entry_is_all_it_takes() -> None:
 
 def simulated(adaptive: bool, interval: float) -> tuple[dict[str, Any], Pipeline]:
     """A 4-node, 2-rail fabric (two leaves, four spines) for 15 s (30 s at 5 s cadence),
-    elephant flows on one leaf over its middle half (8 to 24 s of 30), its switches read every ``interval`` s (the NICs every second at
-    most), through every detector and the inhibition stage."""
+    elephant flows on one leaf over its middle half (8 to 24 s of 30), its switches read
+    every ``interval`` s (the NICs every second at most), through every detector and the
+    inhibition stage."""
     from rocewatch.sim import Simulator
     from rocewatch.sim.scenarios import ecmp_collision_scenario
 
@@ -296,8 +308,10 @@ def test_the_simulated_collision_is_the_one_page(interval: float) -> None:
     assert a.annotations["cold_uplinks"] == ", ".join(cold)
     assert a.annotations["hot_uplinks"] == ", ".join(hot)  # the queue that marks
     assert len(fault["details"]["colliding_flows"]) == 2
-    assert fault["onset_ns"] < a.starts_at <= fault["onset_ns"] + round(
-        (3.0 + 2.5 * max(interval, 1.0)) * S
+    assert (
+        fault["onset_ns"]
+        < a.starts_at
+        <= fault["onset_ns"] + round((3.0 + 2.5 * max(interval, 1.0)) * S)
     )
     for x in p.inhibited_alerts():
         assert x.name in ("ECNCongestion", "QueueBuildup", "PortAnomaly")

@@ -151,8 +151,15 @@ class Elephants:
         self.rng = np.random.default_rng([self.seed, 11])
         self.hot = []
 
-    def add(self, t0: float, t1: float, leaf: int, uplinks: tuple[int, ...], demand: float,
-            sprayed: bool) -> None:
+    def add(
+        self,
+        t0: float,
+        t1: float,
+        leaf: int,
+        uplinks: tuple[int, ...],
+        demand: float,
+        sprayed: bool,
+    ) -> None:
         self.phases.append((t0, t1, leaf, np.array(uplinks, dtype=int), demand, sprayed))
 
     def carry(
@@ -161,7 +168,7 @@ class Elephants:
         """Replace the leaf->spine bytes ``by`` (this tick's) of the leaves in a phase (for the
         share of the tick it covers) with their elephants'; ``line``: an uplink's bytes a tick
         at line rate; ``up``: each uplink's share of the tick it was up (leaves x spines)."""
-        fab, S, E = self.fab, self.fab.n_spines, self.fab.n_nics
+        S, E = self.fab.n_spines, self.fab.n_nics
         self.hot = []
         for p0, p1, leaf, uplinks, demand, sprayed in self.phases:
             f = max(0.0, min(p1, t1) - max(p0, t0)) / T

@@ -145,6 +145,11 @@ def ecmp_collision_scenario(
     )
 
 
+def ecmp_adaptive_scenario(nodes: int = 8, duration_s: float = 30, seed: int = 1) -> SimConfig:
+    """``ecmp_collision_scenario``'s flows on an adaptive-routing fabric: sprayed, balanced."""
+    return ecmp_collision_scenario(nodes, duration_s, seed, adaptive=True)
+
+
 def _renamed(cfg: SimConfig, name: str) -> SimConfig:
     return dataclasses.replace(cfg, name=name)
 
@@ -157,5 +162,5 @@ SCENARIOS: dict[str, Callable[..., SimConfig]] = {
     "dark_storm": dark_storm_scenario,
     "uplink_flaky": uplink_flaky_scenario,
     "ecmp_collision": ecmp_collision_scenario,
-    "ecmp_adaptive": lambda *a, **kw: ecmp_collision_scenario(*a, adaptive=True, **kw),
+    "ecmp_adaptive": ecmp_adaptive_scenario,
 }
