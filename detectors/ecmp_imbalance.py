@@ -20,9 +20,10 @@ judgement covers about the same time, whatever the cadence. A judgement is *imba
 
 Byte counters alone cannot tell the uplink that carries two squeezed elephants from one that
 carries one at full speed (both run near line rate): the cold uplink is what shows the
-collision. The *hot* uplinks named are those near the busiest (at least 0.95 x its
-utilisation) and, where the switch reports ECN marks on its uplink queues, the one marking most
-among them (two flows into one uplink fill its queue, DCQCN marks them down to half each).
+collision. The *hot* uplink named is, where the switch reports ECN marks on its uplink queues,
+the one marking most among those at or above the mean (two flows into one uplink fill its
+queue, DCQCN marks them down to half each: it runs a little below one flow alone); else those
+near the busiest (at least 0.95 x its utilisation).
 
 Left out of a group (and listed in the evidence): an uplink that carries nothing either way
 (below ``down_util`` in both directions: down, or not routed over, which is FlakyLink's case or
@@ -186,7 +187,9 @@ class EcmpImbalanceDetector(Stateful):
         self.acc = np.zeros((m, 8))
         self.acc[:, SPEED_MBPS] = np.nan
         self.ts = np.zeros((m, 2), dtype=np.int64)
-        self.sustain = Sustain(c.sustain_s, 0.0, c.clear_s, min_rows=2)
+        # a judgement waits for every uplink's readings: one lost reading delays it by an
+        # interval, so a dip of one judgement more than Sustain's own slack is tolerated
+        self.sustain = Sustain(c.sustain_s, c.judge_s, c.clear_s, min_rows=2)
 
     @property
     def window_s(self) -> float:
@@ -381,10 +384,12 @@ class EcmpImbalanceDetector(Stateful):
             if acc[j, MARK_N] > 0
         }
         hot = [ports[j] for j in near]
-        if marks:
-            lead = max(hot, key=lambda p: marks.get(p, 0.0))
-            if marks.get(lead, 0.0) > 0:
-                hot = [lead]
+        # two flows squeezed into one uplink run it a little below one flow alone: the queue
+        # that marks most among the uplinks not cold names it
+        loaded = [ports[j] for j in live_idx.tolist() if out_u[j] >= mean]
+        lead = max(loaded, key=lambda p: marks.get(p, 0.0))
+        if marks.get(lead, 0.0) > 0:
+            hot = [lead]
         cold = [ports[j] for j in live_idx.tolist() if out_u[j] <= cfg.cold_ratio * mean]
         info = Judgement(
             ts,

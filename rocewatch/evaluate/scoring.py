@@ -266,6 +266,8 @@ def needed_sources(fault: Mapping[str, Any]) -> tuple[str, ...]:
         return ("nic", "switch") if agent else ("switch",)
     if kind == "QueueBuildup":
         return ("gauge",)
+    if kind == "ECMPImbalance":
+        return ("switch",)  # the uplinks' byte counters
     if kind == "ECNCongestion":
         return ("switch", "nic")  # the queue's marks and the receiver's ECN/CNP counters
     if kind == "FlakyLink":
