@@ -65,6 +65,7 @@ from detectors.state import EntitySlots, Episode, Key, Row, Sustain
 from detectors.windows import Step
 from rocewatch.core.errors import ConfigError
 from rocewatch.core.members import encode_members
+from rocewatch.core.model import ECMP_IMBALANCE
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import PortEnd, Topology
 
@@ -429,7 +430,7 @@ class EcmpImbalanceDetector(Stateful):
         marks = ", ".join(f"{p} {m:,.0f}/s" for p, m in j.marks)
         sustained = (ep.last_hot - ep.since) / NS
         return Finding(
-            "ECMPImbalance",
+            ECMP_IMBALANCE,
             labels,
             ep.severity or "warning",
             ep.ts,
