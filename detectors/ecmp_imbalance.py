@@ -170,7 +170,7 @@ class EcmpImbalanceDetector(Stateful):
     STATE_TYPES: ClassVar[tuple[type, ...]] = (Sustain, Episode, Judgement)
     # derived from the topology and configuration at every start, or caches
     NOT_STATE: ClassVar[frozenset[str]] = frozenset(
-        {"groups", "keys", "index", "group_of", "base_speed", "slots", "slot_member"}
+        {"groups", "keys", "index", "group_of", "members_of", "base_speed", "slots", "slot_member"}
     )
     reads: ClassVar[frozenset[str]] = frozenset({OUT, IN, PAUSE, MARKS, SPEED, *BAD})
 
@@ -181,6 +181,7 @@ class EcmpImbalanceDetector(Stateful):
         self.index = {k: i for i, k in enumerate(self.keys)}
         gnames = list(self.groups)
         self.group_of = np.array([gnames.index(sw) for sw, _ in self.keys], dtype=np.int64)
+        self.members_of = [np.flatnonzero(self.group_of == g) for g in range(len(gnames))]
         self.base_speed = np.array([self._speed_gbps(sw) * 1e9 for sw, _ in self.keys])
         self.slots = EntitySlots()
         self.slot_member = np.zeros(0, dtype=np.int64)
@@ -247,11 +248,13 @@ class EcmpImbalanceDetector(Stateful):
         fired = self.sustain.update(ctx.start, ctx.end, rows)
         return [self._finding(k, ep) for k, ep in fired]
 
-    def _members(self, cur: Step, metric: str) -> tuple[np.ndarray, pl.DataFrame]:
-        """The rows of ``metric`` that are uplinks of a group, and their uplink index."""
+    def _members(self, cur: Step, metric: str) -> tuple[np.ndarray, np.ndarray, pl.DataFrame]:
+        """The uplink index of the rows of ``metric`` that are uplinks of a group, the rows'
+        positions in the step's frame, and the frame."""
         f = cur.get(metric)
+        none = np.zeros(0, dtype=np.int64)
         if f.height == 0:
-            return np.zeros(0, dtype=np.int64), f
+            return none, none, f
         known = cur.positions
         at = None
         if known is not None and metric in known[1]:
@@ -263,22 +266,21 @@ class EcmpImbalanceDetector(Stateful):
             self.slot_member = np.concatenate([self.slot_member, np.array(new, dtype=np.int64)])
         m = self.slot_member[s]
         keep = np.flatnonzero(m >= 0)
-        if len(keep) == 0:
-            return np.zeros(0, dtype=np.int64), f.clear()
-        return m[keep], f[pl.Series(keep, dtype=pl.UInt32)]
+        return m[keep], keep, f
 
     def _counter(self, cur: Step, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
-        """Uplink index, delta, dt and ts of the valid rows of a counter."""
-        m, f = self._members(cur, metric)
+        """Uplink index, delta, dt and ts of the valid rows of a counter (NumPy only: no frame
+        is gathered)."""
+        m, keep, f = self._members(cur, metric)
         if len(m) == 0:
             z = np.zeros(0)
             return m, z, z, np.zeros(0, dtype=np.int64)
-        d = f["delta"].to_numpy().astype(np.float64)
-        dt = f["dt"].to_numpy().astype(np.float64)
-        ts = f["ts"].to_numpy().astype(np.int64)
+        d = f["delta"].to_numpy()[keep].astype(np.float64)
+        dt = f["dt"].to_numpy()[keep].astype(np.float64)
+        ts = f["ts"].to_numpy()[keep].astype(np.int64)
         ok = np.isfinite(d) & np.isfinite(dt) & (dt > 0) & (d >= 0)
         if metric == OUT:
-            n = np.maximum(f["n"].to_numpy().astype(np.float64), 1.0)
+            n = np.maximum(f["n"].to_numpy()[keep].astype(np.float64), 1.0)
             self.acc[m[ok], IV_S] = (dt / n)[ok]
         return m[ok], d[ok], dt[ok], ts[ok]
 
@@ -305,28 +307,29 @@ class EcmpImbalanceDetector(Stateful):
             mb, d, _, ts = self._counter(cur, metric)
             hit = d > 0
             np.maximum.at(self.ts[:, BAD_TS], mb[hit], ts[hit])
-        ms, f = self._members(cur, SPEED)
+        ms, keep, f = self._members(cur, SPEED)
         if len(ms):
-            v = f["last"].to_numpy().astype(np.float64)
+            v = f["last"].to_numpy()[keep].astype(np.float64)
             ok = np.isfinite(v) & (v > 0)
             self.acc[ms[ok], SPEED_MBPS] = v[ok]
         return np.unique(touched)
 
     def _judge(self, touched: np.ndarray, now: int) -> list[Row]:
+        """Judge the groups read in this step whose every reporting uplink's readings cover
+        ``judge_s`` (or one slower reading); start their next judgement afresh."""
         cfg = self.config
+        groups = np.unique(self.group_of[touched])
+        last, iv = self.ts[:, LAST_TS], self.acc[:, IV_S]
+        stale = np.round(np.maximum(MISSED * iv, cfg.judge_s) * NS).astype(np.int64)
+        present = (last > 0) & (last >= now - stale - NS // 10)
+        short = present & (self.acc[:, OUT_S] < 0.9 * np.maximum(cfg.judge_s, iv))
+        n = len(self.groups)
+        n_present = np.bincount(self.group_of, weights=present, minlength=n)[groups]
+        n_short = np.bincount(self.group_of, weights=short, minlength=n)[groups]
         rows: list[Row] = []
-        for g in np.unique(self.group_of[touched]).tolist():
-            mem = np.flatnonzero(self.group_of == g)
-            last = self.ts[mem, LAST_TS]
-            iv = self.acc[mem, IV_S]
-            stale = np.round(np.maximum(MISSED * iv, cfg.judge_s) * NS).astype(np.int64)
-            present = (last > 0) & (last >= now - stale - NS // 10)
-            cover = self.acc[mem, OUT_S]
-            # every reporting uplink's readings cover judge_s (or one slower reading)
-            need = 0.9 * np.maximum(cfg.judge_s, iv)
-            if present.sum() < cfg.min_uplinks or not np.all(cover[present] >= need[present]):
-                continue
-            row = self._judgement(g, mem, present)
+        for g in groups[(n_present >= cfg.min_uplinks) & (n_short == 0)].tolist():
+            mem = self.members_of[g]
+            row = self._judgement(mem, present[mem])
             self.acc[mem, OUT_B : IN_S + 1] = 0.0
             self.acc[mem, PAUSE_US] = 0.0
             self.acc[mem, MARK_N] = 0.0
@@ -334,7 +337,7 @@ class EcmpImbalanceDetector(Stateful):
                 rows.append(row)
         return rows
 
-    def _judgement(self, g: int, mem: np.ndarray, present: np.ndarray) -> Row | None:
+    def _judgement(self, mem: np.ndarray, present: np.ndarray) -> Row | None:
         cfg = self.config
         acc = self.acc[mem]
         span = float(np.median(acc[present, OUT_S]))
