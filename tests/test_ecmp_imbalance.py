@@ -158,7 +158,7 @@ def test_silent_on_healthy_groups(what: str, during: list[float]) -> None:
     assert go(uplinks(BALANCED, during, 1.0)) == [], what
 
 
-@pytest.mark.parametrize("interval", [0.1, 5.0])
+@pytest.mark.parametrize("interval", [pytest.param(0.1, marks=pytest.mark.slow), 5.0])
 def test_silent_when_an_uplink_is_down(interval: float) -> None:
     """A cable that is down carries nothing either way: FlakyLink's case (or the operator's),
     not a hash; the three left are balanced."""
@@ -326,3 +326,35 @@ def test_adaptive_routing_sprays_the_same_flows_and_stays_silent() -> None:
     assert truth["faults"] == []
     assert "SprayedElephants" in [x.get("kind") for x in truth["not_faults"]]
     assert p.all_alerts() == [] and p.inhibited_alerts() == []
+
+
+@pytest.mark.slow  # 15 s of a small fabric through every detector: ~3 s
+def test_a_flapping_uplink_under_sprayed_traffic_is_flakylinks_alone() -> None:
+    """Adaptive routing sprays the elephants over the uplinks that are up while one of them
+    flaps (down about a second at a time, carrying nothing): FlakyLink names the cable, and
+    the uplink carrying nothing is no ECMP imbalance."""
+    from rocewatch.sim import SimConfig, Simulator
+    from rocewatch.sim.faults import FlakyLink, SprayedElephants
+
+    leaf = "leaf-r0-p0"
+    cfg = SimConfig(
+        nodes=4,
+        nics_per_node=2,
+        duration_s=15,
+        seed=3,
+        switch_interval_s=1.0,
+        nic_interval_s=1.0,
+        faults=(
+            SprayedElephants(onset_s=2.0, duration_s=11.0, switch=leaf),
+            FlakyLink(
+                onset_s=3.0, duration_s=9.0, uplink=True, switch=leaf, spine="spine-1",
+                errors=False,
+            ),
+        ),
+    )  # fmt: skip
+    sim = Simulator(cfg)
+    p = feed(Pipeline(sim.topology, Config(), rollup_s=None), list(sim.ticks()))
+    p.finish()
+    shown = p.all_alerts()
+    assert {a.name for a in shown} == {"FlakyLink"}, [(a.name, a.labels) for a in shown]
+    assert {a.labels.get("switch") for a in shown} <= {leaf, "spine-1"}  # either end
