@@ -15,6 +15,7 @@ from detectors.isolation_forest import IsolationForestConfig, IsolationForestDet
 from detectors.pcie_downgrade import PcieDowngradeConfig, PcieDowngradeDetector
 from detectors.pfc_storm import PfcStormConfig, PfcStormDetector
 from detectors.queue_buildup import QueueBuildupConfig, QueueBuildupDetector
+from detectors.slow_edge import SlowEdgeConfig, SlowEdgeDetector
 from detectors.slow_rank import SlowRankConfig, SlowRankDetector
 from detectors.straggler import StragglerConfig, StragglerDetector
 from detectors.transport_errors import TransportErrorsConfig, TransportErrorsDetector
@@ -54,6 +55,7 @@ DETECTORS: dict[str, Entry] = {
     "pcie_downgrade": Entry(PcieDowngradeDetector, PcieDowngradeConfig, "PCIeDowngrade"),
     "straggler": Entry(StragglerDetector, StragglerConfig, "Straggler"),
     "slow_rank": Entry(SlowRankDetector, SlowRankConfig, "SlowRank", reads_alerts=True),
+    "slow_edge": Entry(SlowEdgeDetector, SlowEdgeConfig, "SlowEdge", reads_alerts=True),
     "bus_bandwidth_drop": Entry(
         BusBandwidthDropDetector, BusBandwidthDropConfig, "BusBandwidthDrop", reads_alerts=True
     ),

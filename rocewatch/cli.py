@@ -136,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the matrix of cadences, fabrics and magnitudes (docs/evaluation.md)",
     )
     ev.add_argument("--cells", help="matrix: only the cells whose names contain one of these (a,b)")
+    ev.add_argument(
+        "--nccl",
+        action="store_true",
+        help="the NCCL cases: the jobs' own view of PCIe, slow-GPU and storm faults (docs/nccl.md)",
+    )
     ev.add_argument("--jobs", type=int, help="matrix: cells run in this many processes (CPUs)")
 
     def store_args(sp: argparse.ArgumentParser) -> None:
@@ -190,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     nc.add_argument("--config", type=Path, help="rocewatch config (Kafka settings)")
     nc.add_argument(
         "--out", type=Path, help="write samples as JSON lines here (- for stdout), not Kafka"
+    )
+    nc.add_argument(
+        "--key",
+        choices=["job", "host"],
+        default="job",
+        help="Kafka message key: nccl/<job>/<communicator> (default) or the host (docs/nccl.md)",
     )
     nc.add_argument("--interval", type=float, default=1.0, help="seconds between reads")
     nc.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: forever)")
@@ -378,6 +389,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rocewatch.evaluate import run_evaluate
 
         tune_gc()
+        if args.nccl:
+            from rocewatch.evaluate.nccl import run_evaluate_nccl
+
+            return run_evaluate_nccl(args.out, args.json, args.config)
         if args.matrix:
             from rocewatch.evaluate import run_evaluate_matrix
 
@@ -509,7 +524,10 @@ def _nccl_collect(args: argparse.Namespace) -> int:
         from rocewatch.bus.topics import ensure_topics
 
         ensure_topics(cfg.kafka)
-        sink = TelemetryPublisher(cfg.kafka, source=f"nccl-collect:{args.job}")
+        from rocewatch.bus.publish import nccl_key
+
+        key = nccl_key(args.job) if args.key == "job" else None
+        sink = TelemetryPublisher(cfg.kafka, source=f"nccl-collect:{args.job}", key=key)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     coll = NcclCollector(args.dir, args.job, topology, sink, args.debug_dir)

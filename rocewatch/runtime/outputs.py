@@ -3,12 +3,13 @@ the demo, the sink (`event_sink`) and the detect stage (its inhibited alerts), s
 and notify the same things in the same order.
 
 Notified alerts are queued in the outbox first (durable before anything else sees them), then
-stored with the inhibited ones (kept, never notified), then the actions and the rollups.
+stored with the inhibited ones (kept, never notified), then the actions, the rollups and the
+NCCL jobs' ranks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ class Written:
     alerts: int = 0
     actions: int = 0
     rollups: int = 0
+    ranks: int = 0
 
 
 class OutputWriter:
@@ -41,6 +43,7 @@ class OutputWriter:
         inhibited: Sequence[Alert] = (),
         actions: Sequence[Action] = (),
         rollups: Sequence[pl.DataFrame] = (),
+        ranks: Sequence[Mapping[str, Any]] = (),
     ) -> Written:
         w = Written()
         if self.notifier is not None and alerts:
@@ -53,4 +56,6 @@ class OutputWriter:
             w.actions = int(self.store.write_actions(list(actions)) or 0)
         if rollups:  # in the order given: a complete bucket replaces a provisional one
             w.rollups = int(self.store.write_rollups(pl.concat(list(rollups))) or 0)
+        if ranks:  # NCCL jobs' ranks (storage.store.Store.write_ranks): what maps series to jobs
+            w.ranks = int(self.store.write_ranks(list(ranks)) or 0)
         return w
