@@ -7,6 +7,7 @@ from typing import Any
 
 from detectors.base import Detector
 from detectors.bus_bandwidth_drop import BusBandwidthDropConfig, BusBandwidthDropDetector
+from detectors.ecmp_imbalance import EcmpImbalanceConfig, EcmpImbalanceDetector
 from detectors.ecn_congestion import EcnCongestionConfig, EcnCongestionDetector
 from detectors.fabric_incident import FabricIncidentConfig, FabricIncidentDetector
 from detectors.flaky_link import FlakyLinkConfig, FlakyLinkDetector
@@ -50,6 +51,7 @@ DETECTORS: dict[str, Entry] = {
     "queue_buildup": Entry(QueueBuildupDetector, QueueBuildupConfig, "QueueBuildup"),
     "transport_errors": Entry(TransportErrorsDetector, TransportErrorsConfig, "TransportErrors"),
     "flaky_link": Entry(FlakyLinkDetector, FlakyLinkConfig, "FlakyLink"),
+    "ecmp_imbalance": Entry(EcmpImbalanceDetector, EcmpImbalanceConfig, "ECMPImbalance"),
     "pcie_downgrade": Entry(PcieDowngradeDetector, PcieDowngradeConfig, "PCIeDowngrade"),
     "straggler": Entry(StragglerDetector, StragglerConfig, "Straggler"),
     "slow_rank": Entry(SlowRankDetector, SlowRankConfig, "SlowRank", reads_alerts=True),

@@ -224,6 +224,7 @@ PORT_ANOMALY = "PortAnomaly"
 FABRIC_INCIDENT = "FabricIncident"
 SLOW_RANK = "SlowRank"
 BUS_BANDWIDTH_DROP = "BusBandwidthDrop"
+ECMP_IMBALANCE = "ECMPImbalance"
 SLOW_EDGE = "SlowEdge"
 
 ALERTNAMES = (
@@ -238,6 +239,7 @@ ALERTNAMES = (
     "FabricIncident",
     "SlowRank",
     "BusBandwidthDrop",
+    "ECMPImbalance",
     "SlowEdge",
 )
 
