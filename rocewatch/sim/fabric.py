@@ -37,7 +37,7 @@ import numpy as np
 from rocewatch.core.topology import Topology
 
 if TYPE_CHECKING:
-    from rocewatch.sim.simulator import SimConfig
+    from rocewatch.sim.config import SimConfig
 
 NODES_PER_LEAF = 64
 LINE_GBPS = 400  # the default link speed

@@ -28,7 +28,7 @@ from rocewatch.sim import ecmp
 from rocewatch.sim.fabric import Fabric
 
 if TYPE_CHECKING:
-    from rocewatch.sim.simulator import SimConfig
+    from rocewatch.sim.config import SimConfig
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from rocewatch.core.errors import ConfigError
 from rocewatch.sim.fabric import GNMI_PORT, LEAF_UP, Fabric
 
 if TYPE_CHECKING:
-    from rocewatch.sim.simulator import SimConfig
+    from rocewatch.sim.config import SimConfig
 
 NIC_CONFIG = "nic_config.jsonl"
 SWITCH_CONFIG = "switch_config.jsonl"
