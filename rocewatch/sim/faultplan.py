@@ -37,6 +37,11 @@ PCIE_MAX_GTS = 32.0
 TRANSPORT_FAULT_RATES = np.array([300.0, 30.0, 4.0, 0.0, 10.0])
 
 
+def overlap(a: float, b: float, t0: float, t1: float) -> float:
+    """Share of [t0, t1) that [a, b) covers (of a tick, the fault window [a, b))."""
+    return max(0.0, min(b, t1) - max(a, t0)) / (t1 - t0)
+
+
 class FaultPlan:
     """``faults`` compiled for ``cfg``'s run on ``fab``: ``ber`` is each direction's healthy
     BER (a bad cable's peak may be a multiple of it), ``act``/``nic_job_row`` each job's
@@ -155,4 +160,4 @@ class FaultPlan:
         return out
 
 
-__all__ = ["PCIE_MAX_GTS", "TRANSPORT_FAULT_RATES", "FaultPlan"]
+__all__ = ["PCIE_MAX_GTS", "TRANSPORT_FAULT_RATES", "FaultPlan", "overlap"]

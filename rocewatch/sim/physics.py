@@ -19,6 +19,8 @@ import numpy as np
 from rocewatch.sim.counters import Carried, nic_increments, switch_increments
 from rocewatch.sim.fabric import BUFFER_BYTES, LINE_GBPS, Fabric
 from rocewatch.sim.faultplan import TRANSPORT_FAULT_RATES, FaultPlan
+from rocewatch.sim.faultplan import overlap as _ov
+from rocewatch.sim.links import physical_layer
 from rocewatch.sim.noise import Noise, activity
 
 if TYPE_CHECKING:
@@ -293,39 +295,8 @@ class Physics:
             q_marks = marks.copy()
             q_marks[held] += self.storm_rng.poisson(stuck[held] * by[held] / PKT_BYTES)
 
-        # --- physical layer ---------------------------------------------------------------------
-        ber = b.ber.copy()
-        carrier = np.zeros(fab.n_cables)
-        link_down = np.zeros(E)
-        for f0, f1, e, peak_ber, flaps in plan.flaky_nic:
-            f = _ov(f0, f1, t0, t1)
-            if f > 0 and peak_ber > 0:
-                pair = np.array([2 * e, 2 * e + 1])
-                ber[pair] = (
-                    f * ramp(rng, b.ber[pair], peak_ber, (t0 + t1) / 2 - f0, f1 - f0)
-                    + (1 - f) * ber[pair]
-                )
-            starts = sum(1 for s, _ in flaps if t0 <= s < t1)
-            ends = sum(1 for s, n in flaps if t0 <= s + n < t1)
-            carrier[e] += starts + ends
-            link_down[e] += starts
-        for f0, f1, lf, sp, peak_ber, flaps in plan.flaky_up:
-            f = _ov(f0, f1, t0, t1)
-            c = E + lf * S + sp
-            if f > 0 and peak_ber > 0:
-                pair = np.array([2 * c, 2 * c + 1])
-                ber[pair] = (
-                    f * ramp(rng, b.ber[pair], peak_ber, (t0 + t1) / 2 - f0, f1 - f0)
-                    + (1 - f) * ber[pair]
-                )
-            carrier[c] += sum(1 for s, _ in flaps if t0 <= s < t1)
-            carrier[c] += sum(1 for s, n in flaps if t0 <= s + n < t1)
-        up = 1 - down_dir
-        corrected = rng.poisson(ber * fab.link_gbps * 1e9 * T * up)
-        lam_unc = 20.0 * (ber / 1e-4) ** 3 * up * (per_tick * fab.link_gbps / LINE_GBPS)
-        uncorrectable = rng.poisson(lam_unc)
-        fcs = rng.poisson(0.9 * lam_unc)
-        symbol = rng.poisson(3.0 * lam_unc)
+        # --- physical layer (rocewatch/sim/links.py) -----------------------------------------
+        phy = physical_layer(rng, fab, plan, b.ber, down_dir, t0, t1, T)
 
         # --- RoCE transport and congestion control at the NICs --------------------------------
         rxp = pkts[1 : 2 * E : 2]
@@ -375,12 +346,12 @@ class Physics:
             drops=drops,
             depth=depth,
             peak=peak,
-            fcs=fcs,
-            symbol=symbol,
-            corrected=corrected,
-            uncorrectable=uncorrectable,
-            carrier=carrier,
-            link_down=link_down,
+            fcs=phy.fcs,
+            symbol=phy.symbol,
+            corrected=phy.corrected,
+            uncorrectable=phy.uncorrectable,
+            carrier=phy.carrier,
+            link_down=phy.link_down,
             warn=warn,
             ecn=ecn,
             cnp=cnp,
@@ -393,18 +364,4 @@ class Physics:
         return (sw, sw_g, nic, extra, pcie_now)
 
 
-def _ov(a: float, b: float, t0: float, t1: float) -> float:
-    """Share of [t0, t1) that [a, b) covers."""
-    return max(0.0, min(b, t1) - max(a, t0)) / (t1 - t0)
-
-
-def ramp(
-    rng: np.random.Generator, base: np.ndarray, peak: float, since: float, length: float
-) -> np.ndarray:
-    """A bad cable's BER: from the link's baseline up to ``peak`` (log scale) over the first
-    2 s (or 30% of the fault), then around the peak."""
-    r = min(1.0, max(0.0, since / max(min(2.0, 0.3 * length), 1e-3)))
-    return base * (peak / base) ** r * rng.lognormal(0.0, 0.2, len(base))
-
-
-__all__ = ["PKT_BYTES", "Baseline", "Physics", "ramp"]
+__all__ = ["PKT_BYTES", "STORM_ORIGIN_TIMEOUTS", "Baseline", "Physics"]
