@@ -18,16 +18,16 @@ import numpy as np
 
 from rocewatch.sim.counters import Carried, nic_increments, switch_increments
 from rocewatch.sim.fabric import BUFFER_BYTES, LINE_GBPS, Fabric
-from rocewatch.sim.faultplan import TRANSPORT_FAULT_RATES, FaultPlan
+from rocewatch.sim.faultplan import FaultPlan
 from rocewatch.sim.faultplan import overlap as _ov
 from rocewatch.sim.links import physical_layer
 from rocewatch.sim.noise import Noise, activity
+from rocewatch.sim.transport import nic_transport
 
 if TYPE_CHECKING:
     from rocewatch.sim.config import SimConfig
 
 PKT_BYTES = 4150.0  # RoCE v2 frame at a 4096 MTU
-STORM_ORIGIN_TIMEOUTS = 3.0  # local ACK timeouts per interval at a storm's origin (30/s)
 
 
 class Baseline:
@@ -102,7 +102,6 @@ class Physics:
         b, plan, noise = self.base, self.plan, self.noise
         T = cfg.interval_s
         T_us = T * 1e6
-        per_tick = T / 0.1  # rates below are per 100 ms
         t0, t1 = k * T, (k + 1) * T
         E, D, S, L = fab.n_nics, fab.n_dirs, fab.n_spines, fab.n_leaves
         line = b.line_bps * T
@@ -298,44 +297,24 @@ class Physics:
         # --- physical layer (rocewatch/sim/links.py) -----------------------------------------
         phy = physical_layer(rng, fab, plan, b.ber, down_dir, t0, t1, T)
 
-        # --- RoCE transport and congestion control at the NICs --------------------------------
-        rxp = pkts[1 : 2 * E : 2]
-        lam = np.stack(
-            [
-                rxp * 2e-6,
-                rxp * 2e-9,
-                np.full(E, 2e-4 * per_tick),
-                np.full(E, 1e-5 * per_tick),
-                rxp * 3e-9,
-            ]
+        # --- RoCE transport and congestion control at the NICs (rocewatch/sim/transport.py) --
+        nt = nic_transport(
+            rng,
+            self.storm_rng,
+            b,
+            plan,
+            noise,
+            a,
+            pkts,
+            marks,
+            quiet,
+            incast_now,
+            pcie_int,
+            thermal_int,
+            t0,
+            t1,
+            T,
         )
-        if noise.ar_base is not None:
-            # adaptive routing sprays a flow over the spines: some packets arrive out of order
-            lam[0] += rxp * noise.ar_base * noise.ar_factor(t0, t1)
-        for f0, f1, e, scale in plan.transport:
-            f = _ov(f0, f1, t0, t1)
-            if f > 0:
-                lam[:, e] += f * scale * (0.3 + 0.7 * a[e]) * TRANSPORT_FAULT_RATES * per_tick
-        oos, seq, ack, rnr, imp = rng.poisson(lam)
-        for x, f in quiet:
-            # the origin processes no ACK while its receive path is stalled: its requests
-            # time out (a few queue pairs, each at its retransmission timeout)
-            ack[x] += self.storm_rng.poisson(f * STORM_ORIGIN_TIMEOUTS * per_tick)
-        ecn = marks[1 : 2 * E : 2]
-        cnp = np.minimum(np.rint(ecn * rng.uniform(0.4, 0.6, E)), T / 50e-6 * 16)
-        handled = np.bincount(b.group, weights=cnp, minlength=b.n_groups)[b.group]
-        handled = handled / b.group_size[b.group] * rng.uniform(0.9, 1.1, E)
-        for y, snd, _fill, _f in incast_now:
-            if len(snd):
-                handled[snd] += cnp[y] / len(snd)
-        warn = np.zeros(E)
-        for _s0, _s1, x, _job, _hops, wt in plan.storms:
-            warn[x] += np.count_nonzero((wt >= t0) & (wt < t1))
-        oob_lam = np.full(E, 0.02)
-        for e, inten, sev in pcie_int:
-            oob_lam[e] += 500 * inten * sev
-        for e, inten, short in thermal_int:
-            oob_lam[e] += 500 * inten * short / 0.45
 
         carried = Carried(
             sent=sent,
@@ -352,16 +331,16 @@ class Physics:
             uncorrectable=phy.uncorrectable,
             carrier=phy.carrier,
             link_down=phy.link_down,
-            warn=warn,
-            ecn=ecn,
-            cnp=cnp,
-            handled=handled,
-            transport=np.stack([oos, seq, ack, rnr, imp]),
-            oob_lam=oob_lam,
+            warn=nt.warn,
+            ecn=nt.ecn,
+            cnp=nt.cnp,
+            handled=nt.handled,
+            transport=nt.counts,
+            oob_lam=nt.oob_lam,
         )
         sw, sw_g = switch_increments(fab, carried, rng)
         nic, extra = nic_increments(fab, carried, rng)
         return (sw, sw_g, nic, extra, pcie_now)
 
 
-__all__ = ["PKT_BYTES", "STORM_ORIGIN_TIMEOUTS", "Baseline", "Physics"]
+__all__ = ["PKT_BYTES", "Baseline", "Physics"]

@@ -55,8 +55,9 @@ from rocewatch.sim.faultplan import PCIE_MAX_GTS, TRANSPORT_FAULT_RATES, FaultPl
 from rocewatch.sim.faults import resolve_faults, truth
 from rocewatch.sim.frames import FrameLayout
 from rocewatch.sim.noise import Noise
-from rocewatch.sim.physics import PKT_BYTES, STORM_ORIGIN_TIMEOUTS, Baseline, Physics
+from rocewatch.sim.physics import PKT_BYTES, Baseline, Physics
 from rocewatch.sim.readings import Late, Readings, Tick
+from rocewatch.sim.transport import STORM_ORIGIN_TIMEOUTS
 
 
 class Simulator:
