@@ -22,6 +22,7 @@ from rocewatch.sim.faultplan import FaultPlan
 from rocewatch.sim.faultplan import overlap as _ov
 from rocewatch.sim.links import physical_layer
 from rocewatch.sim.noise import Noise, activity
+from rocewatch.sim.pfc import fault_pauses, healthy_pauses, storm_pauses, storm_stall
 from rocewatch.sim.transport import nic_transport
 
 if TYPE_CHECKING:
@@ -136,20 +137,7 @@ class Physics:
         gmin = np.ones(b.n_groups)
         np.minimum.at(gmin, b.group, cap)
         ring = gmin[b.group]
-        stall = np.ones(E)
-        quiet: list[tuple[int, float]] = []  # storm origins: (NIC, share of the interval)
-        for s0, s1, x, job, hops, _w in plan.storms:
-            f = _ov(s0 + hops[1][0], s1 + hops[1][0], t0, t1)
-            if f > 0 and job >= 0:
-                stall[fab.nic_job == job] *= 1 - 0.98 * f
-            f = _ov(s0, s1, t0, t1)
-            if f > 0:
-                quiet.append((x, f))
-        for s0, s1, mine, in_jobs, hops in plan.sw_storms:
-            st = np.ones(E)
-            st[in_jobs] = 1 - 0.98 * _ov(s0 + hops[1][0], s1 + hops[1][0], t0, t1)
-            st[mine] = np.minimum(st[mine], 1 - 0.98 * _ov(s0, s1, t0, t1))
-            stall *= st
+        stall, quiet = storm_stall(fab, plan, t0, t1)  # rocewatch/sim/pfc.py
         slow = np.ones(E)
         for f0, f1, e, _ in plan.transport:
             slow[e] -= 0.07 * _ov(f0, f1, t0, t1)
@@ -201,39 +189,9 @@ class Physics:
 
         # --- PFC: healthy background, then faults ----------------------------------------------
         moe = b.dir_moe
-        mean = np.where(b.dir_switch_rx, 0.006, 0.002) * np.where(moe, 3.0, 1.0)
-        pf = np.where(
-            rng.random(D) < 0.35 * load,
-            np.minimum(rng.exponential(1.0, D) * mean, np.where(moe, 0.15, 0.05)),
-            0.0,
-        )
-        spike = moe & (rng.random(D) < 0.02 * load)
-        pf = np.where(spike, rng.uniform(0.3, 0.6, D), pf)
-        stuck = np.zeros(D)  # share of the interval each direction is held by a storm
-        for s0, s1, _x, _job, hops, _w in plan.storms:
-            for delay, dirs in hops:
-                f = _ov(s0 + delay, s1 + delay, t0, t1)
-                if f > 0 and len(dirs):
-                    pf[dirs] = f * rng.uniform(0.996, 1.0, len(dirs)) + (1 - f) * pf[dirs]
-                    stuck[dirs] = np.maximum(stuck[dirs], f)
-        for s0, s1, _mine, _in_jobs, hops in plan.sw_storms:
-            for delay, dirs in hops:
-                f = _ov(s0 + delay, s1 + delay, t0, t1)
-                if f > 0 and len(dirs):
-                    pf[dirs] = f * rng.uniform(0.996, 1.0, len(dirs)) + (1 - f) * pf[dirs]
-                    stuck[dirs] = np.maximum(stuck[dirs], f)
-        for e, inten, sev in pcie_int:
-            pf[2 * e + 1] = max(pf[2 * e + 1], inten * sev * rng.uniform(0.2, 0.4))
-            peers = np.flatnonzero((b.group == b.group[e]) & (fab.nic_leaf == fab.nic_leaf[e]))
-            peers = peers[peers != e]
-            pf[2 * peers] = np.maximum(
-                pf[2 * peers], inten * sev * rng.uniform(0.05, 0.15, len(peers))
-            )
-        for e, inten, short in thermal_int:
-            # a NIC that drains slower than its link delivers pauses for its shortfall
-            pf[2 * e + 1] = max(pf[2 * e + 1], inten * short * rng.uniform(0.8, 1.2))
-        for _y, snd, _fill, f in incast_now:
-            pf[2 * snd] = np.maximum(pf[2 * snd], f * rng.uniform(0.02, 0.12, len(snd)))
+        pf = healthy_pauses(rng, moe, b.dir_switch_rx, load)
+        stuck = storm_pauses(rng, plan, pf, t0, t1)
+        fault_pauses(rng, fab, b.group, pf, pcie_int, thermal_int, incast_now)
         pf *= 1 - down_dir
         # a queue paused for (nearly) the whole interval sends nothing at all
         passed = np.where(pf >= 0.99, 0.0, 1.0 - pf)
