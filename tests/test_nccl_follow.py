@@ -5,7 +5,6 @@ to while the collector polls, with the bad lines counted and truncation and rota
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import orjson
@@ -220,33 +219,3 @@ def test_ras_json_reread_when_it_changes(tmp_path: Path) -> None:
     assert coll.stats.get("nccl_ras_malformed") == 3  # the cut document, counted once
     coll.close()
 
-
-def test_nccl_collect_command_follows_every_input(tmp_path: Path) -> None:
-    import json
-    import subprocess
-    import sys
-
-    job = tmp_path / "job"
-    shutil.copytree(FIX / "job-a", job)
-    (job / "comma").mkdir()
-    shutil.copy(FIX / "comma_otlp.jsonl", job / "comma" / "gpu-002.jsonl")
-    prom_dir = tmp_path / "textfiles"
-    prom_dir.mkdir()
-    shutil.copy(FIX / "prom" / "nccl_inspector_GPU0.prom", prom_dir)
-    shutil.copy(FIX / "ras.json", tmp_path / "ras.json")
-    out = tmp_path / "out.jsonl"
-    res = subprocess.run(
-        [sys.executable, "-m", "rocewatch.cli", "nccl-collect", str(job), "--job", "job-a",
-         "--prom-dir", str(prom_dir), "--ras-file", str(tmp_path / "ras.json"),
-         "--out", str(out), "--duration", "0.01", "--interval", "0.01"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    rows = [json.loads(x) for x in out.read_text().splitlines()]
-    by = {m: [r for r in rows if r["metric"] == m] for m in {r["metric"] for r in rows}}
-    assert len(by["nccl_kernel_start_lag_us"]) == 24  # Inspector, as before
-    assert len(by["nccl_net_send_latency_ns"]) == 2 and len(by["nccl_coll_duration_ns"]) == 2
-    assert {r["port"] for r in by["nccl_coll_busbw_gbs"]} >= {"GPU0"}  # the textfile
-    assert [(r["port"], r["value"]) for r in by["nccl_rank_missing"]] == [("rank3", 1.0)]
-    for counter in ("nccl_comma_malformed=2", "nccl_prom_malformed=2", "nccl_ras_malformed=1"):
-        assert counter in res.stdout
