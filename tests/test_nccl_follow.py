@@ -1,6 +1,7 @@
-"""``rocewatch nccl-collect`` following the job's other NCCL outputs live (collector/nccl/follow.py):
-CoMMA's OTLP/JSON exports, Inspector's Prometheus textfiles and NCCL RAS's JSON, each written
-to while the collector polls, with the bad lines counted and truncation and rotation survived."""
+"""``rocewatch nccl-collect`` following the job's other NCCL outputs live
+(collector/nccl/follow.py): CoMMA's OTLP/JSON exports, Inspector's Prometheus textfiles and
+NCCL RAS's JSON, each written to while the collector polls, with the bad lines counted and
+truncation and rotation survived."""
 
 from __future__ import annotations
 
