@@ -219,4 +219,3 @@ def test_ras_json_reread_when_it_changes(tmp_path: Path) -> None:
     assert sink.take().height == 0
     assert coll.stats.get("nccl_ras_malformed") == 3  # the cut document, counted once
     coll.close()
-
