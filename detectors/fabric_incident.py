@@ -32,7 +32,8 @@ from rocewatch.core.state import Stateful
 from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 ALERTNAME = "FabricIncident"
-IGNORED = ("FabricIncident", "PortAnomaly")
+# a configuration mismatch names a cable to fix, not an entity faulting: never counted
+IGNORED = ("FabricIncident", "PortAnomaly", "RoCEConfigMismatch")
 STORM = "PFCStorm"
 # the label that keeps these apart from the policy's own (blast-radius) FabricIncidents
 SOURCE = "detector"

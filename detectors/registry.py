@@ -14,6 +14,7 @@ from detectors.isolation_forest import IsolationForestConfig, IsolationForestDet
 from detectors.pcie_downgrade import PcieDowngradeConfig, PcieDowngradeDetector
 from detectors.pfc_storm import PfcStormConfig, PfcStormDetector
 from detectors.queue_buildup import QueueBuildupConfig, QueueBuildupDetector
+from detectors.roce_config_mismatch import RoceConfigMismatchConfig, RoceConfigMismatchDetector
 from detectors.slow_rank import SlowRankConfig, SlowRankDetector
 from detectors.straggler import StragglerConfig, StragglerDetector
 from detectors.transport_errors import TransportErrorsConfig, TransportErrorsDetector
@@ -51,6 +52,9 @@ DETECTORS: dict[str, Entry] = {
     "flaky_link": Entry(FlakyLinkDetector, FlakyLinkConfig, "FlakyLink"),
     "pcie_downgrade": Entry(PcieDowngradeDetector, PcieDowngradeConfig, "PCIeDowngrade"),
     "straggler": Entry(StragglerDetector, StragglerConfig, "Straggler"),
+    "roce_config_mismatch": Entry(
+        RoceConfigMismatchDetector, RoceConfigMismatchConfig, "RoCEConfigMismatch"
+    ),
     "slow_rank": Entry(SlowRankDetector, SlowRankConfig, "SlowRank", reads_alerts=True),
     "bus_bandwidth_drop": Entry(
         BusBandwidthDropDetector, BusBandwidthDropConfig, "BusBandwidthDrop", reads_alerts=True

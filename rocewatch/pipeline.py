@@ -32,9 +32,11 @@ from rocewatch.config import Config
 from rocewatch.core.checkpoint import StateTypes
 from rocewatch.core.errors import ConfigError
 from rocewatch.core.model import SERIES_KEY, Action, Alert
+from rocewatch.core.roce import ConfigChange
 from rocewatch.core.state import StateMismatch
 from rocewatch.core.stats import Stats
 from rocewatch.core.topology import Topology
+from rocewatch.roce.watch import ConfigWatch
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +74,12 @@ class Output:
     rollups: list[pl.DataFrame] = field(default_factory=list)
     steps: int = 0
     inhibited: list[Alert] = field(default_factory=list)
+    # RoCE configuration changes the snapshots applied in these steps showed
+    config_changes: list[ConfigChange] = field(default_factory=list)
 
     def extend(self, other: Output) -> None:
         self.alerts += other.alerts
+        self.config_changes += other.config_changes
         self.actions += other.actions
         self.rollups += other.rollups
         self.steps += other.steps
@@ -181,6 +186,15 @@ class Rollups:
         return df
 
 
+def _lookback_s(config: Config) -> float:
+    """How long before an alert a configuration change on its entities is named in it
+    (``detectors.roce_config_mismatch.changes_lookback_s``)."""
+    from detectors.roce_config_mismatch import RoceConfigMismatchConfig
+
+    cfg = config.detectors.get("roce_config_mismatch") or RoceConfigMismatchConfig()
+    return float(cfg.changes_lookback_s)
+
+
 class Pipeline:
     def __init__(
         self,
@@ -226,6 +240,8 @@ class Pipeline:
                 det.domain = domain  # type: ignore[attr-defined]
         self.grouper = StormGrouper(topology, self.config.lifecycle.resolve_after_s)
         self.inhibitor = Inhibitor(self.config.inhibit)
+        # RoCE configuration snapshots: change events, the checks' findings, alert annotations
+        self.roce = ConfigWatch(topology, _lookback_s(self.config), stats=self.stats)
         self.actions: list[Action] = []
         self.rollups: Rollups | None = None
         self.rollups_coarse: Rollups | None = None
@@ -251,12 +267,20 @@ class Pipeline:
         self.samples_in += samples.height
         self.engine.add(samples)
 
+    def ingest_config(self, kind: str, docs: list[Any]) -> None:
+        """RoCE configuration records (``kind`` nic: ``nic_config.jsonl`` snapshots; switch:
+        gnmic events of ``switch_config.jsonl``), applied on telemetry time as steps close."""
+        add = self.roce.add_nic if kind == "nic" else self.roce.add_switch
+        for d in docs:
+            add(d)
+
     def advance(self, watermark_ns: int) -> Output:
         """Close and evaluate every step the watermark has passed."""
         return self._run(self.engine.close_until(watermark_ns))
 
     def finish(self) -> Output:
         out = self._run(self.engine.finish())
+        out.config_changes += self.roce.advance(None)  # what came after the last step
         # the stream ended: alerts held for a late inhibiting source are decided now
         out.extend(self.decide_held())
         for level in self._rollup_levels():
@@ -286,8 +310,14 @@ class Pipeline:
         t0 = time.process_time()
         for step in steps:
             self.engine.enter(step)
+            out.config_changes += self.roce.advance(step.end)
             ctx = StepContext(
-                self.engine, self.topology, step.start, step.end, firing=self._firing_labels
+                self.engine,
+                self.topology,
+                step.start,
+                step.end,
+                firing=self._firing_labels,
+                config_findings=self.roce.current,
             )
             events: list[Alert] = []
             if self._orphans:
@@ -306,6 +336,9 @@ class Pipeline:
                 if domain is not None:
                     found = self._in_domain(domain, found)
                 events += self.lifecycle.update(det.name, step.end, found)
+            if self.roce.recent:  # the configuration changes seen before each new alert
+                self.roce.annotate(events, self.lifecycle.firing)
+                self.roce.prune(step.end)
             # inhibited alerts are stored, never notified nor drained on
             shown, hidden = inhibitor.update(step.end, events, self.lifecycle)
             for ev in shown:
@@ -355,6 +388,7 @@ class Pipeline:
             AlertLifecycle,
             StormGrouper,
             Inhibitor,
+            ConfigWatch,
             *(e.detector for e in DETECTORS.values()),
         ]
         # (and the actions it retains, as the lifecycle retains its alerts)
@@ -371,6 +405,7 @@ class Pipeline:
             "grouper": self.grouper.state(),
             "inhibitor": self.inhibitor.state(),
             "policy": self.policy.state(),
+            "roce_config": self.roce.state(),
             "rollups": [r.state() for r in self._rollup_levels()],
             "stats": {
                 "counts": dict(self.stats.counts),
@@ -406,6 +441,8 @@ class Pipeline:
         self.lifecycle.restore(data["lifecycle"])
         self.grouper.restore(data["grouper"])
         self.inhibitor.restore(data["inhibitor"])
+        if "roce_config" in data:  # (a state from before configuration was streamed has none)
+            self.roce.restore(data["roce_config"])
         try:
             self.policy.restore(data["policy"])
         except ConfigError as e:

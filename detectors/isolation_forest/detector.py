@@ -566,7 +566,8 @@ class IsolationForestDetector(Stateful):
         congested: set[str] = set()
         for labels in ctx.firing():
             name = labels.get("alertname")
-            if name in (ALERTNAME, "FabricIncident"):
+            # a configuration mismatch explains no outlier (it names a setting, not a symptom)
+            if name in (ALERTNAME, "FabricIncident", "RoCEConfigMismatch"):
                 continue
             ends: list[NicEnd | PortEnd] = []
             if "node" in labels and "nic" in labels:

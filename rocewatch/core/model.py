@@ -221,6 +221,7 @@ ALERTNAMES = (
     "FabricIncident",
     "SlowRank",
     "BusBandwidthDrop",
+    "RoCEConfigMismatch",
 )
 
 

@@ -3,7 +3,8 @@ the demo, the sink (`event_sink`) and the detect stage (its inhibited alerts), s
 and notify the same things in the same order.
 
 Notified alerts are queued in the outbox first (durable before anything else sees them), then
-stored with the inhibited ones (kept, never notified), then the actions and the rollups.
+stored with the inhibited ones (kept, never notified), then the actions, the rollups and the
+RoCE configuration changes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from rocewatch.core.model import Action, Alert
+from rocewatch.core.roce import ConfigChange
 
 
 @dataclass
@@ -25,6 +27,7 @@ class Written:
     alerts: int = 0
     actions: int = 0
     rollups: int = 0
+    config_changes: int = 0
 
 
 class OutputWriter:
@@ -41,6 +44,7 @@ class OutputWriter:
         inhibited: Sequence[Alert] = (),
         actions: Sequence[Action] = (),
         rollups: Sequence[pl.DataFrame] = (),
+        config_changes: Sequence[ConfigChange] = (),
     ) -> Written:
         w = Written()
         if self.notifier is not None and alerts:
@@ -53,4 +57,6 @@ class OutputWriter:
             w.actions = int(self.store.write_actions(list(actions)) or 0)
         if rollups:  # in the order given: a complete bucket replaces a provisional one
             w.rollups = int(self.store.write_rollups(pl.concat(list(rollups))) or 0)
+        if config_changes:
+            w.config_changes = int(self.store.write_config_changes(list(config_changes)) or 0)
         return w
