@@ -239,3 +239,57 @@ def test_bad_records_are_counted_and_skipped() -> None:
     w.add_lines("switch", [b'{"timestamp": 5, "tags": {"source": "nowhere:1"}, "values": {}}\n'])
     assert w.advance(10) == []
     assert w.stats.get("roce_config_skipped") == 4
+
+
+FAULTS = (
+    "nic_pcp_trust=gpu-001/mlx5_0",
+    "no_roce_v2_gid=gpu-002/mlx5_0",
+    "pfc_wrong_priority=leaf-r0-p0",
+    "uplink_mtu=leaf-r0-p0/Ethernet2/1",
+    "spine_no_ecn=spine-0",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("faults", [FAULTS, ()], ids=["all-five", "correct"])
+def test_each_simulated_config_fault_gives_exactly_its_mismatch_alerts(
+    tmp_path: Path, faults: tuple[str, ...]
+) -> None:
+    """Replay of a short simulated run with the simulator's configuration faults: exactly the
+    RoCEConfigMismatch alerts of each fault (its check, on each cable it touches, both ends
+    named), and none on the correct fabric."""
+    from rocewatch.roce.score import score
+    from rocewatch.sim import write_scenario
+    from rocewatch.sim.roce_config import parse_fault, write_roce_config
+    from rocewatch.sim.simulator import SimConfig
+
+    cfg = SimConfig(nodes=2, nics_per_node=1, spines=1, duration_s=1.0, seed=1)
+    write_scenario(cfg, tmp_path)
+    resolved = write_roce_config(tmp_path, cfg, [parse_fault(f) for f in faults])
+    res = replay(tmp_path, tmp_path / "out")
+    truth = json.loads((tmp_path / "config_truth.json").read_text())["config_faults"]
+    assert len(truth) == len(resolved) == len(faults)
+    s = score(Topology.load(tmp_path / "topology.yaml"), truth, res.alerts)
+    assert s["exact"], s
+    assert s["alerts"] == s["expected"] == (7 if faults else 0)
+    assert {k: v["hits"] for k, v in s["kinds"].items()} == (
+        {
+            "nic_pcp_trust": 1,
+            "no_roce_v2_gid": 1,
+            "pfc_wrong_priority": 3,  # every cable of the leaf
+            "uplink_mtu": 1,
+            "spine_no_ecn": 1,  # the spine's one cable
+        }
+        if faults
+        else {}
+    )
+    if faults:  # and the score says so when an alert is missing, wrong or names one end
+        mism = [a for a in res.alerts if a["labels"]["alertname"] == "RoCEConfigMismatch"]
+        topo = Topology.load(tmp_path / "topology.yaml")
+        assert score(topo, truth, mism[1:])["recall"] < 1
+        wrong = json.loads(json.dumps(mism[0]))
+        wrong["labels"]["check"] = "ets"
+        assert score(topo, truth, [*mism, wrong])["false"] == 1
+        one_end = json.loads(json.dumps(mism[0]))
+        one_end["labels"].pop("switch")
+        assert not score(topo, truth, [one_end, *mism[1:]])["exact"]
