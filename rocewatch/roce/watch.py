@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 NIC_CONFIG = "nic_config.jsonl"
 SWITCH_CONFIG = "switch_config.jsonl"
 SNAPSHOT_NS = 1_000_000_000  # a switch's events this close together are one snapshot
+# the checks run at most once a second of telemetry time: agents started one by one send a
+# new NIC's first snapshot at every step, and a 512-NIC fabric's checks take ~25 ms
+CHECK_EVERY_NS = 1_000_000_000
 MAX_RECENT = 20_000  # changes kept for the look-back, at most
 MAX_SHOWN = 8  # change groups an alert's annotation names at most
 # annotations an alert carries (docs/formats.md section 6)
@@ -118,6 +121,9 @@ class ConfigWatch(Stateful):
         # time of the snapshot that made each appear)
         self.findings: list[dict[str, Any]] = []
         self.applied = 0  # records applied so far
+        # the newest record applied since the checks last ran, when it changed something
+        self.dirty_ts: int | None = None
+        self.checked_at: int | None = None  # the step end the checks last ran at
         self.changes = 0  # change events so far
 
     def restored(self) -> None:
@@ -162,7 +168,21 @@ class ConfigWatch(Stateful):
     # --- applying --------------------------------------------------------------------------------
     def advance(self, until_ns: int | None) -> list[ConfigChange]:
         """Apply every record older than ``until_ns`` (all with None), in time order; return the
-        changes they made. The checks run again when anything changed or a new end appeared."""
+        changes they made. The checks run again when anything changed or a new end appeared,
+        at most once every ``CHECK_EVERY_NS`` of telemetry time (a finding's ``since`` is the
+        newest record applied before they ran)."""
+        changes = self._apply(until_ns)
+        if self.dirty_ts is not None and (
+            until_ns is None
+            or self.checked_at is None
+            or until_ns - self.checked_at >= CHECK_EVERY_NS
+        ):
+            self._check(self.dirty_ts)
+            self.checked_at = until_ns if until_ns is not None else self.dirty_ts
+            self.dirty_ts = None
+        return changes
+
+    def _apply(self, until_ns: int | None) -> list[ConfigChange]:
         if not self.pending:
             return []
         if until_ns is None:
@@ -212,7 +232,7 @@ class ConfigWatch(Stateful):
         for dev in list(open_switch):
             close(dev)
         if changes or fresh:
-            self._check(max(r[0] for r in due))
+            self.dirty_ts = max(r[0] for r in due)
         self.changes += len(changes)
         self.recent += changes
         if len(self.recent) > MAX_RECENT:
