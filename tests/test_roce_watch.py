@@ -293,3 +293,21 @@ def test_each_simulated_config_fault_gives_exactly_its_mismatch_alerts(
         one_end = json.loads(json.dumps(mism[0]))
         one_end["labels"].pop("switch")
         assert not score(topo, truth, [one_end, *mism[1:]])["exact"]
+
+
+def test_records_arriving_out_of_order_are_applied_in_time_order() -> None:
+    topo = Topology.from_dict(
+        {
+            "switches": [{"name": "leaf-0", "role": "leaf"}],
+            "nodes": [{"name": "gpu-1", "nics": [{"nic": "mlx5_0", "switch_port": "leaf-0/p1"}]}],
+        }
+    )
+    w = ConfigWatch(topo)
+    snap = {"node": "gpu-1", "nic": "mlx5_0"}
+    w.add_nic(snap | {"timestamp": 30, "mtu": 1500})
+    w.add_nic(snap | {"timestamp": 10, "mtu": 9000})
+    w.add_nic(snap | {"timestamp": 50, "mtu": 4200})
+    assert w.advance(5) == []  # nothing due yet
+    got = [(c.ts, c.old, c.new) for c in w.advance(40)]
+    assert got == [(30, "9000", "1500")]
+    assert [(c.ts, c.old, c.new) for c in w.advance(None)] == [(50, "1500", "4200")]

@@ -31,6 +31,7 @@ checks (``rocewatch/roce/checks.py``) run again, and their findings are what
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -110,8 +111,9 @@ class ConfigWatch(Stateful):
         self.stats = stats or Stats()
         self.lookback_ns = int(lookback_s * 1e9)
         self.intent = intent_for(topology)
-        # records not applied yet: (ts, kind, doc)
+        # records not applied yet: (ts, kind, doc), kept in time order from the first advance on
         self.pending: list[tuple[int, str, dict[str, Any]]] = []
+        self.unsorted = False  # records were added since
         self.ends: dict[tuple[str, str], RoceEnd] = {}
         self.reader = SwitchConfigReader(topology)
         # the switches' CONFIG_DB as read so far (plain data: the reader's ``db``)
@@ -144,6 +146,8 @@ class ConfigWatch(Stateful):
         if ts is None:
             self.stats.inc("roce_config_skipped", detail=f"{kind}: no timestamp")
             return
+        if self.pending and ts < self.pending[-1][0]:
+            self.unsorted = True
         self.pending.append((ts, kind, doc))
 
     def add_lines(self, kind: str, lines: Iterable[bytes]) -> int:
@@ -185,14 +189,17 @@ class ConfigWatch(Stateful):
     def _apply(self, until_ns: int | None) -> list[ConfigChange]:
         if not self.pending:
             return []
+        if self.unsorted:  # a recording's records, or late ones: time order (stable)
+            self.pending.sort(key=lambda r: r[0])
+            self.unsorted = False
         if until_ns is None:
             due, self.pending = self.pending, []
         else:
-            due = [r for r in self.pending if r[0] < until_ns]
-            if not due:
+            if self.pending[0][0] >= until_ns:  # the common case: nothing due at this step
                 return []
-            self.pending = [r for r in self.pending if r[0] >= until_ns]
-        due.sort(key=lambda r: r[0])
+            cut = bisect.bisect_left(self.pending, until_ns, key=lambda r: r[0])
+            due = self.pending[:cut]
+            del self.pending[:cut]
         changes: list[ConfigChange] = []
         fresh = False
         open_switch: dict[str, int] = {}  # switch -> first ts of its open snapshot
