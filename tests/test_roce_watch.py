@@ -100,7 +100,9 @@ def test_a_pfc_change_on_the_leaf_is_one_change_event_per_port(replayed: ReplayR
     pfc = [c for c in replayed.config_changes if c["field"] == "pfc"]
     assert {c["device"] for c in pfc} == {LEAF}
     assert {c["port"] for c in pfc} == {"Ethernet1/1", "Ethernet1/2", "Ethernet2/1"}
-    assert {(c["old"], c["new"], c["time"]) for c in pfc} == {("3", "4", "2026-11-29T09:58:02.000Z")}
+    assert {(c["old"], c["new"], c["time"]) for c in pfc} == {
+        ("3", "4", "2026-11-29T09:58:02.000Z")
+    }
     trust = [c for c in replayed.config_changes if c["field"] == "trust"]
     assert [(c["entity"], c["old"], c["new"]) for c in trust] == [
         ("gpu-002/mlx5_0", "dscp", "pcp"),
@@ -311,3 +313,30 @@ def test_records_arriving_out_of_order_are_applied_in_time_order() -> None:
     got = [(c.ts, c.old, c.new) for c in w.advance(40)]
     assert got == [(30, "9000", "1500")]
     assert [(c.ts, c.old, c.new) for c in w.advance(None)] == [(50, "1500", "4200")]
+
+
+def test_a_deleted_config_db_field_is_a_change() -> None:
+    """gnmic's ``deletes``: SONiC removing ``pfc_enable`` from a port's PORT_QOS_MAP entry
+    (``config interface pfc`` off) is PFC on no priority: a change, and a lossy cable."""
+    topo = Topology.from_dict(
+        {
+            "switches": [{"name": "leaf-0", "role": "leaf"}],
+            "nodes": [
+                {"name": "gpu-1", "nics": [{"nic": "mlx5_0", "switch_port": "leaf-0/Ethernet0"}]}
+            ],
+        }
+    )
+    w = ConfigWatch(topo)
+    tags = {"source": "leaf-0:8080", "target": "CONFIG_DB"}
+    w.add_switch(
+        {"timestamp": 1, "tags": tags, "values": {"/PORT_QOS_MAP/Ethernet0/pfc_enable": "3"}}
+    )
+    w.add_switch(
+        {"timestamp": 5 * S, "tags": tags, "deletes": ["/PORT_QOS_MAP/Ethernet0/pfc_enable"]}
+    )
+    assert w.advance(2) == []
+    assert [(c.entity, c.field, c.old, c.new) for c in w.advance(6 * S)] == [
+        ("leaf-0/Ethernet0", "pfc", "3", "none")
+    ]
+    assert [f["check"] for f in w.current()] == ["mode"]
+    assert w.stats.get("roce_config_skipped") == 0

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import orjson
 
 from collector.roce_config.nic import parse_snapshot
-from collector.roce_config.switch import SwitchConfigReader
+from collector.roce_config.switch import SwitchConfigReader, split_path
 from rocewatch.core.model import Alert
 from rocewatch.core.roce import (
     NIC,
@@ -231,10 +231,14 @@ class ConfigWatch(Stateful):
                 continue
             if dev in open_switch and ts - open_switch[dev] > SNAPSHOT_NS:
                 close(dev)
-            skipped = sum(self.reader.skipped.values())
-            self.reader.feed_event(doc)
-            if sum(self.reader.skipped.values()) > skipped:
-                self.stats.inc("roce_config_skipped", detail="switch: unusable event or path")
+            deletes = doc.get("deletes")
+            if isinstance(deletes, list):
+                self._delete(dev, deletes)
+            if isinstance(doc.get("values"), dict) or not isinstance(deletes, list):
+                skipped = sum(self.reader.skipped.values())
+                self.reader.feed_event(doc)
+                if sum(self.reader.skipped.values()) > skipped:
+                    self.stats.inc("roce_config_skipped", detail="switch: unusable event or path")
             open_switch.setdefault(dev, ts)
         for dev in list(open_switch):
             close(dev)
@@ -245,6 +249,25 @@ class ConfigWatch(Stateful):
         if len(self.recent) > MAX_RECENT:
             self.recent = self.recent[-MAX_RECENT:]
         return changes
+
+    def _delete(self, dev: str, paths: list[Any]) -> None:
+        """gnmic's ``deletes`` of CONFIG_DB paths: a whole table entry (``/QUEUE/Ethernet0|3``)
+        or one field of it (``/PORT_QOS_MAP/Ethernet0/pfc_enable``). A field removed changes the
+        port (``pfc_enable`` gone: PFC on no priority); an entry removed leaves what it said
+        unknown, so the port keeps its last known values."""
+        db = self.reader.db.get(dev)
+        for p in paths:
+            if not isinstance(p, str) or db is None:
+                continue
+            elems, _ = split_path(p)
+            if len(elems) < 2 or elems[0] not in db:
+                continue
+            table = db[elems[0]]
+            whole = "/".join(elems[1:])
+            if whole in table:
+                del table[whole]
+            elif len(elems) >= 3:
+                table.get("/".join(elems[1:-1]), {}).pop(elems[-1], None)
 
     def _replace(self, end: RoceEnd, ts: int) -> tuple[list[ConfigChange], bool]:
         end.timestamp = ts
