@@ -221,9 +221,11 @@ def test_a_checkpoint_mid_fault_loses_no_change_nor_mismatch(scenario: Path) -> 
     assert run(scenario, checkpoint_at_s=1.5) == straight
 
 
-def test_diff_ignores_values_that_became_unknown() -> None:
+def test_diff_ignores_values_that_became_unknown_or_were_unknown() -> None:
     old = RoceEnd("nic", "gpu-1", "mlx5_0", mtu=9000, trust="dscp", pfc=frozenset({3}))
-    new = RoceEnd("nic", "gpu-1", "mlx5_0", mtu=9000, trust=None, pfc=frozenset({3, 4}))
+    new = RoceEnd(
+        "nic", "gpu-1", "mlx5_0", mtu=9000, trust=None, pfc=frozenset({3, 4}), roce_tos=106
+    )
     assert diff_ends(old, new, 7) == [
         ConfigChange(7, "nic", "gpu-1", "mlx5_0", "pfc", "3", "3,4", "")
     ]

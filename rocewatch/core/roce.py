@@ -231,13 +231,14 @@ NOT_CONFIG = frozenset({"kind", "device", "port", "source", "timestamp"})
 
 def diff_ends(old: RoceEnd, new: RoceEnd, ts: int) -> list[ConfigChange]:
     """The configuration fields that differ between two snapshots of one end. A value that
-    became unknown is not a change (unknown is never wrong: the tool or path was missing)."""
+    became unknown is not a change (unknown is never wrong: the tool or path was missing), nor
+    is one known for the first time (a snapshot that arrived in parts: its baseline)."""
     out = []
     for f in fields(new):
         if f.name in NOT_CONFIG:
             continue
         a, b = getattr(old, f.name), getattr(new, f.name)
-        if b is None or a == b:
+        if a is None or b is None or a == b:
             continue
         out.append(
             ConfigChange(
