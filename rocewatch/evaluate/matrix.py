@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rocewatch.core.model import Action, Alert
+from rocewatch.core.model import PFC_STORM, Action, Alert
 from rocewatch.evaluate.report import generated
 from rocewatch.evaluate.scoring import RunScore, S, aggregate, score_run
 
@@ -351,7 +351,7 @@ def cell_report(
         }
     origins: dict[str, dict[str, int]] = {}
     for fid, f in faults.items():
-        if f["alertname"] != "PFCStorm":
+        if f["alertname"] != PFC_STORM:
             continue
         o = origins.setdefault(storm_origin(f), {"faults": 0, "detected": 0, "late": 0})
         o["faults"] += 1
@@ -365,7 +365,7 @@ def cell_report(
             "kind": f["alertname"],
             "entity": f["labels"],
             "onset_s": round((int(f["onset_ns"]) - start) / S, 2),
-            **({"origin": storm_origin(f)} if f["alertname"] == "PFCStorm" else {}),
+            **({"origin": storm_origin(f)} if f["alertname"] == PFC_STORM else {}),
         }
 
     sampling = truth.get("sampling") or {}

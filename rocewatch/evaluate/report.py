@@ -7,6 +7,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rocewatch.core.model import (
+    ECN_CONGESTION,
+    FLAKY_LINK,
+    PCIE_DOWNGRADE,
+    PFC_STORM,
+    QUEUE_BUILDUP,
+    STRAGGLER,
+    TRANSPORT_ERRORS,
+)
+
 
 def generated() -> dict[str, Any]:
     """When, from which commit and on what machine the figures were made."""
@@ -51,13 +61,13 @@ def matrix_table(rep: Mapping[str, Any]) -> str:
     """The matrix as a text table: one row per cell, precision/recall per kind."""
     kinds = sorted({k for c in rep["cells"] for k in c["kinds"]})
     short = {
-        "PFCStorm": "storm",
-        "FlakyLink": "flaky",
-        "PCIeDowngrade": "pcie",
-        "ECNCongestion": "ecn",
-        "QueueBuildup": "queue",
-        "TransportErrors": "transp",
-        "Straggler": "strag",
+        PFC_STORM: "storm",
+        FLAKY_LINK: "flaky",
+        PCIE_DOWNGRADE: "pcie",
+        ECN_CONGESTION: "ecn",
+        QUEUE_BUILDUP: "queue",
+        TRANSPORT_ERRORS: "transp",
+        STRAGGLER: "strag",
     }
     header = ["cell", "nic/sw s", *(short.get(k, k) for k in kinds), "healthy", "wrong", "late"]
     rows = []

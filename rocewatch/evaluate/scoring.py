@@ -39,12 +39,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rocewatch.core.model import Action, Alert
+from rocewatch.core.model import (
+    ECN_CONGESTION,
+    FABRIC_INCIDENT,
+    FLAKY_LINK,
+    PFC_STORM,
+    QUEUE_BUILDUP,
+    Action,
+    Alert,
+)
 
 S = 1_000_000_000
 EARLY_NS = 1 * S  # an alert may start this long before the onset (sampling jitter, windows)
 LATE_NS = 5 * S  # ... and this long after the end (slow windows, hysteresis)
-INCIDENT = "FabricIncident"
+INCIDENT = FABRIC_INCIDENT
 MAX_LISTED = 50  # FPs and misses listed per run in the JSON
 
 # What the literature and the field reach (DESIGN.md "Detection"), printed beside the figures.
@@ -259,16 +267,16 @@ def needed_sources(fault: Mapping[str, Any]) -> tuple[str, ...]:
     labels = fault.get("labels", {})
     on_nic = "node" in labels and "nic" in labels
     kind = fault.get("alertname")
-    if kind == "PFCStorm":
+    if kind == PFC_STORM:
         if not on_nic:  # a switch pauses its NICs and the spines: both sides see it
             return ("nic", "switch")
         agent = (fault.get("details") or {}).get("agent", True)
         return ("nic", "switch") if agent else ("switch",)
-    if kind == "QueueBuildup":
+    if kind == QUEUE_BUILDUP:
         return ("gauge",)
-    if kind == "ECNCongestion":
+    if kind == ECN_CONGESTION:
         return ("switch", "nic")  # the queue's marks and the receiver's ECN/CNP counters
-    if kind == "FlakyLink":
+    if kind == FLAKY_LINK:
         return (
             ("nic",) if on_nic or any("nic" in m for m in fault.get("match", ())) else ("switch",)
         )
@@ -303,7 +311,7 @@ def late_bound(fault: Mapping[str, Any], truth: Mapping[str, Any]) -> float:
         return float(sampling.get(SOURCE_KEYS[src]) or sampling.get("switch_interval_s") or 0.1)
 
     srcs = needed_sources(fault)
-    if fault.get("alertname") == "PFCStorm":
+    if fault.get("alertname") == PFC_STORM:
         src = min(srcs, key=every)
         bound = STORM_DEADLINE * every(src)
     else:
@@ -332,7 +340,7 @@ def _undecidable_s(fault: Mapping[str, Any], onset: int) -> float:
     so such a fault's bound runs from its second link-down. Every other fault: 0.
     """
     details = fault.get("details") or {}
-    if fault.get("alertname") != "FlakyLink" or details.get("errors", True):
+    if fault.get("alertname") != FLAKY_LINK or details.get("errors", True):
         return 0.0
     downs = sorted(int(f["down_ns"]) for f in details.get("flaps") or ())
     if len(downs) < 2:
