@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from detectors.base import Finding, StepContext, check_positive_numbers
+from rocewatch.core.model import ROCE_CONFIG_MISMATCH
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import Topology
 
-ALERTNAME = "RoCEConfigMismatch"
+ALERTNAME = ROCE_CONFIG_MISMATCH
 SEVERITY = {"error": "critical", "warning": "warning", "info": "info"}
 LEVELS = ("info", "warning", "error")
 

@@ -38,12 +38,13 @@ from detectors.isolation_forest.model import (
 )
 from detectors.windows import Step
 from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import FABRIC_INCIDENT, PORT_ANOMALY, ROCE_CONFIG_MISMATCH
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 log = logging.getLogger(__name__)
 
-ALERTNAME = "PortAnomaly"
+ALERTNAME = PORT_ANOMALY
 # rule alerts that say "this switch is congested": they may explain congestion symptoms of the
 # switch's other ports and of the NICs cabled to it
 CONGESTION_RULES = frozenset(
@@ -567,7 +568,7 @@ class IsolationForestDetector(Stateful):
         for labels in ctx.firing():
             name = labels.get("alertname")
             # a configuration mismatch explains no outlier (it names a setting, not a symptom)
-            if name in (ALERTNAME, "FabricIncident", "RoCEConfigMismatch"):
+            if name in (ALERTNAME, FABRIC_INCIDENT, ROCE_CONFIG_MISMATCH):
                 continue
             ends: list[NicEnd | PortEnd] = []
             if "node" in labels and "nic" in labels:

@@ -224,6 +224,7 @@ PORT_ANOMALY = "PortAnomaly"
 FABRIC_INCIDENT = "FabricIncident"
 SLOW_RANK = "SlowRank"
 BUS_BANDWIDTH_DROP = "BusBandwidthDrop"
+ROCE_CONFIG_MISMATCH = "RoCEConfigMismatch"
 
 ALERTNAMES = (
     "PFCStorm",

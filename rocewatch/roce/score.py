@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rocewatch.core.model import ROCE_CONFIG_MISMATCH
 from rocewatch.core.roce import RoceFabric
 from rocewatch.core.topology import Topology
 from rocewatch.roce.checks import links
 
-ALERTNAME = "RoCEConfigMismatch"
+ALERTNAME = ROCE_CONFIG_MISMATCH
 Pair = tuple[str, frozenset[str]]  # (check, {end a, end b})
 
 

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rocewatch.core.model import ALERTNAMES
+from rocewatch.core.model import ALERTNAMES, ROCE_CONFIG_MISMATCH
 
 OUT = Path(__file__).parent / "provisioning" / "dashboards" / "rocewatch"
 DS = {"type": "grafana-postgresql-datasource", "uid": "rocewatch-pg"}
@@ -287,7 +287,7 @@ def build() -> dict[str, dict[str, Any]]:
             panel(
                 "RoCE configuration mismatches",
                 "table",
-                alerts_table(["RoCEConfigMismatch"]),
+                alerts_table([ROCE_CONFIG_MISMATCH]),
                 0,
                 28,
                 24,
