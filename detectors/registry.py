@@ -15,6 +15,7 @@ from detectors.pcie_downgrade import PcieDowngradeConfig, PcieDowngradeDetector
 from detectors.pfc_storm import PfcStormConfig, PfcStormDetector
 from detectors.queue_buildup import QueueBuildupConfig, QueueBuildupDetector
 from detectors.roce_config_mismatch import RoceConfigMismatchConfig, RoceConfigMismatchDetector
+from detectors.slow_edge import SlowEdgeConfig, SlowEdgeDetector
 from detectors.slow_rank import SlowRankConfig, SlowRankDetector
 from detectors.straggler import StragglerConfig, StragglerDetector
 from detectors.transport_errors import TransportErrorsConfig, TransportErrorsDetector
@@ -28,6 +29,7 @@ from rocewatch.core.model import (
     PORT_ANOMALY,
     QUEUE_BUILDUP,
     ROCE_CONFIG_MISMATCH,
+    SLOW_EDGE,
     SLOW_RANK,
     STRAGGLER,
     TRANSPORT_ERRORS,
@@ -70,6 +72,7 @@ DETECTORS: dict[str, Entry] = {
         RoceConfigMismatchDetector, RoceConfigMismatchConfig, ROCE_CONFIG_MISMATCH
     ),
     "slow_rank": Entry(SlowRankDetector, SlowRankConfig, SLOW_RANK, reads_alerts=True),
+    "slow_edge": Entry(SlowEdgeDetector, SlowEdgeConfig, SLOW_EDGE, reads_alerts=True),
     "bus_bandwidth_drop": Entry(
         BusBandwidthDropDetector, BusBandwidthDropConfig, BUS_BANDWIDTH_DROP, reads_alerts=True
     ),

@@ -28,6 +28,7 @@ from detectors.registry import DETECTORS, build_detectors
 from detectors.windows import Step, WindowEngine
 from rocewatch.alerting.group import StormGrouper, views
 from rocewatch.alerting.inhibit import INHIBITED_BY, Inhibitor
+from rocewatch.alerting.job_paths import JOIN, JobPaths
 from rocewatch.config import Config
 from rocewatch.core import rollups
 from rocewatch.core.checkpoint import StateTypes
@@ -60,6 +61,8 @@ class Output:
     rollups: list[pl.DataFrame] = field(default_factory=list)
     steps: int = 0
     inhibited: list[Alert] = field(default_factory=list)
+    # NCCL ranks newly placed or moved (rocewatch/alerting/job_paths.py), for storage
+    ranks: list[dict[str, Any]] = field(default_factory=list)
     # RoCE configuration changes the snapshots applied in these steps showed
     config_changes: list[ConfigChange] = field(default_factory=list)
 
@@ -70,6 +73,7 @@ class Output:
         self.rollups += other.rollups
         self.steps += other.steps
         self.inhibited += other.inhibited
+        self.ranks += other.ranks
 
 
 class Rollups:
@@ -226,6 +230,9 @@ class Pipeline:
                 det.domain = domain  # type: ignore[attr-defined]
         self.grouper = StormGrouper(topology, self.config.lifecycle.resolve_after_s)
         self.inhibitor = Inhibitor(self.config.inhibit)
+        # the NCCL rank join on alerts: fabric alerts name the jobs behind them, job alerts the
+        # fabric on their path (rocewatch/alerting/job_paths.py)
+        self.job_paths = JobPaths(topology)
         # RoCE configuration snapshots: change events, the checks' findings, alert annotations
         self.roce = ConfigWatch(topology, _lookback_s(self.config), stats=self.stats)
         self.actions: list[Action] = []
@@ -296,6 +303,7 @@ class Pipeline:
         t0 = time.process_time()
         for step in steps:
             self.engine.enter(step)
+            out.ranks += self.job_paths.learn(step.get(JOIN))
             out.config_changes += self.roce.advance(step.end)
             ctx = StepContext(
                 self.engine,
@@ -322,6 +330,8 @@ class Pipeline:
                 if domain is not None:
                     found = self._in_domain(domain, found)
                 events += self.lifecycle.update(det.name, step.end, found)
+            if events:
+                self.job_paths.annotate(events, self.lifecycle.firing, self._firing_labels)
             if self.roce.recent:  # the configuration changes seen before each new alert
                 self.roce.annotate(events, self.lifecycle.firing)
                 self.roce.prune(step.end)
@@ -374,6 +384,7 @@ class Pipeline:
             AlertLifecycle,
             StormGrouper,
             Inhibitor,
+            JobPaths,
             ConfigWatch,
             *(e.detector for e in DETECTORS.values()),
         ]
@@ -390,6 +401,7 @@ class Pipeline:
             "lifecycle": self.lifecycle.state(),
             "grouper": self.grouper.state(),
             "inhibitor": self.inhibitor.state(),
+            "job_paths": self.job_paths.state(),
             "policy": self.policy.state(),
             "roce_config": self.roce.state(),
             "rollups": [r.state() for r in self._rollup_levels()],
@@ -427,6 +439,10 @@ class Pipeline:
         self.lifecycle.restore(data["lifecycle"])
         self.grouper.restore(data["grouper"])
         self.inhibitor.restore(data["inhibitor"])
+        if "job_paths" in data:
+            self.job_paths.restore(data["job_paths"])
+        else:  # written before the join on alerts: its firing alerts get what it adds
+            self.job_paths.fill(self.lifecycle.firing, self._firing_labels)
         if "roce_config" in data:  # (a state from before configuration was streamed has none)
             self.roce.restore(data["roce_config"])
         try:

@@ -105,7 +105,12 @@ def replay(
 
     def sink(out: Output) -> None:
         writer.write(
-            out.alerts, out.inhibited, out.actions, out.rollups, config_changes=out.config_changes
+            out.alerts,
+            out.inhibited,
+            out.actions,
+            out.rollups,
+            out.ranks,
+            config_changes=out.config_changes,
         )
         changes.extend(c.to_json() for c in out.config_changes)
 

@@ -32,16 +32,19 @@ def dashboard_files() -> list[Path]:
     return sorted((PROV / "dashboards" / "rocewatch").glob("*.json"))
 
 
-def queries() -> list[tuple[str, str, str]]:
-    """(dashboard file, panel title, rawSql) for every target of every panel, and for every
-    SQL annotation query ("annotation: <name>")."""
+def queries(nccl: bool = False) -> list[tuple[str, str, str]]:
+    """(dashboard file, panel title, rawSql) for every target of every panel: of the NCCL jobs
+    dashboard (``nccl``: its rows come from a replay with NCCL jobs, tests/test_grafana_nccl.py)
+    or of the others, with the others' SQL annotation queries ("annotation: <name>")."""
     out = []
     for f in dashboard_files():
+        if (f.stem == "nccl-jobs") != nccl:
+            continue
         dash = json.loads(f.read_text())
         for p in dash["panels"]:
             for t in p.get("targets", []):
                 out.append((f.stem, p["title"], t["rawSql"]))
-        for a in dash.get("annotations", {}).get("list", []):
+        for a in dash.get("annotations", {}).get("list", []) if not nccl else []:
             if "rawSql" in a.get("target", {}):
                 out.append((f.stem, f"annotation: {a['name']}", a["target"]["rawSql"]))
     return out
@@ -143,7 +146,7 @@ def test_provisioning_files() -> None:
         prov["providers"][0]["options"]["path"] == "/etc/grafana/provisioning/dashboards/rocewatch"
     )
     titles = {json.loads(f.read_text())["title"] for f in dashboard_files()}
-    assert len(titles) == 7
+    assert len(titles) == 8
     kinds = {p["type"] for f in dashboard_files() for p in json.loads(f.read_text())["panels"]}
     assert {"heatmap", "timeseries", "table", "state-timeline", "stat", "nodeGraph"} <= kinds
 

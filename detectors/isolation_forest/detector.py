@@ -38,7 +38,16 @@ from detectors.isolation_forest.model import (
 )
 from detectors.windows import Step
 from rocewatch.core.errors import ConfigError
-from rocewatch.core.model import FABRIC_INCIDENT, PORT_ANOMALY, ROCE_CONFIG_MISMATCH
+from rocewatch.core.model import (
+    ECN_CONGESTION,
+    FABRIC_INCIDENT,
+    PCIE_DOWNGRADE,
+    PFC_STORM,
+    PORT_ANOMALY,
+    QUEUE_BUILDUP,
+    ROCE_CONFIG_MISMATCH,
+    STRAGGLER,
+)
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
@@ -47,9 +56,7 @@ log = logging.getLogger(__name__)
 ALERTNAME = PORT_ANOMALY
 # rule alerts that say "this switch is congested": they may explain congestion symptoms of the
 # switch's other ports and of the NICs cabled to it
-CONGESTION_RULES = frozenset(
-    {"PFCStorm", "ECNCongestion", "QueueBuildup", "Straggler", "PCIeDowngrade"}
-)
+CONGESTION_RULES = frozenset({PFC_STORM, ECN_CONGESTION, QUEUE_BUILDUP, STRAGGLER, PCIE_DOWNGRADE})
 
 
 # --- thresholding -------------------------------------------------------------------------------

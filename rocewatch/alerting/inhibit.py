@@ -290,7 +290,7 @@ DEFAULT_RULES_DOC: tuple[dict[str, Any], ...] = (
     # a storm stalls the jobs it pauses: their NCCL alerts follow from it (docs/nccl.md)
     {
         "source_matchers": ['alertname="PFCStorm"'],
-        "target_matchers": ['alertname=~"SlowRank|BusBandwidthDrop"', 'job=~".+"'],
+        "target_matchers": ['alertname=~"SlowRank|SlowEdge|BusBandwidthDrop"', 'job=~".+"'],
         "equal": ["job"],
     },
     # a fabric event slows its members down: the incident is the one alert

@@ -225,6 +225,7 @@ FABRIC_INCIDENT = "FabricIncident"
 SLOW_RANK = "SlowRank"
 BUS_BANDWIDTH_DROP = "BusBandwidthDrop"
 ROCE_CONFIG_MISMATCH = "RoCEConfigMismatch"
+SLOW_EDGE = "SlowEdge"
 
 ALERTNAMES = (
     "PFCStorm",
@@ -239,6 +240,7 @@ ALERTNAMES = (
     "SlowRank",
     "BusBandwidthDrop",
     "RoCEConfigMismatch",
+    "SlowEdge",
 )
 
 

@@ -3,13 +3,13 @@ the demo, the sink (`event_sink`) and the detect stage (its inhibited alerts), s
 and notify the same things in the same order.
 
 Notified alerts are queued in the outbox first (durable before anything else sees them), then
-stored with the inhibited ones (kept, never notified), then the actions, the rollups and the
-RoCE configuration changes.
+stored with the inhibited ones (kept, never notified), then the actions, the rollups, the
+NCCL jobs' ranks and the RoCE configuration changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ class Written:
     alerts: int = 0
     actions: int = 0
     rollups: int = 0
+    ranks: int = 0
     config_changes: int = 0
 
 
@@ -44,6 +45,7 @@ class OutputWriter:
         inhibited: Sequence[Alert] = (),
         actions: Sequence[Action] = (),
         rollups: Sequence[pl.DataFrame] = (),
+        ranks: Sequence[Mapping[str, Any]] = (),
         config_changes: Sequence[ConfigChange] = (),
     ) -> Written:
         w = Written()
@@ -57,6 +59,8 @@ class OutputWriter:
             w.actions = int(self.store.write_actions(list(actions)) or 0)
         if rollups:  # in the order given: a complete bucket replaces a provisional one
             w.rollups = int(self.store.write_rollups(pl.concat(list(rollups))) or 0)
+        if ranks:  # NCCL jobs' ranks (storage.store.Store.write_ranks): what maps series to jobs
+            w.ranks = int(self.store.write_ranks(list(ranks)) or 0)
         if config_changes:
             w.config_changes = int(self.store.write_config_changes(list(config_changes)) or 0)
         return w

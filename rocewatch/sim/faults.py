@@ -94,7 +94,7 @@ class FlakyLink(Fault):
 
     kind: ClassVar[str] = "FlakyLink"
     alertname: ClassVar[str | None] = "FlakyLink"
-    also: ClassVar[tuple[str, ...]] = ("PortAnomaly",)
+    also: ClassVar[tuple[str, ...]] = ("PortAnomaly", "SlowEdge")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +109,13 @@ class PcieDowngrade(Fault):
 
     kind: ClassVar[str] = "PcieDowngrade"
     alertname: ClassVar[str | None] = "PCIeDowngrade"
-    also: ClassVar[tuple[str, ...]] = ("Straggler", "PortAnomaly", "SlowRank", "BusBandwidthDrop")
+    also: ClassVar[tuple[str, ...]] = (
+        "Straggler",
+        "PortAnomaly",
+        "SlowRank",
+        "BusBandwidthDrop",
+        "SlowEdge",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
