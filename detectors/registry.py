@@ -7,6 +7,7 @@ from typing import Any
 
 from detectors.base import Detector
 from detectors.bus_bandwidth_drop import BusBandwidthDropConfig, BusBandwidthDropDetector
+from detectors.ecmp_imbalance import EcmpImbalanceConfig, EcmpImbalanceDetector
 from detectors.ecn_congestion import EcnCongestionConfig, EcnCongestionDetector
 from detectors.fabric_incident import FabricIncidentConfig, FabricIncidentDetector
 from detectors.flaky_link import FlakyLinkConfig, FlakyLinkDetector
@@ -21,6 +22,7 @@ from detectors.straggler import StragglerConfig, StragglerDetector
 from detectors.transport_errors import TransportErrorsConfig, TransportErrorsDetector
 from rocewatch.core.model import (
     BUS_BANDWIDTH_DROP,
+    ECMP_IMBALANCE,
     ECN_CONGESTION,
     FABRIC_INCIDENT,
     FLAKY_LINK,
@@ -66,6 +68,7 @@ DETECTORS: dict[str, Entry] = {
     "queue_buildup": Entry(QueueBuildupDetector, QueueBuildupConfig, QUEUE_BUILDUP),
     "transport_errors": Entry(TransportErrorsDetector, TransportErrorsConfig, TRANSPORT_ERRORS),
     "flaky_link": Entry(FlakyLinkDetector, FlakyLinkConfig, FLAKY_LINK),
+    "ecmp_imbalance": Entry(EcmpImbalanceDetector, EcmpImbalanceConfig, ECMP_IMBALANCE),
     "pcie_downgrade": Entry(PcieDowngradeDetector, PcieDowngradeConfig, PCIE_DOWNGRADE),
     "straggler": Entry(StragglerDetector, StragglerConfig, STRAGGLER),
     "roce_config_mismatch": Entry(

@@ -225,6 +225,7 @@ FABRIC_INCIDENT = "FabricIncident"
 SLOW_RANK = "SlowRank"
 BUS_BANDWIDTH_DROP = "BusBandwidthDrop"
 ROCE_CONFIG_MISMATCH = "RoCEConfigMismatch"
+ECMP_IMBALANCE = "ECMPImbalance"
 SLOW_EDGE = "SlowEdge"
 
 ALERTNAMES = (
@@ -240,6 +241,7 @@ ALERTNAMES = (
     "SlowRank",
     "BusBandwidthDrop",
     "RoCEConfigMismatch",
+    "ECMPImbalance",
     "SlowEdge",
 )
 

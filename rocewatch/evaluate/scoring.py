@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocewatch.core.model import (
+    ECMP_IMBALANCE,
     ECN_CONGESTION,
     FABRIC_INCIDENT,
     FLAKY_LINK,
@@ -283,6 +284,8 @@ def needed_sources(fault: Mapping[str, Any]) -> tuple[str, ...]:
         return ("nic", "switch") if agent else ("switch",)
     if kind == QUEUE_BUILDUP:
         return ("gauge",)
+    if kind == ECMP_IMBALANCE:
+        return ("switch",)  # the uplinks' byte counters
     if kind == ECN_CONGESTION:
         return ("switch", "nic")  # the queue's marks and the receiver's ECN/CNP counters
     if kind == FLAKY_LINK:
