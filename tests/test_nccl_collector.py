@@ -342,7 +342,10 @@ def test_nccl_collect_command_writes_json_lines(tmp_path: Path) -> None:
     assert [r["qual"] for r in by["nccl_coll_exec_us"] if r["port"] == "GPU0"] == [
         "DP Group 0/AllReduce/4-5GB"
     ]
-    assert [(r["port"], r["value"]) for r in by["nccl_rank_missing"]] == [("rank3", 1.0)]
+    # RAS knows rank 3's host as 10.0.1.2; the join (Inspector's records) places it on gpu-002
+    assert [(r["device"], r["port"], r["value"]) for r in by["nccl_rank_missing"]] == [
+        ("gpu-002", "rank3", 1.0)
+    ]
     # CoMMA: a point without time or sum, a cut line; the textfile: an unclosed label set, a
     # value "NaNx"; RAS: a missing rank "x"
     for n in ("nccl_comma_malformed=2", "nccl_prom_malformed=2", "nccl_ras_malformed=1"):
@@ -402,7 +405,7 @@ def test_nccl_telemetry_is_keyed_by_job_and_communicator(
     assert msgs and {m.key for m in msgs} == {f"nccl/job-a/{COMM}".encode()}
     assert len({m.partition for m in msgs}) == 1
     rows = pl.concat([wire.decode(m.value) for m in msgs])
-    # RAS names the missing rank's host by the address it knows it by
-    assert set(rows["device"]) == {"gpu-001", "gpu-002", "10.0.1.2"}
+    # RAS's missing rank 3 (host "10.0.1.2" to RAS) is placed on its node by the join
+    assert set(rows["device"]) == {"gpu-001", "gpu-002"}
     assert {"nccl_net_send_latency_ns", "nccl_rank_missing"} <= set(rows["metric"])
     assert rows.height == coll.sent

@@ -203,7 +203,7 @@ def test_ras_json_reread_when_it_changes(tmp_path: Path) -> None:
     got = sink.take("nccl_rank_missing")
     assert got.select("ts", "device", "port", "qual", "value").rows() == [
         (T0, "10.0.1.2", "rank3", COMM, 1.0)
-    ]
+    ]  # no Inspector records here, so no join: the host as RAS knows it
     assert coll.stats.get("nccl_ras_malformed") == 1  # the fixture's rank entry "x"
     coll.poll()
     assert sink.take().height == 0  # unchanged

@@ -22,7 +22,8 @@ textfiles and NCCL RAS's JSON (``rocewatch nccl-collect``, docs/nccl.md).
   without final newline that stays so is read as it is.
 - ``RasFile``: one file holding ``ncclras -f json``'s output, re-read when it changes,
   each new document's missing ranks sent as ``nccl_rank_missing`` samples at the file's
-  modification time (``collector.nccl.ras``). A document that does not parse is counted once
+  modification time (``collector.nccl.ras``; the service replaces RAS's host address with the
+  rank's host where its join places that rank). A document that does not parse is counted once
   (``nccl_ras_malformed``) and retried when the file changes again; a read during which the
   file changed waits for the next poll. Write it by rename (``ncclras -f json > f.tmp &&
   mv f.tmp f``) so a half-written document is never seen.

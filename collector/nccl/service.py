@@ -93,12 +93,23 @@ class NcclCollector:
         frames.append(self.comma.finish() if final else self.comma.poll())
         frames.append(self.prom.poll(final))
         if self.ras is not None:
-            frames.append(self.ras.poll())
+            frames.append(self._ras_hosts(self.ras.poll()))
         out = pl.concat([f for f in frames if f.height]) if any(f.height for f in frames) else df
         if out.height:
             self.sink(out.sort("ts"))
             self.sent += out.height
         return int(out.height)
+
+    def _ras_hosts(self, df: pl.DataFrame) -> pl.DataFrame:
+        """RAS names a missing rank's host by its address: where the join places that rank of
+        that communicator, the rank's host (the topology's node) replaces it."""
+        if not df.height:
+            return df
+        hosts = []
+        for dev, port, comm in df.select("device", "port", "qual").iter_rows():
+            place = self.join.place(self.job, comm, int(port.removeprefix("rank")))
+            hosts.append(place.host if place is not None else dev)
+        return df.with_columns(pl.Series("device", hosts, dtype=df.schema["device"]))
 
     def run(
         self,
