@@ -28,6 +28,7 @@ from detectors.registry import DETECTORS, build_detectors
 from detectors.windows import Step, WindowEngine
 from rocewatch.alerting.group import StormGrouper, views
 from rocewatch.alerting.inhibit import INHIBITED_BY, Inhibitor
+from rocewatch.alerting.interference import InterferenceAttributor
 from rocewatch.config import Config
 from rocewatch.core.checkpoint import StateTypes
 from rocewatch.core.errors import ConfigError
@@ -226,6 +227,10 @@ class Pipeline:
                 det.domain = domain  # type: ignore[attr-defined]
         self.grouper = StormGrouper(topology, self.config.lifecycle.resolve_after_s)
         self.inhibitor = Inhibitor(self.config.inhibit)
+        # victims and aggressors of congestion between tenants (rocewatch/alerting/interference)
+        self.interference = InterferenceAttributor(
+            topology, self.config.interference, self.config.lifecycle.resolve_after_s
+        )
         self.actions: list[Action] = []
         self.rollups: Rollups | None = None
         self.rollups_coarse: Rollups | None = None
@@ -305,6 +310,9 @@ class Pipeline:
                 found = grouper.group(step.end, det.evaluate(ctx))
                 if domain is not None:
                     found = self._in_domain(domain, found)
+                found = self.interference.annotate(
+                    self.engine, step.end, self.config.window.step_s, found
+                )
                 events += self.lifecycle.update(det.name, step.end, found)
             # inhibited alerts are stored, never notified nor drained on
             shown, hidden = inhibitor.update(step.end, events, self.lifecycle)
@@ -370,6 +378,7 @@ class Pipeline:
             "lifecycle": self.lifecycle.state(),
             "grouper": self.grouper.state(),
             "inhibitor": self.inhibitor.state(),
+            "interference": self.interference.state(),
             "policy": self.policy.state(),
             "rollups": [r.state() for r in self._rollup_levels()],
             "stats": {
@@ -406,6 +415,8 @@ class Pipeline:
         self.lifecycle.restore(data["lifecycle"])
         self.grouper.restore(data["grouper"])
         self.inhibitor.restore(data["inhibitor"])
+        if "interference" in data:  # (a checkpoint from before it had none)
+            self.interference.restore(data["interference"])
         try:
             self.policy.restore(data["policy"])
         except ConfigError as e:

@@ -90,7 +90,8 @@ def incast_truth(fab: Fabric, f: TenantIncast, prio: str) -> dict[str, Any]:
         for v in victim_jobs
         if next(x for x in fab.jobs if x.name == v).tenant != aggressor.tenant
     ]
-    victim = (foreign or victim_jobs or [aggressor.name])[0]
+    # a tenant congesting only itself: the victim is its own (the aggressor's) job
+    victim = (foreign or [aggressor.name])[0]
     victim_tenant = next(x for x in fab.jobs if x.name == victim).tenant
     up = fab.port_labels(fab.uplink_port(leaf, 0))
     q = {**up, "queue": prio}

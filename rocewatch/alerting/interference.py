@@ -1,0 +1,318 @@
+"""Interference between tenants: who suffers from a congested port, and who causes it.
+
+In a shared fabric one tenant's all-to-all fills the queues another tenant's ring crosses. For
+each congestion alert about a switch port (``ECNCongestion``, ``QueueBuildup``) this stage
+names, from the topology's jobs (``jobs:`` of the topology file, or live membership from the
+schedulers, ``actions/membership.py``) and the NICs' own counters:
+
+- the **senders** behind the port: the NICs that feed its egress queue. A leaf's uplink is fed
+  by the NICs cabled to that leaf; a spine's port toward a leaf by the NICs of the other leaves
+  it links; a leaf's downlink by its NIC's own job (a job's traffic stays within the job). Each
+  sender's transmitted RDMA bytes over ``window_s`` (``nic_tx_rdma_bytes``, else
+  ``nic_tx_bytes``) are summed per job;
+- the **aggressor**: the job that sends at least ``min_share`` of those bytes;
+- the **victim**: among the jobs whose NICs sit on either side of the port, the one of another
+  tenant whose NICs were held longest by PFC (``nic_rx_pause_us``), at least
+  ``min_pause_share`` of the window. With none, the alert's victim is the aggressor's (or the
+  busiest) job and no aggressor is named: a tenant congesting only itself is not interference.
+
+The names are annotations (``victim_tenant``, ``victim_job``, ``aggressor_tenant``,
+``aggressor_job``, and ``interference``: the figures they rest on), fixed when the alert
+starts: they do not change an alert's fingerprint, and an alert keeps the attribution it was
+notified with. ``victim_pause_s`` (only with an aggressor) is the PFC pause time the victim
+job's NICs on either side of the port suffered while the alert fires, in seconds, summed over
+those NICs; it follows the alert (the resolved event holds the total) and the store keeps it
+per tenant (``tenant_interference``, storage/models.py) for Grafana.
+
+INT reports' inner 5-tuples would name the senders flow by flow; the INT aggregation does not
+pass them to the pipeline, so the senders are those the topology puts behind the port.
+A job without a tenant is a tenant of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Protocol
+
+import polars as pl
+
+from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import Finding, fingerprint
+from rocewatch.core.state import Stateful
+from rocewatch.core.topology import NicEnd, PortEnd, Topology
+
+VICTIM_TENANT = "victim_tenant"
+VICTIM_JOB = "victim_job"
+AGGRESSOR_TENANT = "aggressor_tenant"
+AGGRESSOR_JOB = "aggressor_job"
+VICTIM_PAUSE_S = "victim_pause_s"
+EVIDENCE = "interference"
+# the alerts about congested switch queues that get attributed
+ATTRIBUTED = frozenset({"ECNCongestion", "QueueBuildup"})
+TX = ("nic_tx_rdma_bytes", "nic_tx_bytes")
+HELD = "nic_rx_pause_us"
+# the metrics it reads from the window engine (the scale-out aggregate stage sends them)
+READS = frozenset({*TX, HELD})
+
+Nic = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class InterferenceConfig:
+    """The ``interference`` section of the config file (docs/alerting.md)."""
+
+    enabled: bool = True
+    window_s: float = 2.0  # traffic and pauses are judged over this much telemetry time
+    min_share: float = 0.5  # the aggressor sends at least this share of the port's senders' bytes
+    min_pause_share: float = 0.01  # a victim's NICs held by PFC at least this share of the window
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.window_s, int | float) or not 0 < self.window_s <= 60:
+            raise ConfigError(f"interference.window_s: {self.window_s!r} must be in (0, 60] s")
+        for k in ("min_share", "min_pause_share"):
+            v = getattr(self, k)
+            if not isinstance(v, int | float) or not 0 < v <= 1:
+                raise ConfigError(f"interference.{k}: {v!r} must be in (0, 1]")
+
+
+class WindowReader(Protocol):
+    """What it reads of telemetry: the window engine's sliding windows (detectors/windows.py)."""
+
+    def window(self, metric: str, seconds: float) -> pl.DataFrame: ...
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Who suffers from a congested port and who causes it (``aggressor_*`` None: nobody else)."""
+
+    victim_job: str | None
+    victim_tenant: str | None
+    aggressor_job: str | None
+    aggressor_tenant: str | None
+    evidence: str
+    victims: tuple[Nic, ...] = ()  # the victim job's NICs whose pause time is counted
+
+    def annotations(self) -> dict[str, str]:
+        pairs = (
+            (VICTIM_JOB, self.victim_job),
+            (VICTIM_TENANT, self.victim_tenant),
+            (AGGRESSOR_JOB, self.aggressor_job),
+            (AGGRESSOR_TENANT, self.aggressor_tenant),
+        )
+        out = {k: v for k, v in pairs if v}
+        if self.evidence:
+            out[EVIDENCE] = self.evidence
+        return out
+
+
+class InterferenceAttributor(Stateful):
+    """Annotates congestion findings with their victim and aggressor (module docstring).
+
+    ``annotate`` is called with each detector's findings of a step, before the alert
+    lifecycle; its state is each attributed alert's attribution and pause total, so a
+    restarted pipeline keeps both.
+    """
+
+    STATE_TYPES: ClassVar[tuple[type, ...]] = ()
+    NOT_STATE: ClassVar[frozenset[str]] = frozenset({"forget_ns", "_below", "_linked"})
+
+    def __init__(
+        self, topology: Topology, config: InterferenceConfig | None = None, forget_s: float = 1.0
+    ) -> None:
+        """``forget_s``: an alert whose finding is absent this long has resolved (the
+        lifecycle's ``resolve_after_s``); its next firing is attributed afresh."""
+        self.topology = topology
+        self.config = config or InterferenceConfig()
+        self.forget_ns = int(forget_s * 1e9)
+        # alert fingerprint -> [attribution as a dict, pause µs so far, last seen ns]
+        self.open: dict[str, list[Any]] = {}
+        self._below: dict[str, list[Nic]] = {}
+        self._linked: dict[str, set[str]] = {}
+        self._index()
+
+    def _index(self) -> None:
+        for (node, nic), n in self.topology.nics.items():
+            if n.switch_port is not None:
+                self._below.setdefault(n.switch_port.switch, []).append((node, nic))
+        for a, b in self.topology.links:
+            self._linked.setdefault(a.switch, set()).add(b.switch)
+            self._linked.setdefault(b.switch, set()).add(a.switch)
+
+    # --- per step --------------------------------------------------------------------------------
+    def annotate(
+        self, reader: WindowReader, now_ns: int, step_s: float, findings: list[Finding]
+    ) -> list[Finding]:
+        """``findings`` of one detector for the step ending at ``now_ns``, the attributed ones
+        with their annotations (the others as they are)."""
+        if not self.config.enabled or not any(f.alertname in ATTRIBUTED for f in findings):
+            self._forget(now_ns)
+            return findings
+        view = _View(reader, self.config.window_s, step_s)
+        out = []
+        for f in findings:
+            if f.alertname not in ATTRIBUTED or "switch" not in f.labels:
+                out.append(f)
+                continue
+            fp = fingerprint({"alertname": f.alertname, "severity": f.severity, **f.labels})
+            rec = self.open.get(fp)
+            if rec is None:
+                a = self.attribute(view, f.labels["switch"], f.labels.get("port", ""))
+                rec = self.open[fp] = [_to_data(a), 0.0, now_ns]
+            a = _from_data(rec[0])
+            if a.aggressor_job is not None:
+                rec[1] += view.held_us_step(a.victims)
+            rec[2] = now_ns
+            extra = dict(f.extra)
+            extra.update(a.annotations())
+            if a.aggressor_job is not None:
+                extra[VICTIM_PAUSE_S] = f"{rec[1] / 1e6:.3f}"
+            out.append(replace(f, extra=extra))
+        self._forget(now_ns)
+        return out
+
+    def _forget(self, now_ns: int) -> None:
+        if self.open:
+            for fp in [fp for fp, r in self.open.items() if now_ns - r[2] > self.forget_ns]:
+                del self.open[fp]
+
+    # --- attribution -----------------------------------------------------------------------------
+    def senders(self, switch: str, port: str) -> tuple[list[Nic], list[Nic]]:
+        """(the NICs that feed the port's egress queue, the NICs beyond it)."""
+        peer = self.topology.peer_of_port(switch, port)
+        if isinstance(peer, NicEnd):
+            return [], [(peer.node, peer.nic)]
+        mine = self._below.get(switch, [])
+        if isinstance(peer, PortEnd):
+            far = self._below.get(peer.switch, [])
+            if mine:  # a leaf's uplink
+                return mine, far
+            # a spine's port toward a leaf: fed by the other leaves it links
+            fed = [
+                x
+                for s in sorted(self._linked.get(switch, set()) - {peer.switch})
+                for x in self._below.get(s, [])
+            ]
+            return fed, far
+        return mine, []
+
+    def attribute(self, view: _View, switch: str, port: str) -> Attribution:
+        topo, cfg = self.topology, self.config
+        feed, far = self.senders(switch, port)
+        job_of = {n: j[0] for n, j in topo.node_jobs.items() if j}
+        if not feed and far:  # a downlink: the NIC's own job sends to it
+            job = job_of.get(far[0][0])
+            return Attribution(job, self._tenant(job) if job else None, None, None, "")
+        sent: dict[str, float] = {}
+        for nic in feed:
+            job = job_of.get(nic[0])
+            if job is not None:
+                sent[job] = sent.get(job, 0.0) + view.tx(nic)
+        total = sum(sent.values())
+        top = max(sorted(sent), key=lambda j: sent[j]) if sent else None
+        share = sent[top] / total if top is not None and total > 0 else 0.0
+        aggressor = top if share >= cfg.min_share else None
+        held: dict[str, float] = {}
+        members: dict[str, list[Nic]] = {}
+        for nic in dict.fromkeys(feed + far):
+            job = job_of.get(nic[0])
+            if job is None:
+                continue
+            members.setdefault(job, []).append(nic)
+            held[job] = max(held.get(job, 0.0), view.held_share(nic))
+        suffering = [
+            j for j in sorted(held, key=lambda j: (-held[j], j)) if held[j] >= cfg.min_pause_share
+        ]
+        if aggressor is not None:
+            mine = self._tenant(aggressor)
+            foreign = [j for j in suffering if self._tenant(j) != mine]
+            if foreign:
+                v = foreign[0]
+                ev = (
+                    f"{aggressor} sends {100 * share:.0f}% of the bytes into {switch}/{port} "
+                    f"over {cfg.window_s:g} s; {v}'s NICs there held by PFC up to "
+                    f"{100 * held[v]:.1f}% of the time"
+                )
+                return Attribution(
+                    v,
+                    self._tenant(v),
+                    aggressor,
+                    self._tenant(aggressor),
+                    ev,
+                    tuple(members[v]),
+                )
+        victim = aggressor or (suffering[0] if suffering else top)
+        if victim is None:
+            return Attribution(None, None, None, None, "")
+        ev = f"{switch}/{port}: no job of another tenant suffers; {victim}'s own traffic"
+        return Attribution(victim, self._tenant(victim), None, None, ev)
+
+    def _tenant(self, job: str) -> str:
+        j = self.topology.jobs.get(job)
+        return str(j.tenant) if j is not None and j.tenant else job
+
+
+class _View:
+    """Per-NIC figures of the window, read once per step."""
+
+    def __init__(self, reader: WindowReader, window_s: float, step_s: float) -> None:
+        self.reader, self.window_s, self.step_s = reader, window_s, step_s
+        self._tx: dict[Nic, float] | None = None
+        self._held: dict[Nic, float] | None = None
+        self._held_step: dict[Nic, float] | None = None
+
+    def _per_nic(self, metric: str, seconds: float, share: bool) -> dict[Nic, float]:
+        w = self.reader.window(metric, seconds)
+        if w.height == 0:
+            return {}
+        w = w.filter(pl.col("metric") == metric) if "metric" in w.columns else w
+        out: dict[Nic, float] = {}
+        for dev, port, delta, dt in w.select("device", "port", "delta", "dt").iter_rows():
+            if delta is None or not math.isfinite(delta):
+                continue
+            v = float(delta)
+            if share:
+                v = v / (float(dt) * 1e6) if dt else 0.0
+            key = (str(dev), str(port))
+            out[key] = max(out.get(key, 0.0), v)  # one row per priority: the most held one
+        return out
+
+    def tx(self, nic: Nic) -> float:
+        if self._tx is None:
+            self._tx = self._per_nic(TX[0], self.window_s, False) or self._per_nic(
+                TX[1], self.window_s, False
+            )
+        return self._tx.get(nic, 0.0)
+
+    def held_share(self, nic: Nic) -> float:
+        if self._held is None:
+            self._held = self._per_nic(HELD, self.window_s, True)
+        return self._held.get(nic, 0.0)
+
+    def held_us_step(self, nics: Iterable[Nic]) -> float:
+        if self._held_step is None:
+            self._held_step = self._per_nic(HELD, self.step_s, False)
+        return sum(self._held_step.get(n, 0.0) for n in nics)
+
+
+def _to_data(a: Attribution) -> dict[str, Any]:
+    return {
+        "victim_job": a.victim_job,
+        "victim_tenant": a.victim_tenant,
+        "aggressor_job": a.aggressor_job,
+        "aggressor_tenant": a.aggressor_tenant,
+        "evidence": a.evidence,
+        "victims": [list(n) for n in a.victims],
+    }
+
+
+def _from_data(d: dict[str, Any]) -> Attribution:
+    return Attribution(
+        d.get("victim_job"),
+        d.get("victim_tenant"),
+        d.get("aggressor_job"),
+        d.get("aggressor_tenant"),
+        str(d.get("evidence") or ""),
+        tuple((str(n[0]), str(n[1])) for n in d.get("victims") or ()),
+    )
