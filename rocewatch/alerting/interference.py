@@ -21,8 +21,10 @@ The names are annotations (``victim_tenant``, ``victim_job``, ``aggressor_tenant
 starts: they do not change an alert's fingerprint, and an alert keeps the attribution it was
 notified with. ``victim_pause_s`` (only with an aggressor) is the PFC pause time the victim
 job's NICs on either side of the port suffered while the alert fires, in seconds, summed over
-those NICs; it follows the alert (the resolved event holds the total) and the store keeps it
-per tenant (``tenant_interference``, storage/models.py) for Grafana.
+those NICs; a NIC's pause in a step is credited to one alert only (the first attributed in the
+step), so a sum over alerts (one congestion raises several: ECN and queue, one per uplink)
+counts it once. It follows the alert (the resolved event holds the total) and the store keeps
+it per alert and tenant (``tenant_interference``, storage/models.py) for Grafana.
 
 INT reports' inner 5-tuples would name the senders flow by flow; the INT aggregation does not
 pass them to the pipeline, so the senders are those the topology puts behind the port.
@@ -116,7 +118,9 @@ class InterferenceAttributor(Stateful):
     """
 
     STATE_TYPES: ClassVar[tuple[type, ...]] = ()
-    NOT_STATE: ClassVar[frozenset[str]] = frozenset({"forget_ns", "_below", "_linked"})
+    NOT_STATE: ClassVar[frozenset[str]] = frozenset(
+        {"forget_ns", "_below", "_linked", "_step_ns", "_counted"}
+    )
 
     def __init__(
         self, topology: Topology, config: InterferenceConfig | None = None, forget_s: float = 1.0
@@ -130,6 +134,9 @@ class InterferenceAttributor(Stateful):
         self.open: dict[str, list[Any]] = {}
         self._below: dict[str, list[Nic]] = {}
         self._linked: dict[str, set[str]] = {}
+        # the victim NICs whose pause this step is credited to an alert already: credited once
+        self._step_ns = 0
+        self._counted: set[Nic] = set()
         self._index()
 
     def _index(self) -> None:
@@ -162,7 +169,11 @@ class InterferenceAttributor(Stateful):
                 rec = self.open[fp] = [_to_data(a), 0.0, now_ns]
             a = _from_data(rec[0])
             if a.aggressor_job is not None:
-                rec[1] += view.held_us_step(a.victims)
+                if now_ns != self._step_ns:
+                    self._step_ns, self._counted = now_ns, set()
+                fresh = [n for n in a.victims if n not in self._counted]
+                self._counted.update(fresh)
+                rec[1] += view.held_us_step(fresh)
             rec[2] = now_ns
             extra = dict(f.extra)
             extra.update(a.annotations())
