@@ -8,8 +8,8 @@ schedulers, ``actions/membership.py``) and the NICs' own counters:
 - the **senders** behind the port: the NICs that feed its egress queue. A leaf's uplink is fed
   by the NICs cabled to that leaf; a spine's port toward a leaf by the NICs of the other leaves
   it links; a leaf's downlink by its NIC's own job (a job's traffic stays within the job). Each
-  sender's transmitted RDMA bytes over ``window_s`` (``nic_tx_rdma_bytes``, else
-  ``nic_tx_bytes``) are summed per job;
+  sender's transmitted RDMA bytes over ``window_s`` (``nic_tx_rdma_bytes``) are summed per
+  job;
 - the **aggressor**: the job that sends at least ``min_share`` of those bytes;
 - the **victim**: among the jobs whose NICs sit on either side of the port, the one of another
   tenant whose NICs were held longest by PFC (``nic_rx_pause_us``), at least
@@ -53,10 +53,10 @@ VICTIM_PAUSE_S = "victim_pause_s"
 EVIDENCE = "interference"
 # the alerts about congested switch queues that get attributed
 ATTRIBUTED = frozenset({"ECNCongestion", "QueueBuildup"})
-TX = ("nic_tx_rdma_bytes", "nic_tx_bytes")
+TX = "nic_tx_rdma_bytes"  # the RDMA bytes a NIC sent (tx_vport_rdma_unicast_bytes)
 HELD = "nic_rx_pause_us"
 # the metrics it reads from the window engine (the scale-out aggregate stage sends them)
-READS = frozenset({*TX, HELD})
+READS = frozenset({TX, HELD})
 
 Nic = tuple[str, str]
 
@@ -65,7 +65,7 @@ Nic = tuple[str, str]
 class InterferenceConfig:
     """The ``interference`` section of the config file (docs/alerting.md)."""
 
-    enabled: bool = True
+    enabled: bool = True  # false: congestion alerts name no victim nor aggressor
     window_s: float = 2.0  # traffic and pauses are judged over this much telemetry time
     min_share: float = 0.5  # the aggressor sends at least this share of the port's senders' bytes
     min_pause_share: float = 0.01  # a victim's NICs held by PFC at least this share of the window
@@ -291,9 +291,7 @@ class _View:
 
     def tx(self, nic: Nic) -> float:
         if self._tx is None:
-            self._tx = self._per_nic(TX[0], self.window_s, False) or self._per_nic(
-                TX[1], self.window_s, False
-            )
+            self._tx = self._per_nic(TX, self.window_s, False)
         return self._tx.get(nic, 0.0)
 
     def held_share(self, nic: Nic) -> float:
