@@ -429,7 +429,12 @@ def resolve_faults(cfg: SimConfig, fab: Fabric) -> list[Fault]:
         elif isinstance(f, TenantIncast):
             from rocewatch.sim.tenants import resolve_incast  # (it imports this module)
 
-            f = resolve_incast(fab, f, rng)
+            if f.switch is None:  # a leaf on a rail no overlapping fault uses, where it fits
+                _, busy = pick._taken(t0, t1)
+                free = [lf for lf in range(fab.n_leaves) if lf // fab.n_pods not in busy]
+                f = resolve_incast(fab, f, rng, prefer=[int(x) for x in rng.permutation(free)])
+            else:
+                f = resolve_incast(fab, f, rng)
             pick.claim(t0, t1, set(), {fab.leaves.index(str(f.switch)) // fab.n_pods})
         elif isinstance(f, CounterClear):
             if f.target == "switch":

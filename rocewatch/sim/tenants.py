@@ -47,9 +47,15 @@ def _job_index(fab: Fabric, name: str | None) -> int:
     return names.index(name)
 
 
-def resolve_incast(fab: Fabric, f: TenantIncast, rng: np.random.Generator | None) -> TenantIncast:
+def resolve_incast(
+    fab: Fabric,
+    f: TenantIncast,
+    rng: np.random.Generator | None,
+    prefer: list[int] | None = None,
+) -> TenantIncast:
     """``f`` with its job, leaf and levels filled in (a leaf where the job has NICs, the first
-    that also carries another job's; the fill and marking drawn from ``rng``, or typical)."""
+    that also carries another job's, of ``prefer`` first where one fits; the fill drawn from
+    ``rng``, or typical)."""
     j = _job_index(fab, f.job)
     leaves = [int(x) for x in np.unique(fab.nic_leaf[fab.nic_job == j])]
     if f.switch is not None:
@@ -62,7 +68,10 @@ def resolve_incast(fab: Fabric, f: TenantIncast, rng: np.random.Generator | None
         if not leaves:
             raise ConfigError(f"TenantIncast: job {fab.jobs[j].name} has no NIC on any leaf")
         shared = [lf for lf in leaves if _others(fab, lf, j).size]
-        leaf = (shared or leaves)[0]
+        first = [lf for lf in prefer or () if lf in shared] + [
+            lf for lf in prefer or () if lf in leaves
+        ]
+        leaf = (first or shared or leaves)[0]
     fill = f.fill
     if fill is None:
         fill = round(float(rng.uniform(0.86, 0.94)), 3) if rng is not None else 0.9
