@@ -65,7 +65,16 @@ from typing import Any
 
 from actions.executors import DryRunExecutor, Executor
 from rocewatch.core.errors import ConfigError, Fenced
-from rocewatch.core.model import ALERTNAMES, Action, Alert, rfc3339
+from rocewatch.core.model import (
+    ALERTNAMES,
+    FABRIC_INCIDENT,
+    FLAKY_LINK,
+    PCIE_DOWNGRADE,
+    PFC_STORM,
+    Action,
+    Alert,
+    rfc3339,
+)
 from rocewatch.core.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -81,10 +90,10 @@ class PolicyConfig:
     """How cautiously rocewatch drains. Times are seconds of telemetry time."""
 
     mode: str = "dry-run"  # dry-run | approval | auto
-    drain_on: tuple[str, ...] = ("PFCStorm", "FlakyLink", "PCIeDowngrade")
-    origin_only: tuple[str, ...] = ("PFCStorm",)  # these drain only with role=origin
+    drain_on: tuple[str, ...] = (PFC_STORM, FLAKY_LINK, PCIE_DOWNGRADE)
+    origin_only: tuple[str, ...] = (PFC_STORM,)  # these drain only with role=origin
     # origins of these (role=origin) are not held to the share caps: a storm pauses everyone
-    uncapped_origins: tuple[str, ...] = ("PFCStorm",)
+    uncapped_origins: tuple[str, ...] = (PFC_STORM,)
     hold_down_s: float = 2.0
     blast_radius_nodes: int = 3
     max_job_share: float = 0.25
@@ -104,7 +113,7 @@ class PolicyConfig:
         if self.mode not in MODES:
             problems.append(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
         for name in (*self.drain_on, *self.origin_only, *self.uncapped_origins):
-            if name not in ALERTNAMES or name == "FabricIncident":
+            if name not in ALERTNAMES or name == FABRIC_INCIDENT:
                 problems.append(f"{name!r} is not an alert that can name a culprit node")
         for k in ("hold_down_s", "cooldown_s", "job_cooldown_s", "resume_after_healthy_s"):
             if getattr(self, k) < 0:
@@ -588,7 +597,7 @@ class DrainPolicy:
     def _on_detector_incident(self, alert: Alert) -> bool:
         """Track a detector FabricIncident event; True when ``alert`` was one."""
         labels = alert.labels
-        if labels.get("alertname") != "FabricIncident" or not labels.get("scope"):
+        if labels.get("alertname") != FABRIC_INCIDENT or not labels.get("scope"):
             return False
         fp = alert.fingerprint
         if alert.ends_at:
@@ -674,7 +683,7 @@ class DrainPolicy:
             for k, rule in sorted(inc.members.items())
             if (m := self._cands.get(k))
         )
-        labels = {"alertname": "FabricIncident", "severity": "critical", "scope": inc.scope}
+        labels = {"alertname": FABRIC_INCIDENT, "severity": "critical", "scope": inc.scope}
         domain = getattr(self, "domain", None)
         if domain is not None:  # one policy per fabric domain (the sharded detect stage)
             labels["domain"] = domain

@@ -19,6 +19,7 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
+from detectors.slots import SlotTable
 from detectors.windows import Step
 from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
@@ -36,13 +37,9 @@ def grow(a: np.ndarray, n: int, fill: float | int) -> np.ndarray:
     return np.concatenate([a, extra])
 
 
-class KeySlots:
-    """Stable small integers for (device, port, qual) keys, assigned to a frame's rows at once.
-
-    Like ``state.EntitySlots`` with the queue in the key. A step's rows are mapped through the
-    window engine's series positions (a series belongs to one key), so known series are neither
-    hashed nor looked up again; a frame without positions is hashed (vectorised). Pickles as
-    its key list.
+class KeySlots(SlotTable[tuple[str, str, str]]):
+    """Stable small integers for (device, port, qual) keys, assigned to a frame's rows at once
+    (``detectors.slots.SlotTable``; a null queue counts as ``""``).
 
     >>> s = KeySlots()
     >>> f = pl.DataFrame({"device": ["a", "b", "a"], "port": ["x", "x", "x"], "qual": "3"})
@@ -50,68 +47,11 @@ class KeySlots:
     ([0, 1, 0], [('a', 'x', '3'), ('b', 'x', '3')])
     """
 
-    SEED = 0x5EED
-
-    def __init__(self) -> None:
-        self.keys: list[tuple[str, str, str]] = []
-        self.index: dict[tuple[str, str, str], int] = {}
-        self._sorted = np.empty(0, dtype=np.uint64)
-        self._order = np.empty(0, dtype=np.int64)
-        self._epoch: int | None = None
-        self._by_pos = np.empty(0, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    @classmethod
-    def _hash(cls, frame: pl.DataFrame) -> np.ndarray:
-        return (
-            frame.select(pl.struct("device", "port", "qual").hash(seed=cls.SEED))
-            .to_series()
-            .to_numpy()
-        )
-
-    def _lookup(self, h: np.ndarray) -> np.ndarray:
-        if len(self._sorted) == 0:
-            return np.full(len(h), -1, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self._sorted, h), len(self._sorted) - 1)
-        return np.where(self._sorted[pos] == h, self._order[pos], -1)
-
-    def _rebuild(self) -> None:
-        self.index = {k: i for i, k in enumerate(self.keys)}
-        if not self.keys:
-            self._sorted = np.empty(0, dtype=np.uint64)
-            self._order = np.empty(0, dtype=np.int64)
-            return
-        d, p, q = zip(*self.keys, strict=True)
-        h = self._hash(pl.DataFrame({"device": list(d), "port": list(p), "qual": list(q)}))
-        self._order = np.argsort(h, kind="stable").astype(np.int64)
-        self._sorted = h[self._order]
-
-    def slot(self, key: tuple[str, str, str]) -> int:
-        """The slot of one key, assigned if new."""
-        i = self.index.get(key)
-        if i is None:
-            self.keys.append(key)
-            self._rebuild()
-            i = self.index[key]
-        return i
+    COLUMNS = ("device", "port", "qual")
 
     def rows(self, frame: pl.DataFrame) -> np.ndarray:
         """The slot of every row of ``frame`` (columns ``device``, ``port``, ``qual``)."""
-        if frame.height == 0:
-            return np.empty(0, dtype=np.int64)
-        frame = frame.select("device", "port", pl.col("qual").fill_null(""))
-        h = self._hash(frame)
-        slots = self._lookup(h)
-        missing = np.flatnonzero(slots < 0)
-        if len(missing):
-            _, first = np.unique(h[missing], return_index=True)
-            new = frame[missing[np.sort(first)].tolist()]
-            self.keys += [(str(d), str(p), str(q)) for d, p, q in new.iter_rows()]
-            self._rebuild()
-            slots = self._lookup(h)
-        return slots
+        return self.frame_slots(frame.select("device", "port", pl.col("qual").fill_null("")))
 
     def rows_at(self, step: Step, metric: str, frame: pl.DataFrame) -> np.ndarray:
         """Like ``rows`` for ``step.get(metric)``, through the step's series positions."""
@@ -119,26 +59,9 @@ class KeySlots:
         pos = known[1].get(metric) if known is not None else None
         if known is None or pos is None or len(pos) != frame.height:
             return self.rows(frame)
-        epoch = known[0]
-        if epoch != self._epoch:
-            self._epoch, self._by_pos = epoch, np.empty(0, dtype=np.int64)
-        if len(pos) and int(pos.max()) >= len(self._by_pos):
-            self._by_pos = grow(self._by_pos, int(pos.max()) + 1, -1)
-        slots = self._by_pos[pos]
-        miss = np.flatnonzero(slots < 0)
-        if len(miss):
-            found = self.rows(frame[pl.Series(miss, dtype=pl.UInt32)])
-            slots[miss] = found
-            self._by_pos[pos[miss]] = found
-        return slots
-
-    def __getstate__(self) -> list[tuple[str, str, str]]:
-        return self.keys
-
-    def __setstate__(self, keys: list[tuple[str, str, str]]) -> None:
-        self.keys = list(keys)
-        self._epoch, self._by_pos = None, np.empty(0, dtype=np.int64)
-        self._rebuild()
+        return self.at_positions(
+            (known[0], pos), lambda miss: self.rows(frame[pl.Series(miss, dtype=pl.UInt32)])
+        )
 
 
 @dataclass

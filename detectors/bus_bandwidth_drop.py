@@ -25,18 +25,28 @@ import polars as pl
 
 from detectors.base import Finding, StepContext, check_positive_numbers
 from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import (
+    BUS_BANDWIDTH_DROP,
+    ECN_CONGESTION,
+    FLAKY_LINK,
+    PCIE_DOWNGRADE,
+    PFC_STORM,
+    SLOW_RANK,
+    STRAGGLER,
+    TRANSPORT_ERRORS,
+)
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import Topology
 
 S = 1_000_000_000
 BUSBW = "nccl_coll_busbw_gbs"
 CAUSES = (
-    "PCIeDowngrade",
-    "FlakyLink",
-    "PFCStorm",
-    "Straggler",
-    "ECNCongestion",
-    "TransportErrors",
+    PCIE_DOWNGRADE,
+    FLAKY_LINK,
+    PFC_STORM,
+    STRAGGLER,
+    ECN_CONGESTION,
+    TRANSPORT_ERRORS,
 )
 
 
@@ -166,7 +176,7 @@ class BusBandwidthDropDetector(Stateful):
                 break
         cause, why = self._cause(comm, set(k.hosts), firing)
         return Finding(
-            "BusBandwidthDrop",
+            BUS_BANDWIDTH_DROP,
             labels,
             "warning",
             k.fired_ts,
@@ -186,7 +196,7 @@ class BusBandwidthDropDetector(Stateful):
         def say(a: Mapping[str, str]) -> str:
             return ", ".join(f"{x}={y}" for x, y in sorted(a.items()) if x != "alertname")
 
-        slow = [a for a in firing if a.get("alertname") == "SlowRank" and a.get("comm") == comm]
+        slow = [a for a in firing if a.get("alertname") == SLOW_RANK and a.get("comm") == comm]
         for name in CAUSES:
             for a in firing:
                 if a.get("alertname") != name:
@@ -196,7 +206,7 @@ class BusBandwidthDropDetector(Stateful):
                 ):
                     return name, say(a)
         if slow:
-            return "SlowRank", say(slow[0])
+            return SLOW_RANK, say(slow[0])
         for name in CAUSES:
             for a in firing:
                 if a.get("alertname") == name and a.get("node") in hosts:

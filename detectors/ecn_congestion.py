@@ -73,6 +73,7 @@ from detectors.baseline import (
 from detectors.state import Episode, Key, Row, Sustain, lookup
 from detectors.windows import Step
 from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import ECN_CONGESTION
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import Topology
 
@@ -508,7 +509,7 @@ class EcnCongestionDetector(Stateful):
             )
         extra = f", {cnp:,.0f} CNPs sent/s" if cnp is not None else ""
         return Finding(
-            "ECNCongestion",
+            ECN_CONGESTION,
             labels,
             ep.severity or "warning",
             ep.ts,

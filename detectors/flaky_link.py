@@ -52,6 +52,7 @@ import polars as pl
 from detectors.base import Finding, StepContext, node_labels, port_labels
 from detectors.state import MISSED_SAMPLE_INTERVALS, EntitySlots
 from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import FLAKY_LINK
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
@@ -493,7 +494,7 @@ class FlakyLinkDetector(Stateful):
         crit = c.crit_since is not None
         return [
             Finding(
-                "FlakyLink",
+                FLAKY_LINK,
                 labels,
                 "critical" if crit else "warning",
                 c.crit_since if c.crit_since is not None else c.since,

@@ -29,6 +29,7 @@ import numpy as np
 from detectors.base import Finding, StepContext, check_positive_numbers, node_labels
 from detectors.state import MISSED_SAMPLE_INTERVALS, EntitySlots
 from detectors.windows import Step
+from rocewatch.core.model import PCIE_DOWNGRADE
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import Topology
 
@@ -198,7 +199,7 @@ class PcieDowngradeDetector(Stateful):
                 continue
             out.append(
                 Finding(
-                    "PCIeDowngrade",
+                    PCIE_DOWNGRADE,
                     node_labels(self.topology, node, nic),
                     "warning",
                     st.fired_ts,

@@ -41,6 +41,7 @@ import polars as pl
 
 from detectors.base import Finding, StepContext, node_labels, pct, port_labels
 from detectors.state import MISSED_SAMPLE_INTERVALS, NS, EntitySlots, matches
+from rocewatch.core.model import PFC_STORM
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
@@ -543,7 +544,7 @@ class PfcStormDetector(Stateful):
             who = f"{dev}/{port}"
             findings.append(
                 Finding(
-                    "PFCStorm",
+                    PFC_STORM,
                     labels,
                     "critical",
                     ts,
@@ -560,7 +561,7 @@ class PfcStormDetector(Stateful):
             labels.update(priority=prio, role="victim")
             findings.append(
                 Finding(
-                    "PFCStorm",
+                    PFC_STORM,
                     labels,
                     "warning",
                     act.ts,

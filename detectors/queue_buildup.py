@@ -72,6 +72,7 @@ from detectors.baseline import (
 from detectors.state import Episode, Key, Row, Sustain, lookup
 from detectors.windows import Step
 from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import QUEUE_BUILDUP
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import Topology
 
@@ -582,7 +583,7 @@ class QueueBuildupDetector(Stateful):
                 "seldom reach)"
             )
         return Finding(
-            "QueueBuildup",
+            QUEUE_BUILDUP,
             labels,
             ep.severity,
             ep.ts,

@@ -30,6 +30,14 @@ from typing import ClassVar
 import polars as pl
 
 from detectors.base import Finding, StepContext, check_positive_numbers, node_labels
+from rocewatch.core.model import (
+    FLAKY_LINK,
+    PCIE_DOWNGRADE,
+    PFC_STORM,
+    SLOW_RANK,
+    STRAGGLER,
+    TRANSPORT_ERRORS,
+)
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import Topology
 
@@ -40,11 +48,11 @@ HOST_SIDE = "host or GPU side"
 MAX_PLACES = 200_000  # ranks whose place (GPU, NIC) is remembered
 # fabric alerts that explain a late rank, and how the cause reads
 CAUSES = {
-    "PCIeDowngrade": "PCIe downgrade",
-    "FlakyLink": "flaky link",
-    "PFCStorm": "PFC storm",
-    "Straggler": "NIC straggler",
-    "TransportErrors": "RoCE transport errors",
+    PCIE_DOWNGRADE: "PCIe downgrade",
+    FLAKY_LINK: "flaky link",
+    PFC_STORM: "PFC storm",
+    STRAGGLER: "NIC straggler",
+    TRANSPORT_ERRORS: "RoCE transport errors",
 }
 
 
@@ -168,7 +176,7 @@ class SlowRankDetector(Stateful):
         cause, why = self._cause(host, nic, firing)
         where = f"{host} GPU {gpu if gpu >= 0 else '?'} NIC {nic or '?'}"
         return Finding(
-            "SlowRank",
+            SLOW_RANK,
             labels,
             "warning",
             st.fired_ts,

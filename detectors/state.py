@@ -11,6 +11,8 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 
+from detectors.slots import SlotTable
+
 log = logging.getLogger(__name__)
 
 Key = tuple[str, ...]  # ("queue", switch, port, queue) or ("nic", node, nic)
@@ -288,13 +290,9 @@ class Sustain:
 # --- the detector -----------------------------------------------------------------------------
 
 
-class EntitySlots:
-    """Stable small integers for (device, port) entities, assigned to a frame's rows at once.
-
-    Detectors keep per-entity state in numpy arrays indexed by slot, so a step's rows update
-    every entity without a join or a Python loop per row; only an entity seen for the first
-    time costs a Python step. Pickles as its key list (hashes are rebuilt on load, so a
-    checkpoint survives a Polars upgrade).
+class EntitySlots(SlotTable[tuple[str, str]]):
+    """Stable small integers for (device, port) entities, assigned to a frame's rows at once
+    (``detectors.slots.SlotTable``).
 
     >>> s = EntitySlots()
     >>> f = pl.DataFrame({"device": ["a", "b", "a"], "port": ["x", "x", "x"]})
@@ -302,55 +300,11 @@ class EntitySlots:
     ([0, 1, 0], [('a', 'x'), ('b', 'x')], 1)
     """
 
-    SEED = 0x5EED
-
-    def __init__(self) -> None:
-        self.keys: list[tuple[str, str]] = []
-        self.index: dict[tuple[str, str], int] = {}
-        self._sorted = np.empty(0, dtype=np.uint64)
-        self._order = np.empty(0, dtype=np.int64)
-        # the slot of each window-engine series position (-1: not looked up yet); a cache
-        self._epoch: int | None = None
-        self._by_pos = np.empty(0, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    @classmethod
-    def _hash(cls, frame: pl.DataFrame) -> np.ndarray:
-        return frame.select(pl.struct("device", "port").hash(seed=cls.SEED)).to_series().to_numpy()
-
-    def _lookup(self, h: np.ndarray) -> np.ndarray:
-        if len(self._sorted) == 0:
-            return np.full(len(h), -1, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self._sorted, h), len(self._sorted) - 1)
-        return np.where(self._sorted[pos] == h, self._order[pos], -1)
-
-    def _rebuild(self) -> None:
-        self.index = {k: i for i, k in enumerate(self.keys)}
-        if not self.keys:
-            self._sorted = np.empty(0, dtype=np.uint64)
-            self._order = np.empty(0, dtype=np.int64)
-            return
-        d, p = zip(*self.keys, strict=True)
-        h = self._hash(pl.DataFrame({"device": list(d), "port": list(p)}))
-        self._order = np.argsort(h, kind="stable").astype(np.int64)
-        self._sorted = h[self._order]
+    COLUMNS = ("device", "port")
 
     def rows(self, frame: pl.DataFrame) -> np.ndarray:
         """The slot of every row of ``frame`` (columns ``device``, ``port``)."""
-        if frame.height == 0:
-            return np.empty(0, dtype=np.int64)
-        h = self._hash(frame)
-        slots = self._lookup(h)
-        missing = np.flatnonzero(slots < 0)
-        if len(missing):
-            _, first = np.unique(h[missing], return_index=True)
-            new = frame[missing[np.sort(first)].tolist()].select("device", "port")
-            self.keys += [(str(d), str(p)) for d, p in new.iter_rows()]  # new entities only
-            self._rebuild()
-            slots = self._lookup(h)
-        return slots
+        return self.frame_slots(frame)
 
     def rows_at(self, frame: pl.DataFrame, positions: tuple[int, np.ndarray] | None) -> np.ndarray:
         """Like ``rows``; where the window engine gave the rows' series positions
@@ -358,24 +312,6 @@ class EntitySlots:
         seen before are hashed. (A series maps to one entity: its device and port.)"""
         if positions is None:
             return self.rows(frame)
-        epoch, pos = positions
-        if epoch != self._epoch:
-            self._epoch, self._by_pos = epoch, np.empty(0, dtype=np.int64)
-        if len(pos) and int(pos.max()) >= len(self._by_pos):
-            grow = np.full(int(pos.max()) + 1 - len(self._by_pos), -1, dtype=np.int64)
-            self._by_pos = np.concatenate([self._by_pos, grow])
-        slots = self._by_pos[pos]
-        miss = np.flatnonzero(slots < 0)
-        if len(miss):
-            found = self.rows(frame[pl.Series(miss, dtype=pl.UInt32)])
-            slots[miss] = found
-            self._by_pos[pos[miss]] = found
-        return slots
-
-    def __getstate__(self) -> list[tuple[str, str]]:
-        return self.keys
-
-    def __setstate__(self, keys: list[tuple[str, str]]) -> None:
-        self.keys = list(keys)
-        self._epoch, self._by_pos = None, np.empty(0, dtype=np.int64)
-        self._rebuild()
+        return self.at_positions(
+            positions, lambda miss: self.rows(frame[pl.Series(miss, dtype=pl.UInt32)])
+        )

@@ -98,6 +98,7 @@ from detectors.base import Finding, StepContext, check_positive_numbers, node_la
 from detectors.state import MISSED_SAMPLE_INTERVALS, EntitySlots
 from detectors.windows import Step
 from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import STRAGGLER
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import Topology
 
@@ -688,7 +689,7 @@ class StragglerDetector(Stateful):
             extra = {"pcie": act.pcie} if act.pcie else {}
             out.append(
                 Finding(
-                    "Straggler",
+                    STRAGGLER,
                     labels,
                     "warning",
                     act.ts,

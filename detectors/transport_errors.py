@@ -72,6 +72,7 @@ from detectors.state import (
 )
 from detectors.windows import Step
 from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import TRANSPORT_ERRORS
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import Topology
 
@@ -763,7 +764,7 @@ class TransportErrorsDetector(Stateful):
             )
         summary = f"RoCE transport errors on {who}: " + (" and ".join(what) or "sustained")
         return Finding(
-            "TransportErrors",
+            TRANSPORT_ERRORS,
             node_labels(self.topology, dev, port),
             ep.severity,
             ep.ts,

@@ -10,6 +10,7 @@ import orjson
 
 from detectors.registry import ALERTNAMES
 from rocewatch.config import Config
+from rocewatch.core.model import PFC_STORM
 from rocewatch.core.progress import Progress
 from rocewatch.pipeline import Output, Pipeline
 from rocewatch.replay import write_jsonl
@@ -106,7 +107,7 @@ def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None)
         nics = sum(1 for v in victims if "nic" in v.labels)
         rows.append(
             [
-                "PFCStorm",
+                PFC_STORM,
                 "warning",
                 "victim",
                 f"{len(victims) - nics} switch ports + {nics} NICs (grouped)",

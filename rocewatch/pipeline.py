@@ -30,6 +30,7 @@ from rocewatch.alerting.group import StormGrouper, views
 from rocewatch.alerting.inhibit import INHIBITED_BY, Inhibitor
 from rocewatch.alerting.interference import InterferenceAttributor
 from rocewatch.config import Config
+from rocewatch.core import rollups
 from rocewatch.core.checkpoint import StateTypes
 from rocewatch.core.errors import ConfigError
 from rocewatch.core.model import SERIES_KEY, Action, Alert
@@ -42,21 +43,6 @@ log = logging.getLogger(__name__)
 # the layout of ``Pipeline.state()``; a state of another version is refused (the caller starts
 # afresh from its committed offsets)
 PIPELINE_STATE_VERSION = 2
-
-ROLLUP_SCHEMA: dict[str, pl.DataType] = {
-    "bucket_start_ns": pl.Int64(),
-    "resolution_s": pl.Int64(),
-    "device": pl.String(),
-    "port": pl.String(),
-    "qual": pl.String(),
-    "metric": pl.String(),
-    "mean": pl.Float64(),
-    "max": pl.Float64(),
-    "min": pl.Float64(),
-    "last": pl.Float64(),
-    "count": pl.Int64(),
-}
-
 
 ROLLUP_S = 10  # the rollups the services store, when they have storage
 COARSE_ROLLUP_S = 60
@@ -177,7 +163,7 @@ class Rollups:
                 pl.lit(self.bucket * self.resolution_ns, dtype=pl.Int64).alias("bucket_start_ns"),
                 pl.lit(self.resolution_s, dtype=pl.Int64).alias("resolution_s"),
             )
-            .select(list(ROLLUP_SCHEMA))
+            .select(list(rollups.ROLLUP_SCHEMA))
         )
         return df
 

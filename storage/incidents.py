@@ -39,7 +39,15 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, and_, or_, select, text
 
-from rocewatch.core.model import Action, Alert
+from rocewatch.core.model import (
+    FABRIC_INCIDENT,
+    FLAKY_LINK,
+    PCIE_DOWNGRADE,
+    PFC_STORM,
+    STRAGGLER,
+    Action,
+    Alert,
+)
 from storage.models import (
     AlertRow,
     IncidentEdgeRow,
@@ -67,11 +75,11 @@ _SHARE = re.compile(r"(\S+?/\S+) prio \d+ (received|sent) pause ([\d.]+)% of")
 def kind_of(a: Alert) -> str:
     name = a.labels.get("alertname", "")
     return {
-        "PFCStorm": "storm",
-        "FlakyLink": "flaky_link",
-        "Straggler": "straggler",
-        "PCIeDowngrade": "straggler",
-        "FabricIncident": "fabric",
+        PFC_STORM: "storm",
+        FLAKY_LINK: "flaky_link",
+        STRAGGLER: "straggler",
+        PCIE_DOWNGRADE: "straggler",
+        FABRIC_INCIDENT: "fabric",
     }.get(name, name.lower() or "alert")
 
 
@@ -444,7 +452,7 @@ def _promote(conn: Connection, iid: int, a: Alert) -> None:
     """A straggler's PCIe downgrade may come first: the Straggler alert names the incident;
     an origin names a storm first seen from its victims."""
     name, role = a.labels.get("alertname"), a.labels.get("role")
-    if name == "Straggler" or (name == "PFCStorm" and role == "origin"):
+    if name == STRAGGLER or (name == PFC_STORM and role == "origin"):
         conn.execute(
             INCIDENTS.update()
             .where(INCIDENTS.c.id == iid)

@@ -27,6 +27,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 
+from rocewatch.core import rollups
 from rocewatch.core.errors import ConfigError, PermanentError, RetryableError
 from rocewatch.core.model import Action, Alert
 from storage import incidents
@@ -46,9 +47,6 @@ from storage.models import (
 
 log = logging.getLogger(__name__)
 
-ROLLUP_KEY = ["bucket_start_ns", "resolution_s", "device", "port", "qual", "metric"]
-ROLLUP_VALUES = ["mean", "max", "min", "last", "count"]
-ROLLUP_COLUMNS = ROLLUP_KEY + ROLLUP_VALUES
 PENDING = "pending-approval"  # the outcome of a drain that waits for approval (actions.policy)
 ROLLUP_KEY_DB = ["bucket_start", "resolution_s", "device", "port", "qual", "metric"]
 
@@ -305,7 +303,7 @@ class Store:
 
     def write_rollups(self, df: pl.DataFrame) -> int:
         """Upsert metric rollups (columns ``ROLLUP_COLUMNS``); a rewritten bucket is replaced."""
-        missing = [c for c in ROLLUP_COLUMNS if c not in df.columns]
+        missing = [c for c in rollups.ROLLUP_COLUMNS if c not in df.columns]
         if missing:
             raise ValueError(f"rollups frame lacks columns {missing}")
         if df.height == 0:
@@ -319,16 +317,16 @@ class Store:
                 pl.col("resolution_s").cast(pl.Int64),
                 *[pl.col(c).cast(pl.String).fill_null("") for c in ("device", "port", "qual")],
                 pl.col("metric").cast(pl.String),
-                *[pl.col(c).cast(pl.Float64).fill_nan(None) for c in ROLLUP_VALUES[:4]],
+                *[pl.col(c).cast(pl.Float64).fill_nan(None) for c in rollups.ROLLUP_VALUES[:4]],
                 pl.col("count").cast(pl.Int64).fill_null(0),
             )
-            .unique(subset=ROLLUP_KEY, keep="last", maintain_order=True)
+            .unique(subset=rollups.ROLLUP_KEY, keep="last", maintain_order=True)
             .drop("bucket_start_ns")
         )
         ins = self._insert(ROLLUPS)
         stmt = ins.on_conflict_do_update(
             index_elements=["bucket_start", "resolution_s", "device", "port", "qual", "metric"],
-            set_={c: ins.excluded[c] for c in ROLLUP_VALUES},
+            set_={c: ins.excluded[c] for c in rollups.ROLLUP_VALUES},
         )
         if self.backend == "postgresql":
             self._copy_rollups(df)
@@ -356,7 +354,7 @@ class Store:
 
         cols = list(df.columns)
         collist = ", ".join(f'"{c}"' for c in cols)
-        updates = ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in ROLLUP_VALUES)
+        updates = ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in rollups.ROLLUP_VALUES)
         key = ", ".join(f'"{c}"' for c in ROLLUP_KEY_DB)
         csv = df.with_columns(
             pl.col("bucket_start").dt.strftime("%Y-%m-%d %H:%M:%S%.6f+00")
@@ -538,10 +536,10 @@ class Store:
         q = select(ROLLUPS).order_by(ROLLUPS.c.bucket_start, ROLLUPS.c.id)
         with self._errors("read rollups"), self.engine.connect() as conn:
             rows = conn.execute(q).mappings().all()
-        data: dict[str, list[Any]] = {c: [] for c in ROLLUP_COLUMNS}
+        data: dict[str, list[Any]] = {c: [] for c in rollups.ROLLUP_COLUMNS}
         for r in rows:
             data["bucket_start_ns"].append(datetime_to_ns(r["bucket_start"]))
-            for c in ROLLUP_COLUMNS[1:]:
+            for c in rollups.ROLLUP_COLUMNS[1:]:
                 data[c].append(r[c])
         schema = {
             "bucket_start_ns": pl.Int64,

@@ -256,23 +256,27 @@ def test_idle_report_stops_counting_once_records_arrive(
         closed = 1000 * det.step_ns
         now = time.monotonic()
         for p in range(PARTITIONS - 1):  # three partitions stream and have closed to `closed`
-            assert det._take(st, StepsMessage(p, None, closed, False, [], None, 7), now)
+            assert det.assembly.take(st, StepsMessage(p, None, closed, False, [], None, 7), now)
         # the last is read to its end (offset 0, nothing published) and reported idle
         quiet = PARTITIONS - 1
-        det.idle_offset[quiet] = 0
-        det._take(st, StepsMessage(quiet, None, None, True, [], None, 0), now)
-        assert det._target(st, now) == closed  # left out: the others set the watermark
+        det.assembly.idle_offset[quiet] = 0
+        det.assembly.take(st, StepsMessage(quiet, None, None, True, [], None, 0), now)
+        assert det.assembly.target(st, now) == closed  # left out: the others set the watermark
         producer.send(cfg.kafka.topics.telemetry, b"sample", partition=quiet).get(timeout=10)
         # a burst: another partition closes a step at once, well within END_EVERY_S of the last
         # look at the end offsets (the clock given is the same): the ends are asked again, and
         # the new record holds the watermark
-        assert det._take(st, StepsMessage(0, None, closed + det.step_ns, False, [], None, 8), now)
-        assert det._target(st, now) is None
+        assert det.assembly.take(
+            st, StepsMessage(0, None, closed + det.step_ns, False, [], None, 8), now
+        )
+        assert det.assembly.target(st, now) is None
         time.sleep(END_EVERY_S + 0.1)
         # a record past the report: the partition holds the watermark until its owner closes
-        assert det._target(st, time.monotonic()) is None
-        det._take(st, StepsMessage(quiet, None, closed - det.step_ns, False, [], None, 1), now)
-        assert det._target(st, time.monotonic()) == closed - det.step_ns
+        assert det.assembly.target(st, time.monotonic()) is None
+        det.assembly.take(
+            st, StepsMessage(quiet, None, closed - det.step_ns, False, [], None, 1), now
+        )
+        assert det.assembly.target(st, time.monotonic()) == closed - det.step_ns
     finally:
         producer.close()
         svc.close()
@@ -1147,7 +1151,8 @@ def test_detect_stage_buffers_each_step_of_a_message_and_counts_late_and_steples
     from detectors.windows import AGG_SCHEMA
     from rocewatch.core.keys import KEYS
     from rocewatch.core.stats import Stats
-    from rocewatch.runtime.detect import DetectState, DomainStage
+    from rocewatch.runtime.assembly import StepAssembly
+    from rocewatch.runtime.detect_state import DetectState
 
     def rows(steps: list[int | None]) -> pl.DataFrame:
         n = len(steps)
@@ -1166,16 +1171,14 @@ def test_detect_stage_buffers_each_step_of_a_message_and_counts_late_and_steples
             }
         )
 
-    det = object.__new__(DomainStage)
-    det.cfg, det.n_parts, det.stats = Config(), 3, Stats()
-    det.clock = SYSTEM_CLOCK
-    det.seen, det.lat_pending, det.moved_at, det.heard = {}, [], 0.0, 0.0
+    det = StepAssembly(Config(), 3, None, None, None, Stats(), SYSTEM_CLOCK)
+    det.heard = 0.0
     step_ns = det.step_ns
     st = DetectState(1, None, {}, {}, {}, None, 0, {})  # type: ignore[arg-type]
 
     def take(p: int, frame: pl.DataFrame, to_step: int) -> bool:
         msg = StepsMessage(p, 0, to_step * step_ns, False, [], frame)
-        return det._take(st, decode_steps(encode_steps(msg), KEYS), 0.0)
+        return det.take(st, decode_steps(encode_steps(msg), KEYS), 0.0)
 
     assert take(0, rows([5, 5, 5]), 6)  # one step: taken whole
     assert sorted(st.buffer) == [5] and KEYS.decode(st.buffer[5][0])["device"].to_list() == [
@@ -1206,34 +1209,32 @@ def test_a_detect_stage_that_hears_no_partition_judges_none_without_an_owner() -
     counts from the first word after it. Else the ones behind had their steps dropped as late."""
     from rocewatch.core.keys import KEYS
     from rocewatch.core.stats import Stats
-    from rocewatch.runtime.detect import DetectState, DomainStage
+    from rocewatch.runtime.assembly import StepAssembly
+    from rocewatch.runtime.detect_state import DetectState
 
     class Consumer:
         def highwater(self, tp: object) -> int:
             return 0  # the stage has read everything there is
 
-    det = object.__new__(DomainStage)
-    det.cfg, det.n_parts, det.stats = Config(), 2, Stats()
-    det.clock = SYSTEM_CLOCK
-    det.consumer, det.tp, det.stall_s = Consumer(), None, 20.0
+    det = StepAssembly(Config(), 2, Consumer(), None, None, Stats(), SYSTEM_CLOCK)
+    det.stall_s = 20.0
     det.seen, det.started, det.heard = {0: 0.0, 1: 0.0}, 0.0, 0.0
-    det.lat_pending, det.moved_at = [], 0.0
     st = DetectState(1, None, {}, {}, {}, None, 0, {})  # type: ignore[arg-type]
     st.part_closed = {0: 100, 1: 50}
 
     def report(p: int, closed_to: int, now: float) -> None:
         msg = StepsMessage(p, None, closed_to, False, [], None)
-        det._take(st, decode_steps(encode_steps(msg), KEYS), now)
+        det.take(st, decode_steps(encode_steps(msg), KEYS), now)
 
-    assert det._target(st, 40.0) == 50  # nobody heard for 40 s: both waited for
+    assert det.target(st, 40.0) == 50  # nobody heard for 40 s: both waited for
     report(0, 110, 41.0)  # the broker is back: partition 0 speaks first
-    assert det._target(st, 42.0) == 50  # partition 1's silence counts from 41 s
+    assert det.target(st, 42.0) == 50  # partition 1's silence counts from 41 s
     for t in range(43, 61):
         report(0, 110 + t, float(t))
-    assert det._target(st, 60.5) == 50  # (19.5 s)
+    assert det.target(st, 60.5) == 50  # (19.5 s)
     report(0, 200, 62.0)
     # partition 1 silent for stall_s while partition 0 reports: no owner, no longer waited for
-    assert det._target(st, 62.0) == 200
+    assert det.target(st, 62.0) == 200
     assert det.stats.get("stalled_partition") == 1
 
 

@@ -10,61 +10,19 @@ import numpy as np
 import polars as pl
 
 from detectors.isolation_forest.features import _CODES, _N_NIC, _NAMES, KINDS, METRICS, S
-from detectors.windows import Step, sorted_lookup
+from detectors.slots import SlotTable
+from detectors.windows import Step
 from rocewatch.core.state import Stateful, StateMismatch
 
 # --- per-entity accumulation ----------------------------------------------------------------------
 
 
-class _Series:
-    """Stable slots for (device, port, qual) series, assigned to a frame's rows at once.
+class _Series(SlotTable[tuple[str, str, str]]):
+    """Stable slots for (device, port, qual) series (``detectors.slots.SlotTable``), found by
+    hashes the caller computes (``hash_expr``) over frames it never builds whole."""
 
-    Pickles as its key list; hashes are rebuilt on load (a checkpoint survives a Polars upgrade).
-    """
-
+    COLUMNS = ("device", "port", "qual")
     SEED = 0x1F0E57
-
-    def __init__(self) -> None:
-        self.keys: list[tuple[str, str, str]] = []
-        self._sorted = np.empty(0, dtype=np.uint64)
-        self._order = np.empty(0, dtype=np.int64)
-        self._forget_positions()
-
-    def _forget_positions(self, epoch: int | None = None) -> None:
-        # the slot of each window-engine series position (-1: not looked up yet)
-        self._epoch = epoch
-        self._by_pos = np.empty(0, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def __getstate__(self) -> list[tuple[str, str, str]]:
-        return self.keys
-
-    def __setstate__(self, keys: list[tuple[str, str, str]]) -> None:
-        self.keys = keys
-        self._forget_positions()
-        self._rebuild()
-
-    @classmethod
-    def hash_expr(cls) -> pl.Expr:
-        return pl.struct("device", "port", "qual").hash(seed=cls.SEED)
-
-    def _lookup(self, h: np.ndarray) -> np.ndarray:
-        if len(self._sorted) == 0:
-            return np.full(len(h), -1, dtype=np.int64)
-        return sorted_lookup(self._sorted, self._order, h)
-
-    def _rebuild(self) -> None:
-        if not self.keys:
-            self._sorted = np.empty(0, dtype=np.uint64)
-            self._order = np.empty(0, dtype=np.int64)
-            return
-        d, p, q = zip(*self.keys, strict=True)
-        frame = pl.DataFrame({"device": list(d), "port": list(p), "qual": list(q)})
-        h = frame.select(self.hash_expr()).to_series().to_numpy()
-        self._order = np.argsort(h, kind="stable").astype(np.int64)
-        self._sorted = h[self._order]
 
     def rows_at(
         self,
@@ -77,36 +35,21 @@ class _Series:
         not seen before are hashed (``hashes(row indices or None for all)``)."""
         if positions is None:
             return self.rows(hashes(None), keys_of)
-        epoch, pos = positions
-        if epoch != self._epoch:
-            self._forget_positions(epoch)
-        if len(pos) and int(pos.max()) >= len(self._by_pos):
-            grow = np.full(int(pos.max()) + 1 - len(self._by_pos), -1, dtype=np.int64)
-            self._by_pos = np.concatenate([self._by_pos, grow])
-        slots = self._by_pos[pos]
-        miss = np.flatnonzero(slots < 0)
         new: list[tuple[str, str, str]] = []
-        if len(miss):
-            found, new = self.rows(hashes(miss), lambda i: keys_of(miss[i]))
-            slots[miss] = found
-            self._by_pos[pos[miss]] = found
-        return slots, new
+
+        def slots_of(miss: np.ndarray) -> np.ndarray:
+            found, added = self.rows(hashes(miss), lambda i: keys_of(miss[i]))
+            new.extend(added)
+            return found
+
+        return self.at_positions(positions, slots_of), new
 
     def rows(
         self, h: np.ndarray, keys_of: Callable[[np.ndarray], list[tuple[str, str, str]]]
     ) -> tuple[np.ndarray, list[tuple[str, str, str]]]:
         """The slot of every row (by its ``hash_expr`` hash), and the keys seen for the first
         time (``keys_of(row indices)`` names them; only new series cost a Python step)."""
-        slots = self._lookup(h)
-        missing = np.flatnonzero(slots < 0)
-        new: list[tuple[str, str, str]] = []
-        if len(missing):
-            _, first = np.unique(h[missing], return_index=True)
-            new = keys_of(missing[np.sort(first)])
-            self.keys += new
-            self._rebuild()
-            slots = self._lookup(h)
-        return slots, new
+        return self.slots(h, keys_of)
 
 
 class _Accumulator:

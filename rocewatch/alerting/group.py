@@ -49,11 +49,11 @@ from rocewatch.core.members import (
     parse_members,
     views,
 )
-from rocewatch.core.model import Finding
+from rocewatch.core.model import PFC_STORM, Finding
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
-STORM = "PFCStorm"
+STORM = PFC_STORM
 TREE = "tree"  # an origin alert's pause tree: its members and its storm's victims
 Entity = tuple[str, str, str]  # ("nic", node, nic) | ("port", switch, port)
 Device = tuple[str, str, str]  # ("nic", node, nic) | ("switch", switch, "")

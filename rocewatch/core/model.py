@@ -209,6 +209,22 @@ def parse_rfc3339(s: str) -> int:
 
 # --- alerts and actions -----------------------------------------------------------------------
 
+# Each alert name as a constant, for code that means one alert (policy, grouping, inhibition,
+# the simulator's truth, evaluation, incidents): a typo is a NameError, not a silent mismatch.
+# ``ALERTNAMES`` below is the contract's list (CONTRACTS.md section 6); tests/test_alertnames.py
+# checks every constant is in it.
+PFC_STORM = "PFCStorm"
+FLAKY_LINK = "FlakyLink"
+STRAGGLER = "Straggler"
+PCIE_DOWNGRADE = "PCIeDowngrade"
+ECN_CONGESTION = "ECNCongestion"
+QUEUE_BUILDUP = "QueueBuildup"
+TRANSPORT_ERRORS = "TransportErrors"
+PORT_ANOMALY = "PortAnomaly"
+FABRIC_INCIDENT = "FabricIncident"
+SLOW_RANK = "SlowRank"
+BUS_BANDWIDTH_DROP = "BusBandwidthDrop"
+
 ALERTNAMES = (
     "PFCStorm",
     "FlakyLink",

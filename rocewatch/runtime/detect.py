@@ -4,14 +4,9 @@ the detectors, alert lifecycle and policy, and publish alerts and actions once."
 from __future__ import annotations
 
 import contextlib
-import heapq
 import logging
-from collections import deque
-from dataclasses import dataclass, fields
 from typing import Any
 
-import numpy as np
-import polars as pl
 from kafka import KafkaConsumer
 from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata, TopicPartition
@@ -20,150 +15,41 @@ from actions.executors import Executor
 from actions.membership import LiveJobs, build_live_jobs
 from actions.operator import MemoryCommands, apply_pending
 from actions.routing import RoutingExecutor
-from detectors.registry import DETECTORS
-from detectors.windows import Step
 from rocewatch.bus.poll import poll_group
 from rocewatch.bus.signing import SignatureError
-from rocewatch.bus.state_store import Signed, StateSnapshot, StateStore, state_record
-from rocewatch.bus.topics import (
-    GROUP_METADATA_MAX_AGE_MS,
-    MAX_MESSAGE_BYTES,
-)
+from rocewatch.bus.state_store import StateStore
+from rocewatch.bus.topics import GROUP_METADATA_MAX_AGE_MS, MAX_MESSAGE_BYTES
 from rocewatch.bus.transactions import DetectWriter, FencedExecutor, TransactionFailed
 from rocewatch.config import Config
-from rocewatch.core import checkpoint
 from rocewatch.core.checkpoint import CheckpointError
-from rocewatch.core.errors import (
-    BadInput,
-    Fenced,
-    RetryableError,
-    RocewatchError,
-)
-from rocewatch.core.keys import KEYS, is_coded
+from rocewatch.core.errors import BadInput, Fenced, RetryableError, RocewatchError
+from rocewatch.core.keys import KEYS
 from rocewatch.core.model import Alert
 from rocewatch.core.stats import Stats
 from rocewatch.core.topology import Topology
-from rocewatch.pipeline import (
-    Output,
-    Pipeline,
-)
+from rocewatch.pipeline import Output, Pipeline
+from rocewatch.runtime import stage1_feed
 from rocewatch.runtime.aggregate import STATE_VERSION
+from rocewatch.runtime.assembly import StepAssembly
 from rocewatch.runtime.delivery import Published, output_partitions, send_events
+from rocewatch.runtime.detect_checkpoint import StageCheckpoints
+from rocewatch.runtime.detect_state import DETECT_STATE_KIND, DetectState, load_detect_state
+from rocewatch.runtime.kube import kube_api, kube_nodes
 from rocewatch.runtime.outputs import OutputWriter
-from rocewatch.runtime.steps import DomainRoutes, StepsMessage, coded_step, decode_steps
-from rocewatch.runtime.timing import (
-    DEAF_S,
-    END_EVERY_S,
-    SYSTEM_CLOCK,
-    TAKEOVER_RETRY_S,
-    Clock,
-)
+from rocewatch.runtime.steps import DomainRoutes, decode_steps
+from rocewatch.runtime.timing import SYSTEM_CLOCK, TAKEOVER_RETRY_S, Clock
+
+__all__ = [
+    "DETECT_STATE_KIND",
+    "DetectStage",
+    "DetectState",
+    "DomainStage",
+    "kube_api",
+    "kube_nodes",
+    "load_detect_state",
+]
 
 log = logging.getLogger(__name__)
-
-
-def kube_api(cfg: Config) -> Any:
-    """A CoreV1Api factory when Kubernetes is configured (built only when first needed)."""
-    kcfg = cfg.executors.kubernetes
-    if kcfg is None:
-        return None
-
-    def make() -> Any:
-        from kubernetes import client
-
-        from actions.kubernetes import api_client
-
-        return client.CoreV1Api(api_client(kcfg))
-
-    return make
-
-
-def kube_nodes(topology: Any, domain: str | None) -> dict[str, list[str]]:
-    """The topology's Kubernetes nodes (of ``domain`` when the stage runs one), for the
-    executor that watches them."""
-    return {
-        "kubernetes": sorted(
-            n
-            for n in topology.nodes
-            if topology.scheduler_of(n) == "kubernetes"
-            and (domain is None or topology.domain_of(n) == domain)
-        )
-    }
-
-
-DETECT_STATE_KIND = "detect-state"  # a detect stage's
-
-
-def load_detect_state(raw: bytes, pipeline: Pipeline) -> DetectState:
-    """A detect stage's state record read back, its pipeline's state laid over ``pipeline``
-    (built from today's configuration and topology), as ``load_agg_state``."""
-    return DetectState.restore(
-        checkpoint.loads(raw, DETECT_STATE_KIND, Pipeline.state_types()), pipeline
-    )
-
-
-# --- stage 2: detect ---------------------------------------------------------------------------
-
-
-@dataclass
-class DetectState:
-    version: int
-    pipeline: Pipeline
-    part_closed: dict[int, int]  # newest closed time reported per telemetry partition
-    part_idle: dict[int, bool]
-    buffer: dict[int, dict[int, pl.DataFrame]]  # step index -> telemetry partition -> rows
-    closed_ns: int | None  # every step ending at or before this has been evaluated
-    offset: int  # next steps-topic offset
-    out_ends: dict[tuple[str, int], int]  # end offsets of the output topics at checkpoint time
-
-    def state(self) -> dict[str, Any]:
-        """What its state record holds (``restore`` takes it back)."""
-        # the partial steps travel as one frame: many small frames cost more in headers
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["pipeline"] = self.pipeline.state()  # its parts' state, never the parts
-        # (coded keys, which mean something only in this process, as their strings: decoded
-        # once for the whole buffer, not per frame, which cost a gather per key column and
-        # frame: hundreds of frames while the stage is behind)
-        held = [pf for _, slot in sorted(self.buffer.items()) for pf in sorted(slot.items())]
-        if not held:
-            d["buffer"] = None
-            return d
-        part = np.repeat(np.array([p for p, _ in held]), [f.height for _, f in held])
-        flat = KEYS.decode(KEYS.concat([f for _, f in held]))
-        d["buffer"] = flat.with_columns(pl.Series("part", part, dtype=pl.Int32))
-        return d
-
-    def record_data(self) -> tuple[dict[str, Any], str, checkpoint.StateTypes]:
-        """What its state record holds, the record's kind and the record types in it
-        (``load_detect_state``)."""
-        return self.state(), DETECT_STATE_KIND, Pipeline.state_types()
-
-    @classmethod
-    def restore(cls, d: Any, pipeline: Pipeline) -> DetectState:
-        """The state ``state()`` gave, its pipeline's laid over ``pipeline`` (built from
-        today's configuration); ``CheckpointError`` if it is not one of this version or does
-        not fit that pipeline."""
-        if not isinstance(d, dict) or d.get("version") != STATE_VERSION:
-            v = d.get("version") if isinstance(d, dict) else None
-            raise CheckpointError(f"detect state version {v!r}, reads {STATE_VERSION}")
-        flat = d.get("buffer")
-        buffer: dict[int, dict[int, pl.DataFrame]] = {}
-        try:
-            if flat is not None and flat.height:
-                for (idx, p), f in flat.partition_by(
-                    ["step", "part"], as_dict=True, maintain_order=True
-                ).items():
-                    buffer.setdefault(int(idx), {})[int(p)] = f.drop("part")  # type: ignore[call-overload]
-            pipeline.restore(d["pipeline"])
-            st = cls(**{**d, "buffer": buffer, "pipeline": pipeline})
-        except (AttributeError, KeyError, TypeError, ValueError, pl.exceptions.PolarsError) as e:
-            raise CheckpointError(f"not a detect stage's state: {e}") from e
-        if not (
-            isinstance(st.offset, int)
-            and all(isinstance(x, dict) for x in (st.part_closed, st.part_idle, st.out_ends))
-        ):
-            raise CheckpointError("a detect stage's state of the wrong shape")
-        return st
 
 
 class DomainStage:
@@ -212,19 +98,9 @@ class DomainStage:
         self.closing = False
         self.group_changed = self.clock.monotonic()  # the last (re)assignment, for --max-idle
         self.state: DetectState | None = None
-        self.seen: dict[int, float] = {}
-        self.idle_offset: dict[int, int] = {}  # the owner's read offset in its idle report
-        self.all_quiet = False  # every telemetry partition idle and read to its end
-        self.ends: dict[int, int] = {}  # telemetry end offsets, asked at most every END_EVERY_S
-        self.ends_at = -float("inf")
-        self.moved_at = -float("inf")  # when a steps message last moved a partition's close
-        self.started = self.clock.monotonic()
-        self.heard = self.started  # when a steps message (any partition's) last came
-        self.stall_s = max(20.0, 3 * self.k.session_timeout_ms / 1000.0)
-        self.published = Published()
-        # (CreateTime ns, seconds to evaluation) of telemetry records, for the benchmark
-        self.latencies: deque[tuple[int, float]] = deque(maxlen=100_000)
-        self.lat_pending: list[tuple[int, list[int]]] = []  # a heap on closed time
+        self.published = Published()  # what was published after the checkpoint taken over
+        # which steps may close, and their rows from every telemetry partition
+        self.assembly = StepAssembly(cfg, n_parts, consumer, store, self.tp, self.stats, clock)
         # live job membership (squeue, pods) while this instance runs the detect stage; the
         # topology file's jobs are the fallback
         self.static_jobs = list(topology.jobs.values())
@@ -232,7 +108,9 @@ class DomainStage:
         # operators' commands (`rocewatch approve`, `undrain`) arrive in the storage database;
         # the instance running the node's domain's detect stage carries them out
         self.db = db
-        self.alert_db: Any = None  # the storage database, for the inhibited alerts
+        # the one writer of outputs to the storage database (None: no storage): the inhibited
+        # alerts (the published ones reach it through the sink, as everything published)
+        self.outputs: OutputWriter | None = None
         self.steps_evaluated = 0
         self.alerts_sent = 0
         self.actions_sent = 0
@@ -243,12 +121,35 @@ class DomainStage:
         # instance (nobody else holds it: the fence came from a transaction timeout, say)
         self.retake_at: float | None = None
         self.routing: RoutingExecutor | None = None
-        # a checkpoint whose frames are being serialised: (state, steps offset, snapshot)
-        self.saving: tuple[DetectState, int, StateSnapshot] | None = None
+        self.checkpoints = StageCheckpoints(
+            self.writer,
+            store,
+            consumer,
+            self.tp,
+            n_parts,
+            self.state_key,
+            self.name,
+            self._output_tps,
+            lambda: self.stats,
+        )
 
     @property
     def step_ns(self) -> int:
         return round(self.cfg.window.step_s * 1e9)
+
+    @property
+    def all_quiet(self) -> bool:
+        """Every telemetry partition idle and read to its end (as of the last step closed)."""
+        return self.assembly.all_quiet
+
+    @property
+    def stall_s(self) -> float:
+        """A partition silent this long has no owner (``StepAssembly``)."""
+        return self.assembly.stall_s
+
+    @property
+    def latencies(self) -> Any:
+        return self.assembly.latencies
 
     # --- assignment ------------------------------------------------------------------------------
     def assigned(self, tps: list[TopicPartition]) -> None:
@@ -297,14 +198,13 @@ class DomainStage:
             routing.watch(kube_nodes(st.pipeline.topology, self.domain))
         self.routing = routing
         self.active = True
-        self.started = self.heard = self.clock.monotonic()
-        self.seen = {p: self.started for p in st.part_closed}
+        self.assembly.restart(st)
         log.info("%s active (steps offset %d)", self.name, st.offset)
 
     def _new_pipeline(self, executor: Executor) -> Pipeline:
         """This domain's pipeline as today's configuration and topology make it, with fresh
         counters (a restored state adds its own)."""
-        self.stats = Stats()
+        self.stats = self.assembly.stats = Stats()
         pipe = Pipeline(
             self.topology,
             self.cfg,
@@ -316,9 +216,7 @@ class DomainStage:
         )
         # a detector fed by stage 1 (the isolation forest: ``FeatureFeed``) takes its window
         # values from there: the steps do not carry its own metrics
-        for det in pipe.detectors:
-            if DETECTORS[det.name].stage1_feed:
-                det.feed_from_stage1()  # type: ignore[attr-defined]
+        stage1_feed.feed_from_stage1(pipe)
         return pipe
 
     def _restore(self, pipe: Pipeline) -> DetectState | None:
@@ -361,7 +259,7 @@ class DomainStage:
             self.routing.close()  # its evictions go on with the next holder
             self.routing = None
         self.state = None
-        self.saving = None
+        self.checkpoints.saving = None
         self.pending_snapshot = None
         self.live_jobs = None
         self.writer.close()
@@ -455,138 +353,12 @@ class DomainStage:
                 except BadInput as e:
                     self.stats.inc("bad_steps_message", detail=str(e)[:80])
                     continue
-                if msg.idle:
-                    self.idle_offset[msg.partition] = msg.offset
-                n += self._take(st, msg, now)
+                n += self.assembly.take(st, msg, now)
         self._advance(st, now)
         return n
 
-    def _take(self, st: DetectState, msg: StepsMessage, now: float) -> bool:
-        """Apply one steps message; True when it moved the partition on (not a heartbeat)."""
-        p = msg.partition
-        if not 0 <= p < self.n_parts:
-            self.stats.inc("bad_steps_message", detail=f"partition {p}")
-            return False
-        if now - self.heard >= DEAF_S:  # the first word after a deaf spell (``_target``)
-            self.seen = {q: now for q in self.seen}
-            self.started = now
-        self.seen[p] = self.heard = now
-        was_idle = st.part_idle.get(p)
-        st.part_idle[p] = msg.idle
-        prev = st.part_closed.get(p)
-        if msg.sent and msg.closed_to is not None:
-            heapq.heappush(self.lat_pending, (msg.closed_to, msg.sent))
-        if msg.forest is not None:
-            self._offer_forest(st, p, msg.forest)
-        if msg.closed_to is None or (prev is not None and msg.closed_to <= prev):
-            # nothing new: a heartbeat, a re-emission after a restart, an empty idle report
-            return bool(msg.idle and not was_idle)
-        st.part_closed[p] = msg.closed_to
-        self.moved_at = self.clock.monotonic()
-        rows = msg.rows
-        if rows is None or rows.height == 0:
-            return True
-        assert isinstance(rows, pl.DataFrame)  # decode_steps gives a frame (codes or strings)
-        # the usual message is one step, none of it sent before or late: then nothing is
-        # filtered or split (each costs a query per message, more than the rows' own work)
-        step = pl.col("step")
-        steps = rows.get_column("step")
-        if steps.null_count():  # no owner sends these: a foreign or damaged message
-            self.stats.inc("bad_steps_message", detail="rows without a step")
-            rows = rows.filter(step.is_not_null())
-            if not rows.height:
-                return True
-            steps = rows.get_column("step")
-        first, last = int(steps.min()), int(steps.max())  # type: ignore[arg-type]
-        if prev is not None and first < prev // self.step_ns:
-            rows = rows.filter(step >= prev // self.step_ns)  # steps sent before a restart
-        if st.closed_ns is not None and first < st.closed_ns // self.step_ns:
-            late = rows.filter(step < st.closed_ns // self.step_ns)
-            if late.height:
-                self.stats.inc("late_step_rows", late.height, detail=f"partition {p}")
-                rows = rows.filter(step >= st.closed_ns // self.step_ns)
-        if first == last and rows.height:
-            by_step = {(first,): rows}
-        else:
-            by_step = rows.partition_by("step", as_dict=True, maintain_order=True)
-        for (idx,), frame in by_step.items():
-            slot = st.buffer.setdefault(int(idx), {})  # type: ignore[call-overload]
-            old = slot.get(p)
-            slot[p] = frame if old is None else KEYS.concat([old, frame])
-        return True
-
-    def _offer_forest(self, st: DetectState, p: int, frame: pl.DataFrame) -> None:
-        """A partition's isolation-forest window values to the forest (which drops a window
-        sent again after a restart: ``IsolationForestDetector.offer``)."""
-        for det in st.pipeline.detectors:
-            if DETECTORS[det.name].stage1_feed and getattr(det, "fed", None) is not None:
-                late = det.offer(p, frame)  # type: ignore[attr-defined]
-                if late:
-                    self.stats.inc("late_forest_rows", late, detail=f"partition {p}")
-
-    def _target(self, st: DetectState, now: float) -> int | None:
-        """How far every live partition has closed (None: wait for a partition to report)."""
-        live: list[int] = []
-        # silence means "no owner" only once this stage has read everything sent so far:
-        # a detect stage behind on the steps topic has simply not read the reports yet
-        hw = self.consumer.highwater(self.tp)
-        behind = hw is None or st.offset < hw
-        # nothing from any partition, though each owner reports every HEARTBEAT_S: the broker
-        # (or this stage's link to it) is away, and a partition's silence counts from its return
-        # (a broker restart longer than stall_s made every partition stalled, and the steps
-        # of the ones behind late: late_step_rows in test_scale_out_broker_restart_...)
-        if behind or now - self.heard >= DEAF_S:
-            self.seen = {p: now for p in self.seen}
-            self.started = now
-        idle = [p for p in range(self.n_parts) if st.part_idle.get(p)]
-        quiet = set(self._still_quiet(idle, now)) if idle else set()
-        self.all_quiet = len(quiet) == self.n_parts
-        for p in range(self.n_parts):
-            if p in quiet:
-                continue
-            if now - self.seen.get(p, self.started) >= self.stall_s:
-                if p in st.part_closed or p in self.seen:
-                    self.stats.inc("stalled_partition", detail=str(p))
-                continue  # nobody has owned it for longer than a failover takes
-            if p not in st.part_closed:
-                return None
-            live.append(st.part_closed[p])
-        if live:
-            return min(live)
-        return max(st.part_closed.values()) if st.part_closed else None
-
-    def _still_quiet(self, idle: list[int], now: float) -> list[int]:
-        """Of the partitions reported idle, those the broker holds nothing new for.
-
-        An idle report is old news once records arrive: the owner says so with its next
-        message, but that can come after other partitions have closed steps past the new
-        records (an owner busy with the detect stage reads late). So the telemetry end offsets
-        are asked for (at most every END_EVERY_S, one request): a partition with records past
-        the offset of its idle report holds the watermark again. Unknown ends trust no report.
-
-        They are asked again whenever a steps message has moved a partition's close since: a
-        burst (a publisher catching up) can close another partition's step within moments of
-        records reaching the idle one, and every record published before the samples that
-        closed that step is in the broker by the time its steps message is read.
-        """
-        if now - self.ends_at >= END_EVERY_S or self.ends_at <= self.moved_at:
-            tps = [TopicPartition(self.k.topics.telemetry, p) for p in range(self.n_parts)]
-            asked = self.clock.monotonic()
-            try:
-                got = self.store.end_offsets(tps, timeout_ms=2000)
-            except KafkaError as e:
-                log.info("telemetry end offsets unknown (%s): idle reports not trusted", e)
-                return []
-            self.ends = {tp.partition: int(off) for tp, off in got.items()}
-            self.ends_at = asked
-        return [
-            p
-            for p in idle
-            if self.idle_offset.get(p, -1) >= 0 and self.ends.get(p, 1 << 62) <= self.idle_offset[p]
-        ]
-
     def _advance(self, st: DetectState, now: float) -> None:
-        self.all_quiet = False
+        self.assembly.all_quiet = False
         self._advance_steps(st, now)
         if self.all_quiet:
             # every partition read to its end and idle: telemetry time stands still, so alerts
@@ -596,41 +368,13 @@ class DomainStage:
                 self._emit(out)
 
     def _advance_steps(self, st: DetectState, now: float) -> None:
-        target = self._target(st, now)
-        if target is None:
+        steps = self.assembly.close(st, now)
+        if steps is None:
             return
-        boundary = (target // self.step_ns) * self.step_ns
-        if st.closed_ns is None:
-            if not st.buffer:
-                return
-            st.closed_ns = min(st.buffer) * self.step_ns
-        if boundary <= st.closed_ns:
-            return
-        lo, hi = st.closed_ns // self.step_ns, boundary // self.step_ns
-        if hi - lo <= self.cfg.window.max_steps_per_close:
-            indices: list[int] = list(range(lo, hi))
-        else:  # a long silence: only the steps that hold data
-            indices = sorted(i for i in st.buffer if lo <= i < hi)
-        steps = []
-        for idx in indices:
-            slot = st.buffer.pop(idx, None)
-            start, end = idx * self.step_ns, (idx + 1) * self.step_ns
-            if not slot:
-                steps.append(Step(start, end))
-                continue
-            # merged in partition order: the same step whoever aggregated what
-            frame = KEYS.concat([slot[p] for p in sorted(slot)]).drop("step")
-            if is_coded(frame):
-                steps.append(coded_step(st.pipeline.engine.series, start, end, frame))
-            else:  # rows restored from a checkpoint, or with a null key: strings
-                steps.append(Step(start, end, frame=frame))
-        st.closed_ns = boundary
         self._emit(st.pipeline.evaluate(steps))
         self.steps_evaluated += len(steps)
-        t = round(self.clock.time() * 1e9)
-        while self.lat_pending and self.lat_pending[0][0] <= boundary:
-            for sent in heapq.heappop(self.lat_pending)[1]:
-                self.latencies.append((sent, (t - sent) / 1e9))
+        assert st.closed_ns is not None
+        self.assembly.evaluated(st.closed_ns)
 
     def apply_operator_commands(self) -> int:
         """Carry out the operators' pending commands (while this instance runs the detect
@@ -662,14 +406,12 @@ class DomainStage:
         n_alerts, n_actions = send_events(self.writer, self.cfg, out, self.published)
         if n_alerts or n_actions:
             self.writer.commit()  # visible now (read committed), not at the next checkpoint
-        if out.inhibited and self.alert_db is not None:
+        if out.inhibited and self.outputs is not None:
             # inhibited alerts are stored, never published (docs/alerting.md): straight to the
             # database, an idempotent upsert, so a step evaluated again after a takeover is no
             # harm; with the published events' times (as JSON keeps them), as the sink stores
             try:
-                OutputWriter(self.alert_db).write(
-                    inhibited=[Alert.from_json(a.to_json()) for a in out.inhibited]
-                )
+                self.outputs.write(inhibited=[Alert.from_json(a.to_json()) for a in out.inhibited])
             except RetryableError as e:
                 self.stats.inc("inhibited_not_stored", len(out.inhibited))
                 log.warning("inhibited alerts not stored: %s", e)
@@ -683,12 +425,11 @@ class DomainStage:
         self._guarded(self._checkpoint, commit)
 
     def _checkpoint(self, commit: bool) -> None:
-        self.saving = None  # superseded by this one
         st = self.state
         if st is None or not self.active:
+            self.checkpoints.saving = None
             return
-        self._mark_outputs(st)
-        self._write_state(self.store.sign(self.state_key, state_record(st)), st.offset, commit)
+        self.checkpoints.now(st, commit)
 
     def begin_checkpoint(self) -> None:
         """The stream's periodic checkpoint, in two halves so the stream does not wait for the
@@ -701,72 +442,17 @@ class DomainStage:
 
     def _begin_checkpoint(self) -> None:
         st = self.state
-        if st is None or not self.active or self.saving is not None:
+        if st is None or not self.active:
             return
-        self._mark_outputs(st)
-        self.saving = (st, st.offset, self.store.snapshot(st, self.state_key).start())
+        self.checkpoints.begin(st)
 
     def finish_checkpoint(self) -> None:
         """Write the state ``begin_checkpoint`` copied, once serialised."""
-        if self.saving is not None and self.saving[2].done():
+        if self.checkpoints.ready():
             self._guarded(self._finish_checkpoint)
 
     def _finish_checkpoint(self) -> None:
-        assert self.saving is not None
-        st, offset, snap = self.saving
-        self.saving = None
-        if st is not self.state or not self.active:  # handed over or taken again since
-            return
-        rec = snap.signed()
-        self.writer.commit()  # the events of the steps since: the state's transaction holds none
-        self._write_state(rec, offset, True)
-
-    def _mark_outputs(self, st: DetectState) -> None:
-        """Flush what was published and note where the output topics end: a restart from
-        this state suppresses what was published after it."""
-        self.writer.commit()
-        st.out_ends = {
-            (tp.topic, tp.partition): int(off)
-            for tp, off in self.store.end_offsets(self._output_tps()).items()
-        }
-
-    def _write_state(self, rec: Signed, offset: int, commit: bool) -> None:
-        if len(rec.value) > self.store.max_bytes:  # the stream goes on; a restart re-reads more
-            self.stats.inc("state_too_large", detail=self.state_key)
-            log.error(
-                "%s state is %d bytes, above %d: not checkpointed",
-                self.name,
-                len(rec.value),
-                self.store.max_bytes,
-            )
-            return
-        offsets = {self.tp: OffsetAndMetadata(offset, "", -1)}
-        fut = self.writer.send(
-            self.store.topic,
-            key=rec.key,
-            value=rec.value,
-            headers=rec.headers,
-            partition=self.n_parts,
-        )
-        # the transaction holds only the state and the offset (the events went before it), so
-        # a broker that refuses the state (a record too large for the topic, say) costs this
-        # checkpoint and nothing else: it is aborted and counted, and the stream goes on
-        try:
-            if self.writer.fenced:
-                self.writer.commit(offsets if commit else None)
-                self.store.confirm(self.n_parts, fut)
-                return
-            self.writer.commit()
-            self.store.confirm(self.n_parts, fut)
-        except (TransactionFailed, KafkaError) as e:
-            self.writer.abort()
-            self.stats.inc("state_write_failed", detail=self.state_key)
-            log.error("%s state not saved (%r); the stream goes on", self.name, e)
-            return
-        if not commit:
-            return
-        with contextlib.suppress(KafkaError):  # the state record holds the offset
-            self.consumer.commit(offsets)
+        self.checkpoints.finish(self.state if self.active else None)
 
 
 class DetectStage:
@@ -827,7 +513,7 @@ class DetectStage:
         ]
         for det in self.shards:
             det.db = self.commands
-            det.alert_db = self.db
+            det.outputs = None if self.db is None else OutputWriter(self.db)
 
     # --- assignment ------------------------------------------------------------------------------
     def _mine(self, tps: list[TopicPartition]) -> list[tuple[DomainStage, list[TopicPartition]]]:

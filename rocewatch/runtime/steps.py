@@ -17,8 +17,8 @@ from detectors.windows import AGG_SCHEMA, SeriesTable, Step
 from rocewatch.core.errors import BadInput
 from rocewatch.core.keys import KeyTable, mix
 from rocewatch.core.model import SERIES_KEY
+from rocewatch.core.rollups import ROLLUP_SCHEMA
 from rocewatch.core.topology import Topology
-from rocewatch.pipeline import ROLLUP_SCHEMA
 
 # steps messages: the series key as codes into value tables in the header (RWS2), or, in
 # messages written before, as strings in the rows (RWS1, still read)

@@ -127,6 +127,80 @@ def uplink_flaky_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1
     )
 
 
+def overlap_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> SimConfig:
+    """Five faults that overlap in time on different entities (laid out for 30 s): a storm
+    5-13 s, a flaky cable 7-19 s, transport errors 10-18 s, an incast 12-20 s and a PCIe
+    downgrade from 15 s; the simulator draws the entities apart (other job, other rails)."""
+    return laid_out(
+        "overlap",
+        nodes,
+        duration_s,
+        seed,
+        lambda at: (
+            PfcStorm(onset_s=at(5.0), duration_s=at(8.0)),
+            FlakyLink(onset_s=at(7.0), duration_s=at(12.0)),
+            TransportErrors(onset_s=at(10.0), duration_s=at(8.0)),
+            EcnIncast(onset_s=at(12.0), duration_s=at(8.0)),
+            PcieDowngrade(onset_s=at(15.0)),
+        ),
+    )
+
+
+def mixed_tenants_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> SimConfig:
+    """Two tenants on one fabric, team-a training with all-reduce, team-b with MoE all-to-all;
+    a storm in team-a's job (laid out for 30 s: 6-10 s) and a flaky cable in team-b's (14-24 s)."""
+    names = [node_name(i) for i in range(nodes)]
+    half = nodes // 2
+    return laid_out(
+        "mixed_tenants",
+        nodes,
+        duration_s,
+        seed,
+        lambda at: (
+            PfcStorm(onset_s=at(6), duration_s=at(4), node=names[1]),
+            FlakyLink(onset_s=at(14), duration_s=at(10), node=names[-2]),
+        ),
+        jobs=(
+            JobSpec("llm-train-a", "team-a", tuple(names[:half]), traffic="allreduce"),
+            JobSpec("moe-train-b", "team-b", tuple(names[half:]), traffic="moe"),
+        ),
+    )
+
+
+def subtle_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> SimConfig:
+    """Weaker versions of every fault (laid out for 30 s): a 0.6 s storm at 4 s, a cable at
+    1e-5 peak BER that never flaps (8-18 s), a Gen4 -> Gen3 PCIe downgrade from 12 s (8 GT/s),
+    incast from 3 senders (19-24 s), transport errors at a fifth of the default rate (24-29 s)."""
+    return laid_out(
+        "subtle",
+        nodes,
+        duration_s,
+        seed,
+        lambda at: (
+            PfcStorm(onset_s=at(4.0), duration_s=0.6),
+            FlakyLink(onset_s=at(8.0), duration_s=at(10.0), peak_ber=1e-5, flaps=0),
+            PcieDowngrade(onset_s=at(12.0), speed_gts=8.0),
+            EcnIncast(onset_s=at(19.0), duration_s=at(5.0), senders=3),
+            TransportErrors(onset_s=at(24.0), duration_s=at(5.0), scale=0.2),
+        ),
+    )
+
+
+def two_storms_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> SimConfig:
+    """Two PFC storms at once, one in each tenant's job (laid out for 30 s: 5-11 s and 7-13 s):
+    two origins, each paused fabric's victims kept apart."""
+    return laid_out(
+        "two_storms",
+        nodes,
+        duration_s,
+        seed,
+        lambda at: (
+            PfcStorm(onset_s=at(5), duration_s=at(6)),
+            PfcStorm(onset_s=at(7), duration_s=at(6)),
+        ),
+    )
+
+
 def tenant_incast_scenario(
     nodes: int = 8, duration_s: float = 30, seed: int = 1, same_tenant: bool = False
 ) -> SimConfig:
@@ -168,5 +242,9 @@ SCENARIOS: dict[str, Callable[..., SimConfig]] = {
     "moe": moe_scenario,
     "dark_storm": dark_storm_scenario,
     "uplink_flaky": uplink_flaky_scenario,
+    "overlap": overlap_scenario,
+    "mixed_tenants": mixed_tenants_scenario,
+    "two_storms": two_storms_scenario,
+    "subtle": subtle_scenario,
     "tenant_incast": tenant_incast_scenario,
 }
