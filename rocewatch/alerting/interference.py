@@ -8,9 +8,11 @@ schedulers, ``actions/membership.py``) and the NICs' own counters:
 - the **senders** behind the port: the NICs that feed its egress queue. A leaf's uplink is fed
   by the NICs cabled to that leaf; a spine's port toward a leaf by the NICs of the other leaves
   it links; a leaf's downlink by its NIC's own job (a job's traffic stays within the job). Each
-  sender's transmitted RDMA bytes over ``window_s`` (``nic_tx_rdma_bytes``) are summed per
-  job;
-- the **aggressor**: the job that sends at least ``min_share`` of those bytes;
+  sender's transmit rate of RDMA bytes (``nic_tx_rdma_bytes``), averaged over about
+  ``window_s`` (an exponential average kept per NIC at every step, whatever its cadence), is
+  summed per job;
+- the **aggressor**: the job that sends at least ``min_share`` of those bytes, its sending NICs
+  busy (at least ``min_busy`` of their link speed on average: a storm's silence names nobody);
 - the **victim**: among the jobs whose NICs sit on either side of the port, the one of another
   tenant whose NICs were held longest by PFC (``nic_rx_pause_us``), at least
   ``min_pause_share`` of the window. With none, the alert's victim is the aggressor's (or the
@@ -59,6 +61,13 @@ HELD = "nic_rx_pause_us"
 READS = frozenset({TX, HELD})
 
 Nic = tuple[str, str]
+AVERAGES: dict[str, pl.DataType] = {
+    "device": pl.String(),
+    "port": pl.String(),
+    "signal": pl.String(),  # tx (bytes/s) | held (share of time)
+    "value": pl.Float64(),
+    "ts": pl.Int64(),
+}
 
 
 @dataclass(frozen=True)
@@ -69,11 +78,12 @@ class InterferenceConfig:
     window_s: float = 2.0  # traffic and pauses are judged over this much telemetry time
     min_share: float = 0.5  # the aggressor sends at least this share of the port's senders' bytes
     min_pause_share: float = 0.01  # a victim's NICs held by PFC at least this share of the window
+    min_busy: float = 0.2  # the aggressor's NICs send at least this share of their link speed
 
     def __post_init__(self) -> None:
         if not isinstance(self.window_s, int | float) or not 0 < self.window_s <= 60:
             raise ConfigError(f"interference.window_s: {self.window_s!r} must be in (0, 60] s")
-        for k in ("min_share", "min_pause_share"):
+        for k in ("min_share", "min_pause_share", "min_busy"):
             v = getattr(self, k)
             if not isinstance(v, int | float) or not 0 < v <= 1:
                 raise ConfigError(f"interference.{k}: {v!r} must be in (0, 1]")
@@ -119,7 +129,7 @@ class InterferenceAttributor(Stateful):
 
     STATE_TYPES: ClassVar[tuple[type, ...]] = ()
     NOT_STATE: ClassVar[frozenset[str]] = frozenset(
-        {"forget_ns", "_below", "_linked", "_step_ns", "_counted"}
+        {"forget_ns", "_below", "_linked", "_step_ns", "_counted", "_nodes"}
     )
 
     def __init__(
@@ -132,6 +142,9 @@ class InterferenceAttributor(Stateful):
         self.forget_ns = int(forget_s * 1e9)
         # alert fingerprint -> [attribution as a dict, pause µs so far, last seen ns]
         self.open: dict[str, list[Any]] = {}
+        # per NIC: exponential averages of its transmit rate (bytes/s) and of the share of time
+        # PFC held it, and the telemetry time of its newest reading
+        self.averages = pl.DataFrame(schema=AVERAGES)
         self._below: dict[str, list[Nic]] = {}
         self._linked: dict[str, set[str]] = {}
         # the victim NICs whose pause this step is credited to an alert already: credited once
@@ -140,6 +153,7 @@ class InterferenceAttributor(Stateful):
         self._index()
 
     def _index(self) -> None:
+        self._nodes = sorted(self.topology.nodes)
         for (node, nic), n in self.topology.nics.items():
             if n.switch_port is not None:
                 self._below.setdefault(n.switch_port.switch, []).append((node, nic))
@@ -153,10 +167,15 @@ class InterferenceAttributor(Stateful):
     ) -> list[Finding]:
         """``findings`` of one detector for the step ending at ``now_ns``, the attributed ones
         with their annotations (the others as they are)."""
-        if not self.config.enabled or not any(f.alertname in ATTRIBUTED for f in findings):
+        if not self.config.enabled:
+            return findings
+        if now_ns != self._step_ns:  # the step's first call: fold its readings in
+            self._step_ns, self._counted = now_ns, set()
+            self._average(reader, step_s)
+        if not any(f.alertname in ATTRIBUTED for f in findings):
             self._forget(now_ns)
             return findings
-        view = _View(reader, self.config.window_s, step_s)
+        view = _View(reader, self.averages, step_s, now_ns - int(10 * self.config.window_s * 1e9))
         out = []
         for f in findings:
             if f.alertname not in ATTRIBUTED or "switch" not in f.labels:
@@ -169,8 +188,6 @@ class InterferenceAttributor(Stateful):
                 rec = self.open[fp] = [_to_data(a), 0.0, now_ns]
             a = _from_data(rec[0])
             if a.aggressor_job is not None:
-                if now_ns != self._step_ns:
-                    self._step_ns, self._counted = now_ns, set()
                 fresh = [n for n in a.victims if n not in self._counted]
                 self._counted.update(fresh)
                 rec[1] += view.held_us_step(fresh)
@@ -182,6 +199,46 @@ class InterferenceAttributor(Stateful):
             out.append(replace(f, extra=extra))
         self._forget(now_ns)
         return out
+
+    def _average(self, reader: WindowReader, step_s: float) -> None:
+        """Fold the step's NIC readings into the per-NIC averages (time constant ``window_s``)."""
+        parts = []
+        for name, metric, scale in (("tx", TX, 1.0), ("held", HELD, 1e-6)):
+            w = reader.window(metric, step_s)
+            if w.height == 0:
+                continue
+            parts.append(
+                w.filter(pl.col("device").is_in(self._nodes) & pl.col("last").is_not_null())
+                .group_by("device", "port")
+                .agg(
+                    (pl.col("last").max() * scale).alias("value"),
+                    pl.col("dt").max().fill_null(step_s).alias("dt"),
+                    pl.col("ts").max(),
+                )
+                .with_columns(pl.lit(name).alias("signal"))
+            )
+        if not parts:
+            return
+        new = pl.concat(parts, how="vertical_relaxed")
+        tau = self.config.window_s
+        merged = new.join(
+            self.averages, on=["device", "port", "signal"], how="left", suffix="_old"
+        ).with_columns(
+            pl.when(pl.col("value_old").is_null())
+            .then(pl.col("value"))
+            .otherwise(
+                pl.col("value_old") * (-pl.col("dt") / tau).exp()
+                + pl.col("value") * (1 - (-pl.col("dt") / tau).exp())
+            )
+            .alias("value")
+        )
+        fresh = merged.select(list(AVERAGES)).cast(AVERAGES)  # type: ignore[arg-type]
+        self.averages = pl.concat(
+            [
+                self.averages.join(fresh, on=["device", "port", "signal"], how="anti"),
+                fresh,
+            ]
+        )
 
     def _forget(self, now_ns: int) -> None:
         if self.open:
@@ -224,6 +281,11 @@ class InterferenceAttributor(Stateful):
         top = max(sorted(sent), key=lambda j: sent[j]) if sent else None
         share = sent[top] / total if top is not None and total > 0 else 0.0
         aggressor = top if share >= cfg.min_share else None
+        if aggressor is not None:  # busy: a storm's silence or an idle fabric names nobody
+            senders = [n for n in feed if job_of.get(n[0]) == aggressor]
+            line = sum((topo.nic_speed_mbps(*n) or 400_000.0) * 125_000.0 for n in senders)
+            if line <= 0 or sent[aggressor] < cfg.min_busy * line:
+                aggressor = None
         held: dict[str, float] = {}
         members: dict[str, list[Nic]] = {}
         for nic in dict.fromkeys(feed + far):
@@ -242,8 +304,8 @@ class InterferenceAttributor(Stateful):
                 v = foreign[0]
                 ev = (
                     f"{aggressor} sends {100 * share:.0f}% of the bytes into {switch}/{port} "
-                    f"over {cfg.window_s:g} s; {v}'s NICs there held by PFC up to "
-                    f"{100 * held[v]:.1f}% of the time"
+                    f"({sent[aggressor] / 1e9:.1f} GB/s, averaged over ~{cfg.window_s:g} s); "
+                    f"{v}'s NICs there held by PFC up to {100 * held[v]:.1f}% of the time"
                 )
                 return Attribution(
                     v,
@@ -265,43 +327,39 @@ class InterferenceAttributor(Stateful):
 
 
 class _View:
-    """Per-NIC figures of the window, read once per step."""
+    """Per-NIC figures for the attributions of one step."""
 
-    def __init__(self, reader: WindowReader, window_s: float, step_s: float) -> None:
-        self.reader, self.window_s, self.step_s = reader, window_s, step_s
-        self._tx: dict[Nic, float] | None = None
-        self._held: dict[Nic, float] | None = None
+    def __init__(
+        self, reader: WindowReader, averages: pl.DataFrame, step_s: float, since_ns: int
+    ) -> None:
+        self.reader, self.step_s = reader, step_s
+        self._avg: dict[tuple[str, str, str], float] = {
+            (d, p, sig): float(v)
+            for d, p, sig, v, ts in averages.select(
+                "device", "port", "signal", "value", "ts"
+            ).iter_rows()
+            if ts is not None and ts >= since_ns
+        }
         self._held_step: dict[Nic, float] | None = None
 
-    def _per_nic(self, metric: str, seconds: float, share: bool) -> dict[Nic, float]:
-        w = self.reader.window(metric, seconds)
-        if w.height == 0:
-            return {}
-        w = w.filter(pl.col("metric") == metric) if "metric" in w.columns else w
-        out: dict[Nic, float] = {}
-        for dev, port, delta, dt in w.select("device", "port", "delta", "dt").iter_rows():
-            if delta is None or not math.isfinite(delta):
-                continue
-            v = float(delta)
-            if share:
-                v = v / (float(dt) * 1e6) if dt else 0.0
-            key = (str(dev), str(port))
-            out[key] = max(out.get(key, 0.0), v)  # one row per priority: the most held one
-        return out
-
     def tx(self, nic: Nic) -> float:
-        if self._tx is None:
-            self._tx = self._per_nic(TX, self.window_s, False)
-        return self._tx.get(nic, 0.0)
+        """Its average transmit rate, bytes/s."""
+        return self._avg.get((nic[0], nic[1], "tx"), 0.0)
 
     def held_share(self, nic: Nic) -> float:
-        if self._held is None:
-            self._held = self._per_nic(HELD, self.window_s, True)
-        return self._held.get(nic, 0.0)
+        """The average share of time PFC held it (its most held priority)."""
+        return self._avg.get((nic[0], nic[1], "held"), 0.0)
 
     def held_us_step(self, nics: Iterable[Nic]) -> float:
+        """PFC pause µs the NICs received in this step (their most held priority each)."""
         if self._held_step is None:
-            self._held_step = self._per_nic(HELD, self.step_s, False)
+            self._held_step = {}
+            w = self.reader.window(HELD, self.step_s)
+            for dev, port, delta in w.select("device", "port", "delta").iter_rows():
+                if delta is None or not math.isfinite(delta):
+                    continue
+                key = (str(dev), str(port))
+                self._held_step[key] = max(self._held_step.get(key, 0.0), float(delta))
         return sum(self._held_step.get(n, 0.0) for n in nics)
 
 
