@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol
 
+import numpy as np
 import polars as pl
 
 from rocewatch.core.errors import ConfigError
@@ -61,12 +62,13 @@ HELD = "nic_rx_pause_us"
 READS = frozenset({TX, HELD})
 
 Nic = tuple[str, str]
+# the per-NIC averages as ``state()`` gives them (one row per NIC of the topology seen)
 AVERAGES: dict[str, pl.DataType] = {
     "device": pl.String(),
     "port": pl.String(),
-    "signal": pl.String(),  # tx (bytes/s) | held (share of time)
-    "value": pl.Float64(),
-    "ts": pl.Int64(),
+    "tx": pl.Float64(),  # bytes/s
+    "held": pl.Float64(),  # share of time
+    "ts": pl.Int64(),  # newest reading, ns
 }
 
 
@@ -89,10 +91,16 @@ class InterferenceConfig:
                 raise ConfigError(f"interference.{k}: {v!r} must be in (0, 1]")
 
 
-class WindowReader(Protocol):
-    """What it reads of telemetry: the window engine's sliding windows (detectors/windows.py)."""
+class StepRows(Protocol):
+    def get(self, metric: str) -> pl.DataFrame: ...
 
-    def window(self, metric: str, seconds: float) -> pl.DataFrame: ...
+
+class WindowReader(Protocol):
+    """What it reads of telemetry: the window engine's newest step (detectors/windows.py), its
+    rows of one metric per series (``device``, ``port``, ``qual``, ``delta``, ``dt``, ``last``
+    (a counter's rate), ``ts``)."""
+
+    def current(self) -> StepRows | None: ...
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,7 @@ class InterferenceAttributor(Stateful):
 
     STATE_TYPES: ClassVar[tuple[type, ...]] = ()
     NOT_STATE: ClassVar[frozenset[str]] = frozenset(
-        {"forget_ns", "_below", "_linked", "_step_ns", "_counted", "_nodes"}
+        {"forget_ns", "_below", "_linked", "_step_ns", "_counted", "_keys", "_pos", "_avg", "_ts"}
     )
 
     def __init__(
@@ -142,9 +150,17 @@ class InterferenceAttributor(Stateful):
         self.forget_ns = int(forget_s * 1e9)
         # alert fingerprint -> [attribution as a dict, pause µs so far, last seen ns]
         self.open: dict[str, list[Any]] = {}
-        # per NIC: exponential averages of its transmit rate (bytes/s) and of the share of time
-        # PFC held it, and the telemetry time of its newest reading
-        self.averages = pl.DataFrame(schema=AVERAGES)
+        # per NIC of the topology (``_keys``, rows by ``_pos``): exponential averages of its
+        # transmit rate (bytes/s) and of the share of time PFC held it (``_avg``: 2 x NICs,
+        # NaN before its first reading), the telemetry time of its newest reading (``_ts``)
+        self._keys = pl.DataFrame(
+            sorted(self.topology.nics),
+            schema={"device": pl.String, "port": pl.String},
+            orient="row",
+        ).with_row_index("pos")
+        self._pos = {(str(d), str(p)): int(i) for i, d, p in self._keys.iter_rows()}
+        self._avg = np.full((2, len(self._pos)), np.nan)
+        self._ts = np.zeros(len(self._pos), dtype=np.int64)
         self._below: dict[str, list[Nic]] = {}
         self._linked: dict[str, set[str]] = {}
         # the victim NICs whose pause this step is credited to an alert already: credited once
@@ -152,8 +168,36 @@ class InterferenceAttributor(Stateful):
         self._counted: set[Nic] = set()
         self._index()
 
+    def state(self) -> dict[str, Any]:
+        """The attributions open and the per-NIC averages (by NIC name, as a frame)."""
+        seen = np.flatnonzero(self._ts > 0)
+        keys = self._keys[seen]
+        return {
+            "open": self.open,
+            "averages": pl.DataFrame(
+                {
+                    "device": keys["device"],
+                    "port": keys["port"],
+                    "tx": self._avg[0, seen],
+                    "held": self._avg[1, seen],
+                    "ts": self._ts[seen],
+                },
+                schema=AVERAGES,
+            ),
+        }
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """Lay ``state()`` over this one: the averages of NICs still in the topology."""
+        self.open = dict(data.get("open") or {})
+        avg = data.get("averages")
+        if isinstance(avg, pl.DataFrame):
+            for d, p, tx, held, ts in avg.iter_rows():
+                i = self._pos.get((d, p))
+                if i is not None:
+                    self._avg[:, i] = tx, held
+                    self._ts[i] = ts
+
     def _index(self) -> None:
-        self._nodes = sorted(self.topology.nodes)
         for (node, nic), n in self.topology.nics.items():
             if n.switch_port is not None:
                 self._below.setdefault(n.switch_port.switch, []).append((node, nic))
@@ -175,7 +219,7 @@ class InterferenceAttributor(Stateful):
         if not any(f.alertname in ATTRIBUTED for f in findings):
             self._forget(now_ns)
             return findings
-        view = _View(reader, self.averages, step_s, now_ns - int(10 * self.config.window_s * 1e9))
+        view = _View(self, reader, step_s, now_ns - int(10 * self.config.window_s * 1e9))
         out = []
         for f in findings:
             if f.alertname not in ATTRIBUTED or "switch" not in f.labels:
@@ -201,44 +245,41 @@ class InterferenceAttributor(Stateful):
         return out
 
     def _average(self, reader: WindowReader, step_s: float) -> None:
-        """Fold the step's NIC readings into the per-NIC averages (time constant ``window_s``)."""
-        parts = []
-        for name, metric, scale in (("tx", TX, 1.0), ("held", HELD, 1e-6)):
-            w = reader.window(metric, step_s)
+        """Fold the step's NIC readings into the per-NIC averages (time constant ``window_s``):
+        a few array operations per step."""
+        if not self._pos:
+            return
+        for row, metric, scale in ((0, TX, 1.0), (1, HELD, 1e-6)):
+            w = _rows(reader, metric)
             if w.height == 0:
                 continue
-            parts.append(
-                w.filter(pl.col("device").is_in(self._nodes) & pl.col("last").is_not_null())
-                .group_by("device", "port")
-                .agg(
-                    (pl.col("last").max() * scale).alias("value"),
-                    pl.col("dt").max().fill_null(step_s).alias("dt"),
-                    pl.col("ts").max(),
-                )
-                .with_columns(pl.lit(name).alias("signal"))
+            # (a dict lookup per row: cheaper than a join for the few hundred rows of a step)
+            pos = np.fromiter(
+                (
+                    self._pos.get(k, -1)
+                    for k in zip(w["device"].to_list(), w["port"].to_list(), strict=True)
+                ),
+                dtype=np.int64,
+                count=w.height,
             )
-        if not parts:
-            return
-        new = pl.concat(parts, how="vertical_relaxed")
-        tau = self.config.window_s
-        merged = new.join(
-            self.averages, on=["device", "port", "signal"], how="left", suffix="_old"
-        ).with_columns(
-            pl.when(pl.col("value_old").is_null())
-            .then(pl.col("value"))
-            .otherwise(
-                pl.col("value_old") * (-pl.col("dt") / tau).exp()
-                + pl.col("value") * (1 - (-pl.col("dt") / tau).exp())
+            last = w["last"].to_numpy().astype(np.float64)
+            ok = (pos >= 0) & ~np.isnan(last)
+            if not ok.any():
+                continue
+            pos, last = pos[ok], last[ok]
+            dts = w["dt"].fill_null(step_s).to_numpy().astype(np.float64)[ok]
+            tss = w["ts"].to_numpy().astype(np.int64)[ok]
+            value = np.full(len(self._pos), np.nan)
+            np.fmax.at(value, pos, last * scale)  # a NIC's most held priority
+            dt = np.zeros(len(self._pos))
+            np.maximum.at(dt, pos, dts)
+            np.maximum.at(self._ts, pos, tss)
+            got = np.flatnonzero(~np.isnan(value))
+            old = self._avg[row, got]
+            keep = np.exp(-dt[got] / self.config.window_s)
+            self._avg[row, got] = np.where(
+                np.isnan(old), value[got], keep * old + (1 - keep) * value[got]
             )
-            .alias("value")
-        )
-        fresh = merged.select(list(AVERAGES)).cast(AVERAGES)  # type: ignore[arg-type]
-        self.averages = pl.concat(
-            [
-                self.averages.join(fresh, on=["device", "port", "signal"], how="anti"),
-                fresh,
-            ]
-        )
 
     def _forget(self, now_ns: int) -> None:
         if self.open:
@@ -330,37 +371,43 @@ class _View:
     """Per-NIC figures for the attributions of one step."""
 
     def __init__(
-        self, reader: WindowReader, averages: pl.DataFrame, step_s: float, since_ns: int
+        self, owner: InterferenceAttributor, reader: WindowReader, step_s: float, since_ns: int
     ) -> None:
-        self.reader, self.step_s = reader, step_s
-        self._avg: dict[tuple[str, str, str], float] = {
-            (d, p, sig): float(v)
-            for d, p, sig, v, ts in averages.select(
-                "device", "port", "signal", "value", "ts"
-            ).iter_rows()
-            if ts is not None and ts >= since_ns
-        }
+        self.owner, self.reader, self.step_s, self.since_ns = owner, reader, step_s, since_ns
         self._held_step: dict[Nic, float] | None = None
+
+    def _get(self, nic: Nic, row: int) -> float:
+        o = self.owner
+        i = o._pos.get(nic)
+        if i is None or o._ts[i] < self.since_ns:
+            return 0.0
+        v = float(o._avg[row, i])
+        return 0.0 if math.isnan(v) else v
 
     def tx(self, nic: Nic) -> float:
         """Its average transmit rate, bytes/s."""
-        return self._avg.get((nic[0], nic[1], "tx"), 0.0)
+        return self._get(nic, 0)
 
     def held_share(self, nic: Nic) -> float:
         """The average share of time PFC held it (its most held priority)."""
-        return self._avg.get((nic[0], nic[1], "held"), 0.0)
+        return self._get(nic, 1)
 
     def held_us_step(self, nics: Iterable[Nic]) -> float:
         """PFC pause µs the NICs received in this step (their most held priority each)."""
         if self._held_step is None:
             self._held_step = {}
-            w = self.reader.window(HELD, self.step_s)
+            w = _rows(self.reader, HELD)
             for dev, port, delta in w.select("device", "port", "delta").iter_rows():
                 if delta is None or not math.isfinite(delta):
                     continue
                 key = (str(dev), str(port))
                 self._held_step[key] = max(self._held_step.get(key, 0.0), float(delta))
         return sum(self._held_step.get(n, 0.0) for n in nics)
+
+
+def _rows(reader: WindowReader, metric: str) -> pl.DataFrame:
+    step = reader.current()
+    return step.get(metric) if step is not None else pl.DataFrame()
 
 
 def _to_data(a: Attribution) -> dict[str, Any]:
