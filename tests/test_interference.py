@@ -246,3 +246,54 @@ def test_other_alerts_pass_untouched_and_bad_settings_are_refused() -> None:
     for bad in ({"window_s": 0}, {"min_share": 1.5}, {"min_pause_share": -1}):
         with pytest.raises(ConfigError):
             InterferenceConfig(**bad)  # type: ignore[arg-type]
+
+
+# --- the evaluation matrix ----------------------------------------------------------------------
+
+
+def test_the_matrix_has_cells_where_storms_cross_the_spines_and_tenants_interfere() -> None:
+    from rocewatch.evaluate import MATRIX, cell_config
+
+    cells = {c.tenants: c for c in MATRIX if c.tenants}
+    assert set(cells) == {"other", "same"}
+    for c in cells.values():
+        assert c.nodes // c.nodes_per_leaf >= 2  # two pods: a storm spreads to the other's leaves
+        cfg = cell_config(c)
+        kinds = [f.kind for f in cfg.faults]
+        assert kinds.count("TenantIncast") == c.rounds and kinds.count("PfcStorm") >= c.rounds
+        truth = Simulator(cfg).truth()
+        incasts = [f for f in truth["faults"] if f["kind"] == "TenantIncast"]
+        tenant = {"other": "team-b", "same": "team-a"}[c.tenants]
+        assert {f["victim_tenant"] for f in incasts} == {tenant}
+        assert {f["aggressor_tenant"] for f in incasts} == {
+            "team-a" if c.tenants == "other" else None
+        }
+        # each storm of the cell pauses ports of both pods' leaves (through the spines)
+        for f in truth["faults"]:
+            if f["kind"] == "PfcStorm" and "node" in f["labels"]:
+                pods = {v["switch"][-2:] for v in f["victims"] if "switch" in v}
+                assert {"p0", "p1"} <= pods, f["id"]
+
+
+def test_the_attribution_score_counts_right_and_wrong_names() -> None:
+    from rocewatch.core.model import Alert
+    from rocewatch.evaluate.tenants import attribution
+
+    t0 = 1_795_946_400 * S
+    fault = {
+        "id": "TenantIncast-1", "kind": "TenantIncast", "alertname": "ECNCongestion",
+        "also": ["QueueBuildup"], "labels": {"switch": "leaf-0", "port": "e1", "queue": "3"},
+        "match": [{"switch": "leaf-0"}], "onset_ns": t0 + 10 * S, "end_ns": t0 + 20 * S,
+        "victim_tenant": "team-b", "aggressor_tenant": "team-a",
+    }  # fmt: skip
+    truth = {"start_ns": t0, "faults": [fault]}
+
+    def alert(name: str, **ann: str) -> Alert:
+        return Alert({"alertname": name, "switch": "leaf-0", "port": "e1"}, ann, t0 + 12 * S)
+
+    right = alert("ECNCongestion", victim_tenant="team-b", aggressor_tenant="team-a")
+    wrong = alert("QueueBuildup", victim_tenant="team-a")  # no aggressor named
+    other = alert("FlakyLink", victim_tenant="x")  # not a congestion alert: not scored
+    got = attribution(truth, [right, wrong, other])
+    assert (got["faults"], got["alerts"], got["right"], got["wrong"]) == (1, 2, 1, 1)
+    assert got["wrong_list"][0]["got"] == {"victim_tenant": "team-a", "aggressor_tenant": None}
