@@ -25,6 +25,7 @@ MODULES = {
     "collector.__init__",
     "collector.mapping",
     "collector.output",
+    "collector.registry",  # `rocewatch agent` finds its command there (rocewatch/cli.py)
     "collector.nic.__init__",
     "collector.nic.agent",
     "collector.nic.batch",

@@ -7,6 +7,7 @@ from typing import Any
 
 from detectors.base import Detector
 from detectors.bus_bandwidth_drop import BusBandwidthDropConfig, BusBandwidthDropDetector
+from detectors.ecmp_imbalance import EcmpImbalanceConfig, EcmpImbalanceDetector
 from detectors.ecn_congestion import EcnCongestionConfig, EcnCongestionDetector
 from detectors.fabric_incident import FabricIncidentConfig, FabricIncidentDetector
 from detectors.flaky_link import FlakyLinkConfig, FlakyLinkDetector
@@ -14,6 +15,7 @@ from detectors.isolation_forest import IsolationForestConfig, IsolationForestDet
 from detectors.pcie_downgrade import PcieDowngradeConfig, PcieDowngradeDetector
 from detectors.pfc_storm import PfcStormConfig, PfcStormDetector
 from detectors.queue_buildup import QueueBuildupConfig, QueueBuildupDetector
+from detectors.slow_edge import SlowEdgeConfig, SlowEdgeDetector
 from detectors.slow_rank import SlowRankConfig, SlowRankDetector
 from detectors.straggler import StragglerConfig, StragglerDetector
 from detectors.transport_errors import TransportErrorsConfig, TransportErrorsDetector
@@ -49,9 +51,11 @@ DETECTORS: dict[str, Entry] = {
     "queue_buildup": Entry(QueueBuildupDetector, QueueBuildupConfig, "QueueBuildup"),
     "transport_errors": Entry(TransportErrorsDetector, TransportErrorsConfig, "TransportErrors"),
     "flaky_link": Entry(FlakyLinkDetector, FlakyLinkConfig, "FlakyLink"),
+    "ecmp_imbalance": Entry(EcmpImbalanceDetector, EcmpImbalanceConfig, "ECMPImbalance"),
     "pcie_downgrade": Entry(PcieDowngradeDetector, PcieDowngradeConfig, "PCIeDowngrade"),
     "straggler": Entry(StragglerDetector, StragglerConfig, "Straggler"),
     "slow_rank": Entry(SlowRankDetector, SlowRankConfig, "SlowRank", reads_alerts=True),
+    "slow_edge": Entry(SlowEdgeDetector, SlowEdgeConfig, "SlowEdge", reads_alerts=True),
     "bus_bandwidth_drop": Entry(
         BusBandwidthDropDetector, BusBandwidthDropConfig, "BusBandwidthDrop", reads_alerts=True
     ),

@@ -139,7 +139,10 @@ class SlowRankDetector(Stateful):
         firing = list(ctx.firing()) if ctx.firing is not None else []
         for key in list(self.ranks):
             st = self.ranks[key]
-            st.seen = [s for s in st.seen if s[0] > ctx.end - round(cfg.window_s * S)]
+            # the window ends at its newest row, not at the step: job telemetry may come a
+            # job lateness after its time (detectors/job_lane.py)
+            newest = st.seen[-1][0] if st.seen else ctx.end
+            st.seen = [s for s in st.seen if s[0] > newest - round(cfg.window_s * S)]
             if not st.seen or ctx.end - st.seen[-1][0] > cfg.stale_s * S:
                 del self.ranks[key]
                 continue

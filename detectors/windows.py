@@ -4,7 +4,8 @@ Samples are buffered until the watermark (the slowest input's newest time, less 
 lateness) passes the end of their step; then the closed samples are sorted, turned into rates
 and aggregated per series and step. So the result depends only on which samples arrived, not on
 how Kafka partitions or files interleaved them. A sample older than a closed step is late: it is
-counted and dropped.
+counted and dropped (but NCCL job telemetry, which has a lateness of its own:
+detectors/job_lane.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 
+from detectors import job_lane
 from detectors.rates import RateEngine, series_ids
 from rocewatch.core.errors import ConfigError
 from rocewatch.core.keys import KEYS
@@ -48,6 +50,10 @@ _EPOCHS = itertools.count(1)
 class WindowConfig:
     step_s: float = 0.1
     lateness_s: float = 0.5
+    # NCCL job telemetry arrives a dump interval (plus a poll) late: its late samples wait
+    # this long in a lane of their own instead of being dropped (detectors/job_lane.py); no
+    # more than lateness_s turns the lane off
+    job_lateness_s: float = 3.0
     history_s: float = 1.0  # the longest sliding window any detector reads
     max_steps_per_close: int = 100_000  # a longer silence is skipped, not replayed step by step
     # the most series one engine keeps (in scale-out: per telemetry partition). Telemetry
@@ -66,6 +72,8 @@ class WindowConfig:
             raise ConfigError(f"window.max_series: {ms!r} must be a whole number >= 1")
         if not self.max_ahead_s > 0 or not self.max_behind_s > 0:
             raise ConfigError("window.max_ahead_s and window.max_behind_s must be > 0")
+        if not self.job_lateness_s >= 0:
+            raise ConfigError(f"window.job_lateness_s: {self.job_lateness_s!r} must be >= 0")
 
 
 class Step:
@@ -320,6 +328,8 @@ class WindowEngine:
             maxlen=max(2, int(self.config.history_s / self.config.step_s))
         )
         self._limit_logged = -float("inf")  # when the series limit was last logged
+        # late job (NCCL) samples' own lane, with its own lateness (detectors/job_lane.py)
+        self.job_lane = job_lane.lane_for(self)
 
     # the record types its state holds (rocewatch.core.state)
     STATE_TYPES: ClassVar[tuple[type, ...]] = (Step,)
@@ -336,6 +346,7 @@ class WindowEngine:
             "pending": [(KEYS.decode(f), lo, hi) for f, lo, hi in self.pending],
             "closed_ns": self.closed_ns,
             "history": list(self.history),
+            "job_lane": self.job_lane.state() if self.job_lane is not None else None,
         }
 
     def restore(self, data: dict[str, Any]) -> None:
@@ -350,6 +361,8 @@ class WindowEngine:
         self.pending = [(f, int(lo), int(hi)) for f, lo, hi in data["pending"]]
         self.closed_ns = data["closed_ns"]
         self.history = deque(data["history"], maxlen=self.history.maxlen)
+        if self.job_lane is not None and data.get("job_lane"):
+            self.job_lane.restore(data["job_lane"])
 
     # --- input -----------------------------------------------------------------------------------
     def add(self, samples: pl.DataFrame) -> None:
@@ -363,7 +376,15 @@ class WindowEngine:
         ts = ts_col.to_numpy()
         if self.closed_ns is not None and int(ts.min()) < self.closed_ns:
             on_time = ts >= self.closed_ns
-            self.stats.inc("late_samples", int(len(ts) - on_time.sum()))
+            n_late = int(len(ts) - on_time.sum())
+            if self.job_lane is not None:  # late job telemetry waits in its own lane
+                late = samples.filter(pl.Series(~on_time))
+                jobs = job_lane.job_rows(late)
+                if n_jobs := int(jobs.sum()):
+                    self.job_lane.add(late.filter(jobs))  # (it counts what is too late for it)
+                    n_late -= n_jobs
+            if n_late:
+                self.stats.inc("late_samples", n_late)
             samples = samples.filter(pl.Series(on_time))
             ts = ts[on_time]
         if samples.height:
@@ -451,14 +472,26 @@ class WindowEngine:
                 )
             )
         self.closed_ns = boundary
+        if self.job_lane is not None and out:
+            extra = self.job_lane.lateness_ns() - self.lateness_ns()
+            lane = self.job_lane.close_until(watermark_ns - extra)
+            job_lane.merge(out, lane, extra, self.series.epoch)
         return out
 
     def finish(self) -> list[Step]:
         """Close everything still pending (end of a replay)."""
-        if not self.pending:
-            return []
-        last = max(hi for _, _, hi in self.pending)
-        return self.close_until(last + self.step_ns)
+        out: list[Step] = []
+        if self.pending:
+            last = max(hi for _, _, hi in self.pending)
+            out = self.close_until(last + self.step_ns)
+        lane = self.job_lane.finish() if self.job_lane is not None else []
+        if any(js.by_metric for js in lane):
+            if not out:  # one more step carries them
+                at = self.closed_ns if self.closed_ns is not None else lane[-1].start
+                self.closed_ns = at + self.step_ns
+                out = [Step(at, at + self.step_ns)]
+            job_lane.merge(out, lane, 0, self.series.epoch)
+        return out
 
     def _aggregate(
         self, ready: pl.DataFrame

@@ -6,19 +6,18 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rocewatch.core.errors import ConfigError, run_command
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
-
-    from rocewatch.core.metrics import Reading
+    pass
 
 log = logging.getLogger("rocewatch")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line; with ``command``, only that command's collector flags are loaded."""
     p = argparse.ArgumentParser(
         prog="rocewatch",
         description="Streaming telemetry and anomaly detection for RoCE v2 fabrics.",
@@ -136,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the matrix of cadences, fabrics and magnitudes (docs/evaluation.md)",
     )
     ev.add_argument("--cells", help="matrix: only the cells whose names contain one of these (a,b)")
+    ev.add_argument(
+        "--nccl",
+        action="store_true",
+        help="the NCCL cases: the jobs' own view of PCIe, slow-GPU and storm faults (docs/nccl.md)",
+    )
     ev.add_argument("--jobs", type=int, help="matrix: cells run in this many processes (CPUs)")
 
     def store_args(sp: argparse.ArgumentParser) -> None:
@@ -162,38 +166,6 @@ def build_parser() -> argparse.ArgumentParser:
     store_args(ud)
     ud.add_argument("node")
     ud.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the service")
-    il = sub.add_parser(
-        "int-listen",
-        help="receive INT Telemetry Reports over UDP and publish per-queue aggregates "
-        "to Kafka (or a JSON lines file)",
-    )
-    il.add_argument("--topology", type=Path, help="topology file (else the config's)")
-    il.add_argument("--config", type=Path, help="rocewatch config (Kafka settings)")
-    il.add_argument("--host", default="0.0.0.0")
-    il.add_argument("--port", type=int, default=32766)
-    il.add_argument(
-        "--out", type=Path, help="write samples as JSON lines here (- for stdout), not Kafka"
-    )
-    il.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: forever)")
-    il.add_argument("--interval-ms", type=float, default=100.0, help="aggregation interval")
-    il.add_argument("--metrics-port", type=int, help="serve /metrics here (else the config's)")
-
-    nc = sub.add_parser(
-        "nccl-collect",
-        help="follow a job's NCCL Inspector directory and publish its telemetry to Kafka "
-        "(or a JSON lines file); docs/nccl.md",
-    )
-    nc.add_argument("dir", type=Path, help="the job's NCCL_INSPECTOR_DUMP_DIR")
-    nc.add_argument("--job", required=True, help="the job's name (the topology's, if listed)")
-    nc.add_argument("--debug-dir", type=Path, help="NCCL_DEBUG=INFO logs (else DIR/debug)")
-    nc.add_argument("--topology", type=Path, help="topology file (else the config's)")
-    nc.add_argument("--config", type=Path, help="rocewatch config (Kafka settings)")
-    nc.add_argument(
-        "--out", type=Path, help="write samples as JSON lines here (- for stdout), not Kafka"
-    )
-    nc.add_argument("--interval", type=float, default=1.0, help="seconds between reads")
-    nc.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: forever)")
-
     isd = sub.add_parser(
         "int-send", help="send a scenario's int.pcap (or a pcap file) as UDP datagrams"
     )
@@ -201,9 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
     isd.add_argument("--to", default="127.0.0.1:32766", help="HOST:PORT of the INT collector")
     isd.add_argument("--rate", type=float, default=0.0, help="datagrams per second (0: no pacing)")
 
-    from rocewatch import agent_cli  # argparse only: the agent is imported by run()
+    # each collector's command (collector/registry.py): its flags are loaded for the command
+    # being run (all of them when ``command`` is None), so a lean command (the agent) imports
+    # no other collector
+    from collector.registry import commands, resolve
 
-    agent_cli.add_arguments(sub.add_parser("agent", help=agent_cli.HELP))
+    for name, entry in commands().items():
+        cp = sub.add_parser(name, help=entry.help)
+        if command is None or command == name:
+            resolve(entry.arguments)(cp)
 
     col = sub.add_parser(
         "collect",
@@ -253,18 +231,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _command_of(argv: list[str]) -> str | None:
+    """The command named in ``argv`` (its first word that is no option)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(_command_of(words)).parse_args(argv)
     return run_command("rocewatch", args.verbose, lambda: _dispatch(args))
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "agent":
-        # before anything else is imported: the agent runs on every GPU node and needs none of
-        # the detectors, Polars or actions (rocewatch/agent_cli.py imports what it needs)
-        from rocewatch.agent_cli import run as run_agent
+    from collector.registry import commands, resolve
 
-        return run_agent(args)
+    collector = commands().get(args.command)
+    if collector is not None:
+        # before anything else is imported: the agent runs on every GPU node and needs none of
+        # the detectors, Polars or actions (each runner imports what it needs)
+        return int(resolve(collector.run)(args))
     # operators' handles next: they need no detectors (a quick start)
     if args.command in ("alerts", "actions", "approve", "undrain"):
         from rocewatch import operator_cli as oc
@@ -378,15 +363,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         from rocewatch.evaluate import run_evaluate
 
         tune_gc()
+        if args.nccl:
+            from rocewatch.evaluate.nccl import run_evaluate_nccl
+
+            return run_evaluate_nccl(args.out, args.json, args.config)
         if args.matrix:
             from rocewatch.evaluate import run_evaluate_matrix
 
             return run_evaluate_matrix(args.out, args.json, args.config, args.jobs, args.cells)
         return run_evaluate(args.out, args.json, args.quick, args.config, args.verbose)
-    if args.command == "int-listen":
-        return _int_listen(args)
-    if args.command == "nccl-collect":
-        return _nccl_collect(args)
     if args.command == "int-send":
         return _int_send(args)
     if args.command == "collect" or (
@@ -422,107 +407,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         )
         return 0
     raise ConfigError(f"unknown command {args.command}")
-
-
-def _readings_endpoint(port: int | None, read: Callable[[], Iterable[Reading]]) -> Any:
-    """A /metrics endpoint on ``port`` serving ``read()``; None without a port."""
-    if not port:
-        return None
-    from rocewatch.core.metrics import ReadingsEndpoint
-
-    ep = ReadingsEndpoint(port, read)
-    log.info("serving /metrics on port %d", ep.port)
-    return ep
-
-
-def _int_listen(args: argparse.Namespace) -> int:
-    import signal
-    import threading
-
-    import polars as pl
-
-    from collector.inband.live import IntCollector, sample_lines
-    from collector.inband.udp import UdpListener, UdpListenerConfig
-    from collector.output import LinesOutput, Output
-    from rocewatch.config import load_config
-    from rocewatch.core.topology import Topology
-
-    cfg = load_config(args.config)
-    topo_path = args.topology or (Path(cfg.topology) if cfg.topology else None)
-    if topo_path is None:
-        raise ConfigError("int-listen needs --topology or 'topology' in the config")
-    topology = Topology.load(topo_path)
-    listener = UdpListener(UdpListenerConfig(host=args.host, port=args.port))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    close: list[object] = []
-    sink: Output[pl.DataFrame]
-    if args.out is not None:
-        sink = LinesOutput(args.out, sample_lines)
-    else:
-        from rocewatch.bus.publish import TelemetryPublisher
-        from rocewatch.bus.topics import ensure_topics
-
-        ensure_topics(cfg.kafka)
-        sink = pub = TelemetryPublisher(cfg.kafka, source=f"int-listen:{args.port}")
-    close.append(sink)
-    coll = IntCollector(topology, listener, sink, interval_ns=int(args.interval_ms * 1e6))
-    readings = coll.readings
-    if args.out is None:
-        readings = lambda: [*coll.readings(), *pub.readings()]  # noqa: E731
-    metrics = _readings_endpoint(args.metrics_port or cfg.metrics_port, readings)
-    if metrics is not None:
-        close.append(metrics)
-    log.info("listening for INT reports on %s:%d", args.host, listener.port)
-    try:
-        coll.run(args.duration, stop)
-    except KeyboardInterrupt:
-        coll.flush()
-    finally:
-        listener.close()
-        for c in close:
-            c.close()  # type: ignore[attr-defined]
-    print(" ".join(f"{k}={v}" for k, v in sorted(coll.counts().items())))
-    return 0
-
-
-def _nccl_collect(args: argparse.Namespace) -> int:
-    import signal
-    import threading
-
-    import polars as pl
-
-    from collector.inband.live import sample_lines
-    from collector.nccl.service import NcclCollector
-    from collector.output import LinesOutput, Output
-    from rocewatch.config import load_config
-    from rocewatch.core.topology import Topology
-
-    cfg = load_config(args.config)
-    topo_path = args.topology or (Path(cfg.topology) if cfg.topology else None)
-    topology = Topology.load(topo_path) if topo_path is not None else None
-    sink: Output[pl.DataFrame]
-    if args.out is not None:
-        sink = LinesOutput(args.out, sample_lines)
-    else:
-        from rocewatch.bus.publish import TelemetryPublisher
-        from rocewatch.bus.topics import ensure_topics
-
-        ensure_topics(cfg.kafka)
-        sink = TelemetryPublisher(cfg.kafka, source=f"nccl-collect:{args.job}")
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    coll = NcclCollector(args.dir, args.job, topology, sink, args.debug_dir)
-    try:
-        coll.run(args.interval, stop, args.duration)
-    except KeyboardInterrupt:
-        coll.poll(final=True)
-    finally:
-        coll.close()
-        sink.close()
-    counts = {"samples": coll.sent, **coll.stats.counts}
-    print(" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-    return 0
 
 
 def _int_send(args: argparse.Namespace) -> int:

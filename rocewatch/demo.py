@@ -53,7 +53,7 @@ def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None)
 
     def sink(o: Output) -> None:
         nonlocal n_alerts
-        writer.write(o.alerts, o.inhibited, o.actions, o.rollups)
+        writer.write(o.alerts, o.inhibited, o.actions, o.rollups, o.ranks)
         n_alerts += sum(1 for a in o.alerts if a.status == "firing")
 
     print(

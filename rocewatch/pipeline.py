@@ -29,6 +29,7 @@ from detectors.windows import Step, WindowEngine
 from rocewatch.alerting.group import StormGrouper, views
 from rocewatch.alerting.inhibit import INHIBITED_BY, Inhibitor
 from rocewatch.alerting.interference import InterferenceAttributor
+from rocewatch.alerting.job_paths import JOIN, JobPaths
 from rocewatch.config import Config
 from rocewatch.core import rollups
 from rocewatch.core.checkpoint import StateTypes
@@ -59,6 +60,8 @@ class Output:
     rollups: list[pl.DataFrame] = field(default_factory=list)
     steps: int = 0
     inhibited: list[Alert] = field(default_factory=list)
+    # NCCL ranks newly placed or moved (rocewatch/alerting/job_paths.py), for storage
+    ranks: list[dict[str, Any]] = field(default_factory=list)
 
     def extend(self, other: Output) -> None:
         self.alerts += other.alerts
@@ -66,6 +69,7 @@ class Output:
         self.rollups += other.rollups
         self.steps += other.steps
         self.inhibited += other.inhibited
+        self.ranks += other.ranks
 
 
 class Rollups:
@@ -217,6 +221,9 @@ class Pipeline:
         self.interference = InterferenceAttributor(
             topology, self.config.interference, self.config.lifecycle.resolve_after_s
         )
+        # the NCCL rank join on alerts: fabric alerts name the jobs behind them, job alerts the
+        # fabric on their path (rocewatch/alerting/job_paths.py)
+        self.job_paths = JobPaths(topology)
         self.actions: list[Action] = []
         self.rollups: Rollups | None = None
         self.rollups_coarse: Rollups | None = None
@@ -277,6 +284,7 @@ class Pipeline:
         t0 = time.process_time()
         for step in steps:
             self.engine.enter(step)
+            out.ranks += self.job_paths.learn(step.get(JOIN))
             ctx = StepContext(
                 self.engine, self.topology, step.start, step.end, firing=self._firing_labels
             )
@@ -300,6 +308,8 @@ class Pipeline:
                     self.engine, step.end, self.config.window.step_s, found
                 )
                 events += self.lifecycle.update(det.name, step.end, found)
+            if events:
+                self.job_paths.annotate(events, self.lifecycle.firing, self._firing_labels)
             # inhibited alerts are stored, never notified nor drained on
             shown, hidden = inhibitor.update(step.end, events, self.lifecycle)
             for ev in shown:
@@ -349,6 +359,7 @@ class Pipeline:
             AlertLifecycle,
             StormGrouper,
             Inhibitor,
+            JobPaths,
             *(e.detector for e in DETECTORS.values()),
         ]
         # (and the actions it retains, as the lifecycle retains its alerts)
@@ -365,6 +376,7 @@ class Pipeline:
             "grouper": self.grouper.state(),
             "inhibitor": self.inhibitor.state(),
             "interference": self.interference.state(),
+            "job_paths": self.job_paths.state(),
             "policy": self.policy.state(),
             "rollups": [r.state() for r in self._rollup_levels()],
             "stats": {
@@ -403,6 +415,10 @@ class Pipeline:
         self.inhibitor.restore(data["inhibitor"])
         if "interference" in data:  # (a checkpoint from before it had none)
             self.interference.restore(data["interference"])
+        if "job_paths" in data:
+            self.job_paths.restore(data["job_paths"])
+        else:  # written before the join on alerts: its firing alerts get what it adds
+            self.job_paths.fill(self.lifecycle.firing, self._firing_labels)
         try:
             self.policy.restore(data["policy"])
         except ConfigError as e:

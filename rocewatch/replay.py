@@ -97,7 +97,7 @@ def replay(
     writer = OutputWriter(store, notifier)
 
     def sink(out: Output) -> None:
-        writer.write(out.alerts, out.inhibited, out.actions, out.rollups)
+        writer.write(out.alerts, out.inhibited, out.actions, out.rollups, out.ranks)
 
     try:
         for df, wm in merged(sources, pipeline.engine.lateness_ns()):

@@ -32,4 +32,5 @@ source "${ROCEWATCH_SERVICES_DIR:-/tmp/rocewatch-services}/env.sh"
 step "tests (the Kafka fixture starts a real KRaft broker on 127.0.0.1)"
 # with CI set, a skipped test fails the run (tests/support/tiers.py): this command runs everything
 export CI="${CI:-1}"
-python3 -m pytest -p no:cacheprovider "$@"
+# --durations: the slowest tests named in every CI log (where the CI budget goes)
+python3 -m pytest -p no:cacheprovider --durations=40 "$@"

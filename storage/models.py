@@ -27,7 +27,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 6  # = the number of the newest migration (storage/migrations/versions)
+SCHEMA_VERSION = 7  # = the number of the newest migration (storage/migrations/versions)
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
@@ -178,7 +178,8 @@ class RollupRow(Base):
     resolution_s: Mapped[int] = mapped_column(Integer)
     device: Mapped[str] = mapped_column(String(128))
     port: Mapped[str] = mapped_column(String(128))
-    qual: Mapped[str] = mapped_column(String(32))
+    # (NCCL series: ``<comm>/<collective>/<size>``, longer than a priority or queue)
+    qual: Mapped[str] = mapped_column(String(256))
     metric: Mapped[str] = mapped_column(String(96))
     mean: Mapped[float | None] = mapped_column(Float)
     max: Mapped[float | None] = mapped_column(Float)
@@ -321,3 +322,24 @@ class IncidentEdgeRow(Base):
     target: Mapped[str] = mapped_column(String(256))
     kind: Mapped[str] = mapped_column(String(16))  # pauses | runs | cable | hosts
     share: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class NcclRankRow(Base):
+    """One rank of an NCCL job's communicator and where it runs (the rank join,
+    rocewatch/alerting/job_paths.py): what maps a communicator's series to its job."""
+
+    __tablename__ = "nccl_ranks"
+    __table_args__ = (
+        UniqueConstraint("job", "comm", "rank", name="uq_nccl_ranks"),
+        Index("ix_nccl_ranks_comm", "comm"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    job: Mapped[str] = mapped_column(String(128))
+    comm: Mapped[str] = mapped_column(String(64))
+    rank: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(String(128))
+    gpu: Mapped[int] = mapped_column(Integer)
+    nic: Mapped[str] = mapped_column(String(64))
+    first_seen: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+    last_seen: Mapped[dt.datetime] = mapped_column(UtcDateTime)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -38,6 +38,7 @@ from storage.models import (
     AlertRow,
     Base,
     MetaRow,
+    NcclRankRow,
     OperatorCommandRow,
     RollupRow,
     TenantInterferenceRow,
@@ -56,6 +57,7 @@ ROLLUPS: Table = RollupRow.__table__  # type: ignore[assignment]
 META: Table = MetaRow.__table__  # type: ignore[assignment]
 COMMANDS: Table = OperatorCommandRow.__table__  # type: ignore[assignment]
 INTERFERENCE: Table = TenantInterferenceRow.__table__  # type: ignore[assignment]
+RANKS: Table = NcclRankRow.__table__  # type: ignore[assignment]
 
 _ALERT_UPDATED = [
     "alertname",
@@ -300,6 +302,59 @@ class Store:
                 conn.execute(stmt, values[i : i + self.batch_size])
             incidents.record_actions(self, conn, actions)
         return len(rows)
+
+    def write_ranks(self, ranks: Sequence[Mapping[str, Any]]) -> int:
+        """Upsert NCCL ranks (``job``, ``comm``, ``rank``, ``host``, ``gpu``, ``nic``,
+        ``seen_ns``: telemetry time): a rank seen again moves its ``last_seen`` on and takes its
+        newest place; its ``first_seen`` stays."""
+        rows: dict[tuple[str, str, int], dict[str, Any]] = {}
+        for r in ranks:
+            t = ns_to_datetime(int(r["seen_ns"]))
+            key = (str(r["job"]), str(r["comm"]), int(r["rank"]))
+            old = rows.get(key)
+            rows[key] = {
+                "job": key[0],
+                "comm": key[1],
+                "rank": key[2],
+                "host": str(r["host"]),
+                "gpu": int(r["gpu"]),
+                "nic": str(r["nic"]),
+                "first_seen": min(t, old["first_seen"]) if old else t,
+                "last_seen": max(t, old["last_seen"]) if old else t,
+            }
+        if not rows:
+            return 0
+        ins = self._insert(RANKS)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["job", "comm", "rank"],
+            set_={
+                "host": ins.excluded.host,
+                "gpu": ins.excluded.gpu,
+                "nic": ins.excluded.nic,
+                "last_seen": ins.excluded.last_seen,
+            },
+            where=RANKS.c.last_seen <= ins.excluded.last_seen,
+        )
+        with self._errors("write ranks"), self.engine.begin() as conn:
+            values = list(rows.values())
+            for i in range(0, len(values), self.batch_size):
+                conn.execute(stmt, values[i : i + self.batch_size])
+        return len(rows)
+
+    def ranks(self) -> list[dict[str, Any]]:
+        """Every stored NCCL rank (for tests and exports)."""
+        with self._errors("read ranks"), self.engine.connect() as conn:
+            rows = conn.execute(
+                select(RANKS).order_by(RANKS.c.job, RANKS.c.comm, RANKS.c.rank)
+            ).mappings()
+            return [
+                {k: v for k, v in r.items() if k != "id"}
+                | {
+                    "first_seen": datetime_to_ns(r["first_seen"]),
+                    "last_seen": datetime_to_ns(r["last_seen"]),
+                }
+                for r in rows
+            ]
 
     def write_rollups(self, df: pl.DataFrame) -> int:
         """Upsert metric rollups (columns ``ROLLUP_COLUMNS``); a rewritten bucket is replaced."""

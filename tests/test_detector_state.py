@@ -143,3 +143,30 @@ def test_restored_helpers_take_todays_configuration_mid_fault(
                 assert getattr(a, param) == getattr(b, param), f"{name}.{setting}: {path}.{param}"
         assert found >= HELPERS.get(name, set()), found
         data = through_codec(det.state(), own_types(det))  # restore takes its data over
+
+
+def test_slow_edge_checkpoint_taken_mid_fault_carries_on_without_a_new_alert() -> None:
+    """A SlowEdge firing when the checkpoint is taken (the default scenario has no NCCL job:
+    a four-rank communicator with one slow edge instead): restored through the codec with only
+    its declared types into a detector built anew (window engine included), the same state,
+    byte for byte; it keeps firing as the same alert (same startsAt) and resolves as the one
+    that never stopped would."""
+    from detectors.slow_edge import SlowEdgeDetector
+    from tests.support.nccl_edges import run, topology
+
+    topo = topology()
+
+    def slow(sec: int) -> dict[tuple[int, int], float]:
+        return {(1, 2): 3.0} if 3 <= sec < 14 else {}
+
+    det = SlowEdgeDetector(topo)
+    eng, found = run(det, topo, range(10), slow)
+    assert found[-1] and det.edges[(found[-1][0].labels["comm"], 1, 2)].active
+    again = restart_part(det, SlowEdgeDetector(topo))
+    assert encoded(again) == encoded(det)
+    eng2 = restart_part(eng, type(eng)(eng.config))
+    _, cont = run(det, topo, range(10, 24), slow, engine=eng)
+    _, cont2 = run(again, topo, range(10, 24), slow, engine=eng2)
+    assert cont2 == cont
+    assert cont[0][0].ts == found[-1][0].ts  # still the alert that fired before the restart
+    assert cont[-1] == []  # and it resolved once the edge was back

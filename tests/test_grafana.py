@@ -33,10 +33,14 @@ def dashboard_files() -> list[Path]:
     return sorted((PROV / "dashboards" / "rocewatch").glob("*.json"))
 
 
-def queries() -> list[tuple[str, str, str]]:
-    """(dashboard file, panel title, rawSql) for every target of every panel."""
+def queries(nccl: bool = False) -> list[tuple[str, str, str]]:
+    """(dashboard file, panel title, rawSql) for every target of every panel: of the NCCL jobs
+    dashboard (``nccl``: its rows come from a replay with NCCL jobs, tests/test_grafana_nccl.py)
+    or of the others."""
     out = []
     for f in dashboard_files():
+        if (f.stem == "nccl-jobs") != nccl:
+            continue
         for p in json.loads(f.read_text())["panels"]:
             for t in p.get("targets", []):
                 out.append((f.stem, p["title"], t["rawSql"]))
@@ -139,7 +143,7 @@ def test_provisioning_files() -> None:
         prov["providers"][0]["options"]["path"] == "/etc/grafana/provisioning/dashboards/rocewatch"
     )
     titles = {json.loads(f.read_text())["title"] for f in dashboard_files()}
-    assert len(titles) == 7
+    assert len(titles) == 8
     kinds = {p["type"] for f in dashboard_files() for p in json.loads(f.read_text())["panels"]}
     assert {"heatmap", "timeseries", "table", "state-timeline", "stat", "nodeGraph"} <= kinds
 

@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -352,3 +353,31 @@ def test_a_collective_a_rank_lost_is_given_up_once_every_rank_moved_on() -> None
     assert judged == {1: [0, 1, 2], 2: [0, 1, 2, 3], 3: [0, 1, 2, 3], 4: [0, 1, 2, 3],
                       5: [0, 1, 2, 3]}  # fmt: skip
     assert stats.get("nccl_partial_collectives") == 1
+
+
+def test_nccl_telemetry_is_keyed_by_job_and_communicator(
+    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path
+) -> None:
+    """Published to a real broker with the NCCL key: every record's key is
+    ``nccl/<job>/<comm>``, holds only that communicator's samples (every rank's, from both
+    hosts), and all of them travel in one partition."""
+    from collector.nccl.service import NcclCollector
+    from rocewatch import wire
+    from rocewatch.bus.publish import TelemetryPublisher, nccl_key
+    from rocewatch.bus.topics import ensure_topics
+    from tests.test_kafka_pipeline import kafka_cfg, read_topic
+
+    shutil.copytree(JOB, tmp_path / "job")
+    cfg = kafka_cfg(kafka_bootstrap, kafka_topics, tmp_path, tmp_path)
+    ensure_topics(cfg.kafka)
+    pub = TelemetryPublisher(cfg.kafka, source="nccl-collect:job-a", key=nccl_key("job-a"))
+    coll = NcclCollector(tmp_path / "job", "job-a", topo(), pub)
+    coll.poll(final=True)
+    coll.close()
+    pub.close()
+    msgs = read_topic(kafka_bootstrap, cfg.kafka.topics.telemetry)
+    assert msgs and {m.key for m in msgs} == {f"nccl/job-a/{COMM}".encode()}
+    assert len({m.partition for m in msgs}) == 1
+    rows = pl.concat([wire.decode(m.value) for m in msgs])
+    assert set(rows["device"]) == {"gpu-001", "gpu-002"}
+    assert rows.height == coll.sent

@@ -163,26 +163,26 @@ def test_golden_case(name: str, tmp_path: Path, recordings: SimCache) -> None:
 
 def test_cli_replay_unusable_input_is_one_line(tmp_path: Path) -> None:
     cli = [sys.executable, "-m", "rocewatch.cli", "replay"]
-    r = subprocess.run(
-        [*cli, str(tmp_path / "missing"), "--out", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a scenario" in r.stderr
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "topology.yaml").write_text(
         "switches: [{name: leaf-0}]\n"
         "nodes: [{name: gpu-1, nics: [{nic: mlx5_0, switch_port: ghost/Ethernet1}]}]\n"
     )
     (tmp_path / "s" / "switch.jsonl").write_text("")
-    r = subprocess.run(
-        [*cli, str(tmp_path / "s"), "--out", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    # both commands at once: each costs an interpreter's start, and they share nothing
+    missing, invalid = (
+        subprocess.Popen(
+            [*cli, str(tmp_path / where), "--out", str(tmp_path / f"o-{where}")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for where in ("missing", "s")
     )
-    assert r.returncode == 2
-    assert "invalid topology" in r.stderr.splitlines()[0]
-    assert "undefined switch 'ghost'" in r.stderr
-    assert "Traceback" not in r.stderr
+    _, err = missing.communicate(timeout=60)
+    assert missing.returncode == 2 and err.count("\n") == 1 and "not a scenario" in err
+    _, err = invalid.communicate(timeout=60)
+    assert invalid.returncode == 2
+    assert "invalid topology" in err.splitlines()[0]
+    assert "undefined switch 'ghost'" in err
+    assert "Traceback" not in err

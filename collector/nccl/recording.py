@@ -2,9 +2,11 @@
 
 The directory holds Inspector's files exactly as NCCL wrote them (``<host>-pid<pid>.log``)
 and ``debug/<host>.log``, the job's ``NCCL_DEBUG=INFO`` output on each host (CONTRACTS.md
-section 5). The debug logs are read first (they only build the join); then each Inspector
-file, in the order of its first dump, each followed by the join's ``nccl_rank_gpu`` samples
-at that file's first time (so a restarted job's new map takes over from when it started).
+section 5), and, where the job ran google/CoMMA, ``comma/<host>.jsonl``: its OTLP/JSON exports
+(per-edge latency) as an OTel collector's file exporter writes them. The debug logs are read
+first (they only build the join); then each Inspector file, in the order of its first dump,
+each followed by the join's ``nccl_rank_gpu`` samples at that file's first time (so a
+restarted job's new map takes over from when it started); then the CoMMA exports.
 Samples are handed out in time order, ``chunk_rows`` at a time, like the other recorded
 sources (``rocewatch.sources``).
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 import orjson
 import polars as pl
 
+from collector.nccl.comma import CommaDecoder
 from collector.nccl.debug import DebugLog
 from collector.nccl.inspector import InspectorDecoder
 from collector.nccl.join import RankJoin
@@ -62,6 +65,11 @@ def read_job(
         frames.append(df)
     dec.finish()
     frames.append(dec.frame())
+    # CoMMA's OTLP/JSON exports, when the job ran it (``comma/<host>.jsonl``)
+    comma = CommaDecoder(topology, stats)
+    for p in sorted((directory / "comma").glob("*.jsonl")):
+        with p.open("rb") as fh:
+            frames.append(comma.lines(fh))
     frames = [f for f in frames if f.height]
     out = pl.concat(frames, how="vertical").sort("ts") if frames else empty_samples()
     return out, join
@@ -81,7 +89,9 @@ class NcclJobSource:
         self.name = f"nccl/{directory.name}"
         self.stats = stats
         self.guard = guard
-        self.bytes_total = sum(p.stat().st_size for p in directory.rglob("*.log"))
+        self.bytes_total = sum(
+            p.stat().st_size for p in directory.rglob("*") if p.suffix in (".log", ".jsonl")
+        )
         self._rows, self.join = read_job(directory, topology, stats)
         self._at = 0
         self.chunk_rows = chunk_rows

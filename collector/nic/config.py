@@ -39,3 +39,10 @@ class AgentConfig:
 
     def node_name(self) -> str:
         return self.node or socket.gethostname()
+
+
+def agent_config(d: object) -> AgentConfig:
+    """The ``agent:`` section's mapping, validated (collector/registry.py ``nic``)."""
+    from rocewatch.core.config import build
+
+    return build(AgentConfig, d, "agent")

@@ -38,17 +38,23 @@ from detectors.isolation_forest.model import (
 )
 from detectors.windows import Step
 from rocewatch.core.errors import ConfigError
+from rocewatch.core.model import (
+    ECN_CONGESTION,
+    PCIE_DOWNGRADE,
+    PFC_STORM,
+    PORT_ANOMALY,
+    QUEUE_BUILDUP,
+    STRAGGLER,
+)
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 log = logging.getLogger(__name__)
 
-ALERTNAME = "PortAnomaly"
+ALERTNAME = PORT_ANOMALY
 # rule alerts that say "this switch is congested": they may explain congestion symptoms of the
 # switch's other ports and of the NICs cabled to it
-CONGESTION_RULES = frozenset(
-    {"PFCStorm", "ECNCongestion", "QueueBuildup", "Straggler", "PCIeDowngrade"}
-)
+CONGESTION_RULES = frozenset({PFC_STORM, ECN_CONGESTION, QUEUE_BUILDUP, STRAGGLER, PCIE_DOWNGRADE})
 
 
 # --- thresholding -------------------------------------------------------------------------------

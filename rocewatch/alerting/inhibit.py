@@ -290,8 +290,17 @@ DEFAULT_RULES_DOC: tuple[dict[str, Any], ...] = (
     # a storm stalls the jobs it pauses: their NCCL alerts follow from it (docs/nccl.md)
     {
         "source_matchers": ['alertname="PFCStorm"'],
-        "target_matchers": ['alertname=~"SlowRank|BusBandwidthDrop"', 'job=~".+"'],
+        "target_matchers": ['alertname=~"SlowRank|SlowEdge|BusBandwidthDrop"', 'job=~".+"'],
         "equal": ["job"],
+    },
+    # two elephant flows hashed onto one uplink fill and mark its queue: the ECMP collision is
+    # the one alert (its ``uplinks`` annotation lists the hot and cold uplinks, both ends);
+    # the congestion drains on its own detector's hysteresis after the collision ends
+    {
+        "source_matchers": ['alertname="ECMPImbalance"'],
+        "target_matchers": ['alertname=~"ECNCongestion|QueueBuildup|PortAnomaly"'],
+        "members": "uplinks",
+        "hold_s": STORM_HOLD_S,
     },
     # a fabric event slows its members down: the incident is the one alert
     {

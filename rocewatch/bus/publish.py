@@ -138,7 +138,8 @@ def abandon_producer(producer: Any, timeout: float) -> None:
 
 
 class TelemetryPublisher:
-    """Sample frames -> TelemetryBatch messages on the telemetry topic, keyed by device.
+    """Sample frames -> TelemetryBatch messages on the telemetry topic, keyed by device (or by
+    ``key``: NCCL job telemetry by job and communicator).
 
     Memory is bounded while the broker is slow or away: at most ``k.publish_buffer_bytes`` of
     messages wait for the broker's acknowledgement. When that is full, ``publish_when_full``
@@ -151,8 +152,18 @@ class TelemetryPublisher:
     streaming once the cause is fixed instead of failing quietly until it is restarted.
     """
 
-    def __init__(self, k: KafkaConfig, source: str = "rocewatch", producer: Any = None) -> None:
+    def __init__(
+        self,
+        k: KafkaConfig,
+        source: str = "rocewatch",
+        producer: Any = None,
+        key: pl.Expr | None = None,
+    ) -> None:
+        """``key``: each row's message key (a string expression over the sample columns)
+        instead of its device: NCCL job telemetry is keyed by job and communicator
+        (``nccl_key``)."""
         self.k = k
+        self.key = key
         self.producer = producer or make_producer(k)
         self.source = source
         self.seq = 0
@@ -272,7 +283,7 @@ class TelemetryPublisher:
             df.lazy()
             .select(
                 (pl.col("ts") // slice_ns).alias("_slice"),
-                pl.col("device"),
+                pl.col("device") if self.key is None else self.key.alias("device"),
                 pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"),
             )
             .group_by(by, maintain_order=True)
@@ -329,3 +340,12 @@ def time_slices(df: pl.DataFrame, slice_ns: int = PUBLISH_SLICE_NS) -> list[pl.D
     b = df.get_column("ts").to_numpy() // slice_ns
     bounds = [0, *(np.flatnonzero(b[1:] != b[:-1]) + 1).tolist(), df.height]
     return [df.slice(a, z - a) for a, z in itertools.pairwise(bounds)]
+
+
+def nccl_key(job: str) -> pl.Expr:
+    """The message key of NCCL job telemetry: ``nccl/<job>/<communicator>`` (the first part of
+    the sample's qual: ``<comm>``, ``<comm>/<collective>/<size>`` or ``<comm>/<nic>``), so a
+    communicator's samples, every rank's, travel in one partition in order."""
+    return pl.concat_str(
+        [pl.lit(f"nccl/{job}/"), pl.col("qual").cast(pl.String).str.split("/").list.first()]
+    )

@@ -224,6 +224,8 @@ PORT_ANOMALY = "PortAnomaly"
 FABRIC_INCIDENT = "FabricIncident"
 SLOW_RANK = "SlowRank"
 BUS_BANDWIDTH_DROP = "BusBandwidthDrop"
+ECMP_IMBALANCE = "ECMPImbalance"
+SLOW_EDGE = "SlowEdge"
 
 ALERTNAMES = (
     "PFCStorm",
@@ -237,6 +239,8 @@ ALERTNAMES = (
     "FabricIncident",
     "SlowRank",
     "BusBandwidthDrop",
+    "ECMPImbalance",
+    "SlowEdge",
 )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rocewatch.core.model import PFC_STORM, Action, Alert
+from rocewatch.evaluate.ecmp import ecmp_faults
 from rocewatch.evaluate.report import generated
 from rocewatch.evaluate.scoring import RunScore, S, aggregate, score_run
 
@@ -91,6 +92,9 @@ class Cell:
     storm_pairs: bool = False
     nodes_per_leaf: int = 64
     tenants: str = ""
+    # "collision" / "adaptive": elephant flows over a leaf's uplinks instead of the rounds'
+    # faults (rocewatch/evaluate/ecmp.py)
+    ecmp: str = ""
 
     @property
     def healthy(self) -> bool:
@@ -147,6 +151,14 @@ MATRIX: tuple[Cell, ...] = (
          traffic="moe"),
     Cell("healthy-cumulus-2s-5s-200g", 2.0, 5.0, 200, 16, "cumulus", 16, "healthy", 203,
          traffic="mixed"),
+    # ECMP collisions at 1 s and 5 s switch cadence, and the same flows sprayed by adaptive
+    # routing (silent): small fabrics, two rounds
+    Cell("ecmp-oc-1s-400g-collision", 1.0, 1.0, 400, 64, "openconfig", 16, "middling", 301,
+         rounds=2, nics_per_node=2, ecmp="collision"),
+    Cell("ecmp-sonic-1s-5s-800g-collision", 1.0, 5.0, 800, 64, "sonic", 16, "middling", 302,
+         rounds=2, nics_per_node=2, ecmp="collision"),
+    Cell("healthy-ecmp-cumulus-100ms-200g-adaptive", 0.1, 0.1, 200, 32, "cumulus", 16,
+         "healthy", 303, rounds=2, nics_per_node=2, ecmp="adaptive"),
 )  # fmt: skip
 
 
@@ -215,7 +227,8 @@ def cell_config(cell: Cell) -> SimConfig:
         return round(float(rng.uniform(lo, hi)), 3)
 
     max_gts = 64.0 if cell.link_gbps >= 800 else 32.0
-    for i in range(0 if cell.healthy else cell.rounds):
+    faults += ecmp_faults(cell)  # an ECMP cell's elephant flows instead of the rounds below
+    for i in range(0 if cell.healthy or cell.ecmp else cell.rounds):
         r0 = tl["lead_s"] + i * tl["round_s"]
         origin = STORM_ORIGINS[i % len(STORM_ORIGINS)]
         st = tl["storm_s"]

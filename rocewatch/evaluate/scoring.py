@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocewatch.core.model import (
+    ECMP_IMBALANCE,
     ECN_CONGESTION,
     FABRIC_INCIDENT,
     FLAKY_LINK,
@@ -78,8 +79,9 @@ def labels_match(labels: Mapping[str, str], sets: Iterable[Mapping[str, Any]]) -
 
 def alert_views(alert: Alert) -> list[Mapping[str, str]]:
     """The label sets an alert speaks for: its own, one per member of a grouped alert (the
-    ``members`` annotation, a JSON list of entity label sets) and one per port a switch's
-    origin alert lists (``ports``, comma-separated). Malformed annotations are ignored."""
+    ``members`` annotation, a JSON list of entity label sets), one per port a switch's
+    origin alert lists (``ports``, comma-separated) and one per NIC on a communicator alert's
+    path (``path_nics``). Malformed annotations are ignored."""
     out: list[Mapping[str, str]] = [alert.labels]
     members = alert.annotations.get("members")
     if members:
@@ -93,6 +95,14 @@ def alert_views(alert: Alert) -> list[Mapping[str, str]]:
     ports = alert.annotations.get("ports")
     if ports and "switch" in alert.labels:
         out += [{**alert.labels, "port": p.strip()} for p in ports.split(",") if p.strip()]
+    # a communicator's alert (BusBandwidthDrop) speaks for the NICs on its path (the rank join's
+    # ``path_nics``, rocewatch/alerting/job_paths.py): a fault on any of them slows it
+    nics = alert.annotations.get("path_nics")
+    if nics and "comm" in alert.labels and "node" not in alert.labels:
+        for e in nics.split(","):
+            node, _, nic = e.split(" (")[0].strip().partition("/")  # (and "(+N more)")
+            if node and nic:
+                out.append({**alert.labels, "node": node, "nic": nic})
     return out
 
 
@@ -274,6 +284,8 @@ def needed_sources(fault: Mapping[str, Any]) -> tuple[str, ...]:
         return ("nic", "switch") if agent else ("switch",)
     if kind == QUEUE_BUILDUP:
         return ("gauge",)
+    if kind == ECMP_IMBALANCE:
+        return ("switch",)  # the uplinks' byte counters
     if kind == ECN_CONGESTION:
         return ("switch", "nic")  # the queue's marks and the receiver's ECN/CNP counters
     if kind == FLAKY_LINK:

@@ -415,6 +415,12 @@ class DomainStage:
             except RetryableError as e:
                 self.stats.inc("inhibited_not_stored", len(out.inhibited))
                 log.warning("inhibited alerts not stored: %s", e)
+        if out.ranks and self.outputs is not None:  # NCCL ranks: straight to the database
+            try:
+                self.outputs.write(ranks=out.ranks)
+            except RetryableError as e:
+                self.stats.inc("ranks_not_stored", len(out.ranks))
+                log.warning("NCCL ranks not stored: %s", e)
         self.alerts_sent += n_alerts
         self.actions_sent += n_actions
 

@@ -4,12 +4,12 @@ and notify the same things in the same order.
 
 Notified alerts are queued in the outbox first (durable before anything else sees them), then
 stored with the inhibited ones (kept, never notified), then the interference between tenants
-they name, the actions and the rollups.
+they name, the actions, the rollups and the NCCL jobs' ranks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ class Written:
     actions: int = 0
     rollups: int = 0
     interference: int = 0
+    ranks: int = 0
 
 
 class OutputWriter:
@@ -43,6 +44,7 @@ class OutputWriter:
         inhibited: Sequence[Alert] = (),
         actions: Sequence[Action] = (),
         rollups: Sequence[pl.DataFrame] = (),
+        ranks: Sequence[Mapping[str, Any]] = (),
     ) -> Written:
         w = Written()
         if self.notifier is not None and alerts:
@@ -57,6 +59,8 @@ class OutputWriter:
             w.actions = int(self.store.write_actions(list(actions)) or 0)
         if rollups:  # in the order given: a complete bucket replaces a provisional one
             w.rollups = int(self.store.write_rollups(pl.concat(list(rollups))) or 0)
+        if ranks:  # NCCL jobs' ranks (storage.store.Store.write_ranks): what maps series to jobs
+            w.ranks = int(self.store.write_ranks(list(ranks)) or 0)
         return w
 
     def store_final(self, alerts: Sequence[Alert]) -> Written:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from rocewatch.core.errors import ConfigError
+from rocewatch.sim import ecmp
 from rocewatch.sim.fabric import Fabric
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ class FlakyLink(Fault):
 
     kind: ClassVar[str] = "FlakyLink"
     alertname: ClassVar[str | None] = "FlakyLink"
-    also: ClassVar[tuple[str, ...]] = ("PortAnomaly",)
+    also: ClassVar[tuple[str, ...]] = ("PortAnomaly", "SlowEdge")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +110,13 @@ class PcieDowngrade(Fault):
 
     kind: ClassVar[str] = "PcieDowngrade"
     alertname: ClassVar[str | None] = "PCIeDowngrade"
-    also: ClassVar[tuple[str, ...]] = ("Straggler", "PortAnomaly", "SlowRank", "BusBandwidthDrop")
+    also: ClassVar[tuple[str, ...]] = (
+        "Straggler",
+        "PortAnomaly",
+        "SlowRank",
+        "BusBandwidthDrop",
+        "SlowEdge",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,6 +212,33 @@ class SlowGpu(Fault):
 
 
 @dataclass(frozen=True, kw_only=True)
+class EcmpCollision(Fault):
+    """Static ECMP hashes two of a leaf's elephant flows onto one uplink while another uplink of
+    its group carries none (rocewatch/sim/ecmp.py): ``flows`` flows (default one per spine),
+    each wanting ``demand`` of an uplink's line rate. ``flow_list`` is drawn when resolved."""
+
+    switch: str | None = None  # the leaf
+    flows: int | None = None
+    demand: float = 0.95
+    flow_list: tuple[Any, ...] | None = None  # ecmp.Flow, resolved
+
+    kind: ClassVar[str] = "EcmpCollision"
+    alertname: ClassVar[str | None] = "ECMPImbalance"
+    also: ClassVar[tuple[str, ...]] = ("ECNCongestion", "PortAnomaly")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SprayedElephants(EcmpCollision):
+    """The same elephant flows on an adaptive-routing fabric: sprayed packet by packet over
+    every uplink, balanced by construction. Not a fault: a detector must raise nothing."""
+
+    kind: ClassVar[str] = "SprayedElephants"
+    alertname: ClassVar[str | None] = None
+    also: ClassVar[tuple[str, ...]] = ()
+    is_fault: ClassVar[bool] = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class CounterClear(Fault):
     """All counters of a switch (``target="switch"``) or a NIC drop to 0 at ``onset_s``."""
 
@@ -239,6 +273,8 @@ FAULT_KINDS: dict[str, type[Fault]] = {
         TransportErrors,
         Straggler,
         SlowGpu,
+        EcmpCollision,
+        SprayedElephants,
         CounterClear,
         AgentGap,
     )
@@ -249,6 +285,8 @@ def fault_to_dict(f: Fault) -> dict[str, Any]:
     d: dict[str, Any] = {"kind": f.kind}
     for fld in dataclasses.fields(f):
         v = getattr(f, fld.name)
+        if isinstance(f, EcmpCollision) and fld.name == "flow_list":
+            v = None if v is None else [dataclasses.asdict(x) for x in v]
         if isinstance(v, tuple):
             v = [list(x) if isinstance(x, tuple) else x for x in v]
         d[fld.name] = v
@@ -265,7 +303,9 @@ def fault_from_dict(d: dict[str, Any]) -> Fault:
     for k, v in d.items():
         if k not in names:
             raise ConfigError(f"{cls.kind}: unknown field {k!r}")
-        if isinstance(v, list):
+        if issubclass(cls, EcmpCollision) and k == "flow_list" and v is not None:
+            v = tuple(ecmp.Flow(**x) for x in v)
+        elif isinstance(v, list):
             v = tuple(tuple(x) if isinstance(x, list) else x for x in v)
         kw[k] = v
     return cls(**kw)
@@ -436,6 +476,17 @@ def resolve_faults(cfg: SimConfig, fab: Fabric) -> list[Fault]:
             else:
                 f = resolve_incast(fab, f, rng)
             pick.claim(t0, t1, set(), {fab.leaves.index(str(f.switch)) // fab.n_pods})
+        elif isinstance(f, EcmpCollision):
+            if f.switch is not None and f.switch not in fab.leaves:
+                raise ConfigError(f"{f.kind}: {f.switch!r} is not a leaf")
+            if not 0 < f.demand <= 1:
+                raise ConfigError(f"{f.kind}: demand must be within (0, 1]")
+            leaf = fab.leaves.index(f.switch) if f.switch else pick.leaf(rng, t0, t1)
+            pick.claim(t0, t1, set(), {leaf // fab.n_pods})
+            flows = f.flow_list or ecmp.draw_flows(
+                fab, leaf, f.flows or fab.n_spines, rng, collide=f.is_fault
+            )
+            f = dataclasses.replace(f, switch=fab.leaves[leaf], flow_list=tuple(flows))
         elif isinstance(f, CounterClear):
             if f.target == "switch":
                 if f.switch is not None and f.switch not in fab.switch_index:
@@ -622,6 +673,25 @@ def truth(
                 else {"node": str(f.node), "nic": str(f.nic)}
             )
             not_faults.append({"id": fid, "kind": f.kind, "at_ns": t0, "labels": labels})
+            continue
+        if isinstance(f, EcmpCollision):
+            entry = ecmp.truth_entry(fab, fab.leaves.index(str(f.switch)), f.flow_list or ())
+            if not f.is_fault:  # sprayed: balanced, nothing to find
+                not_faults.append(
+                    {"id": fid, "kind": f.kind, "onset_ns": t0, "end_ns": t1, **entry}
+                )
+                continue
+            out_faults.append(
+                {
+                    "id": fid,
+                    "kind": f.kind,
+                    "alertname": f.alertname,
+                    "also": list(f.also),
+                    "onset_ns": t0,
+                    "end_ns": t1,
+                    **entry,
+                }
+            )
             continue
         if isinstance(f, AgentGap):
             not_faults.append(

@@ -6,7 +6,8 @@ process writes what NCCL Inspector writes with ``NCCL_INSPECTOR_DUMP_VERBOSE=1``
 interval of ``dump_s`` (format v4.3: a ``dump_stats`` marker, then its ``coll_perf`` lines
 with per-channel kernel times) to ``nccl/<job>/<host>-pid<pid>.log``, and its
 ``NCCL_DEBUG=INFO`` lines (NET/IB devices, channel connections, Init COMPLETE) to
-``nccl/<job>/debug/<host>.log`` (CONTRACTS.md section 5).
+``nccl/<job>/debug/<host>.log`` (CONTRACTS.md section 5), and CoMMA's per-edge latency to
+``nccl/<job>/comma/<host>.jsonl`` (rocewatch/sim/comma.py).
 
 The faults show as NCCL sees them: a NIC whose PCIe link trained down makes its rank start
 ``PCIE_LATE_US`` late and the job's collectives slower (the ring runs at the slowest link's
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import orjson
 
+from rocewatch.sim.comma import write_comma
 from rocewatch.sim.faults import PcieDowngrade, PfcStorm, SlowGpu, Straggler
 
 if TYPE_CHECKING:
@@ -97,6 +99,12 @@ def write_nccl(out: Path, sim: Simulator, period_s: float = 0.5, dump_s: float =
                 )  # fmt: skip
                 (d / f"{node}-pid{pid}.log").write_bytes(lines)
             (d / "debug" / f"{node}.log").write_text("\n".join(dbg) + "\n")
+        # CoMMA's per-edge latency (rocewatch/sim/comma.py), on its own random stream
+        write_comma(
+            d, [nd for nd in nodes for _ in fab.rail_nics], list(fab.rail_nics) * len(nodes),
+            fab.n_rails, comm, list(sim.faults), cfg.start_ns, cfg.duration_s, dump_s,
+            np.random.default_rng([cfg.seed, 37, fab.node_index[nodes[0]]]),
+        )  # fmt: skip
 
 
 def _inspector_lines(

@@ -18,11 +18,13 @@ from rocewatch.sim.fabric import JobSpec, node_name
 from rocewatch.sim.faults import (
     AgentGap,
     CounterClear,
+    EcmpCollision,
     EcnIncast,
     Fault,
     FlakyLink,
     PcieDowngrade,
     PfcStorm,
+    SprayedElephants,
     TenantIncast,
     TransportErrors,
 )
@@ -125,6 +127,28 @@ def uplink_flaky_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1
         name="uplink_flaky",
         faults=(FlakyLink(onset_s=duration_s / 5, duration_s=duration_s / 2, uplink=True),),
     )
+
+
+def ecmp_collision_scenario(
+    nodes: int = 8, duration_s: float = 30, seed: int = 1, adaptive: bool = False, **kw: Any
+) -> SimConfig:
+    """Elephant flows over one leaf's uplinks from 8 s to 24 s (at 30 s): static ECMP hashes
+    two onto one uplink and none onto another (``EcmpCollision``); ``adaptive``: the same
+    flows sprayed by adaptive routing (``SprayedElephants``: balanced, no fault)."""
+    kind = SprayedElephants if adaptive else EcmpCollision
+    return laid_out(
+        "ecmp_adaptive" if adaptive else "ecmp_collision",
+        nodes,
+        duration_s,
+        seed,
+        lambda at: (kind(onset_s=at(8.0), duration_s=at(16.0)),),
+        **kw,
+    )
+
+
+def ecmp_adaptive_scenario(nodes: int = 8, duration_s: float = 30, seed: int = 1) -> SimConfig:
+    """``ecmp_collision_scenario``'s flows on an adaptive-routing fabric: sprayed, balanced."""
+    return ecmp_collision_scenario(nodes, duration_s, seed, adaptive=True)
 
 
 def overlap_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) -> SimConfig:
@@ -242,6 +266,8 @@ SCENARIOS: dict[str, Callable[..., SimConfig]] = {
     "moe": moe_scenario,
     "dark_storm": dark_storm_scenario,
     "uplink_flaky": uplink_flaky_scenario,
+    "ecmp_collision": ecmp_collision_scenario,
+    "ecmp_adaptive": ecmp_adaptive_scenario,
     "overlap": overlap_scenario,
     "mixed_tenants": mixed_tenants_scenario,
     "two_storms": two_storms_scenario,

@@ -32,10 +32,12 @@ import polars as pl
 from rocewatch.core.errors import ConfigError
 from rocewatch.core.model import METRICS, SAMPLE_SCHEMA, Scope
 from rocewatch.core.topology import Topology
+from rocewatch.sim.ecmp import Elephants
 from rocewatch.sim.fabric import BUFFER_BYTES, LINE_GBPS, NAMINGS, Fabric, JobSpec
 from rocewatch.sim.faults import (
     AgentGap,
     CounterClear,
+    EcmpCollision,
     EcnIncast,
     Fault,
     FlakyLink,
@@ -596,8 +598,13 @@ class Simulator:
         self.sw_storms: list[tuple[float, float, np.ndarray, np.ndarray, list[Any]]] = []
         self.clears: list[tuple[float, str, np.ndarray]] = []
         self.gaps: list[tuple[float, float, int]] = []
+        self.elephants = Elephants(fab, self.cfg.seed)  # rocewatch/sim/ecmp.py
         for f in self.faults:
             t0, t1 = f.onset_s, f.end_s(run)
+            if isinstance(f, EcmpCollision):
+                uplinks = tuple(x.uplink for x in f.flow_list or ())
+                leaf = fab.leaves.index(str(f.switch))
+                self.elephants.add(t0, t1, leaf, uplinks, f.demand, sprayed=not f.is_fault)
             if isinstance(f, PfcStorm) and f.origin == "switch":
                 leaf = fab.leaves.index(str(f.switch))
                 mine = fab.nics_on_leaf(leaf)
@@ -886,6 +893,7 @@ class Simulator:
             raise ConfigError("readings() needs a cadenced run (set a source's interval)")
         rng = np.random.default_rng([cfg.seed, 2])  # the physics, as in a default run
         self._storm_rng = np.random.default_rng([cfg.seed, 8])
+        self.elephants.restart()
         late_rng = np.random.default_rng([cfg.seed, 4])
         T = cfg.interval_s
         sw_cum = self.sw_init.copy()
@@ -1005,6 +1013,7 @@ class Simulator:
         # what only storms draw comes from a stream of its own: the rest of a run's noise does
         # not depend on whether (or where) a storm was
         self._storm_rng = np.random.default_rng([cfg.seed, 8])
+        self.elephants.restart()
         T, T_ns = cfg.interval_s, self.interval_ns
         E = fab.n_nics
         sw_cum = self.sw_init.copy()
@@ -1199,6 +1208,9 @@ class Simulator:
             # a storm's origin NIC, its receive path stalled, gets no ACK back and sends
             # nothing at all while it pauses the fabric (the rest of its job only slows down)
             by[2 * x] *= 1 - f
+        if self.elephants.phases:  # elephant flows over a leaf's uplinks (sim/ecmp.py)
+            up = 1 - up_down[0::2].reshape(L, S)
+            self.elephants.carry(by, up, t0, t1, line, T)
         load = np.minimum(by / line, 1.0)
 
         # --- PFC: healthy background, then faults ----------------------------------------------
@@ -1290,6 +1302,8 @@ class Simulator:
             # not yet paused themselves) stands in it: it fills toward the buffer's limit
             depth[held] = np.maximum(depth[held], stuck[held] * self.stuck_fill[held] * B)
             peak[held] = np.maximum(peak[held], depth[held])
+        if self.elephants.hot:
+            self.elephants.queues(depth, peak, pm, B)
         depth = np.minimum(np.rint(depth), B)
         peak = np.minimum(np.rint(peak), B)
         marks = np.minimum(rng.poisson(pkts * np.minimum(pm, 1.0)), np.rint(pkts))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rocewatch.core.model import ALERTNAMES
+from storage.grafana.nccl import nccl_dashboard
 
 OUT = Path(__file__).parent / "provisioning" / "dashboards" / "rocewatch"
 DS = {"type": "grafana-postgresql-datasource", "uid": "rocewatch-pg"}
@@ -554,6 +555,7 @@ FROM actions WHERE $__timeFilter(time) ORDER BY time DESC""",
         ],
     )
     d["incident"] = incident_dashboard()
+    d["nccl-jobs"] = nccl_dashboard(DS, FINEST, panel, dashboard)
     return d
 
 

@@ -1,8 +1,8 @@
-"""Schema version 6: tenant_interference, the pause time each tenant suffered from others
+"""Schema version 7: tenant_interference, the pause time each tenant suffered from others
 (rocewatch/alerting/interference.py).
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
