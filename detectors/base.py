@@ -23,6 +23,9 @@ class StepContext:
     # label sets of the alerts firing now, those raised earlier in this step included (the
     # pipeline fills it; None where no alert lifecycle runs)
     firing: Callable[[], Iterable[Mapping[str, str]]] | None = None
+    # the RoCE configuration checks' findings now (rocewatch/roce/watch.py: each a
+    # ``Finding.to_dict()`` of rocewatch/roce/checks.py plus ``since``); None without configuration
+    config_findings: Callable[[], Iterable[Mapping[str, Any]]] | None = None
 
 
 class Detector(Protocol):

@@ -28,12 +28,19 @@ from typing import ClassVar
 
 from detectors.base import Finding, StepContext
 from rocewatch.core.members import encode_members
+from rocewatch.core.model import (
+    FABRIC_INCIDENT,
+    PFC_STORM,
+    PORT_ANOMALY,
+    ROCE_CONFIG_MISMATCH,
+)
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
-ALERTNAME = "FabricIncident"
-IGNORED = ("FabricIncident", "PortAnomaly")
-STORM = "PFCStorm"
+ALERTNAME = FABRIC_INCIDENT
+# a configuration mismatch names a cable to fix, not an entity faulting: never counted
+IGNORED = (FABRIC_INCIDENT, PORT_ANOMALY, ROCE_CONFIG_MISMATCH)
+STORM = PFC_STORM
 # the label that keeps these apart from the policy's own (blast-radius) FabricIncidents
 SOURCE = "detector"
 LEVEL = {"switch": 0, "rail": 1, "job": 2, "fabric": 3}

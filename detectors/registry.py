@@ -15,10 +15,27 @@ from detectors.isolation_forest import IsolationForestConfig, IsolationForestDet
 from detectors.pcie_downgrade import PcieDowngradeConfig, PcieDowngradeDetector
 from detectors.pfc_storm import PfcStormConfig, PfcStormDetector
 from detectors.queue_buildup import QueueBuildupConfig, QueueBuildupDetector
+from detectors.roce_config_mismatch import RoceConfigMismatchConfig, RoceConfigMismatchDetector
 from detectors.slow_edge import SlowEdgeConfig, SlowEdgeDetector
 from detectors.slow_rank import SlowRankConfig, SlowRankDetector
 from detectors.straggler import StragglerConfig, StragglerDetector
 from detectors.transport_errors import TransportErrorsConfig, TransportErrorsDetector
+from rocewatch.core.model import (
+    BUS_BANDWIDTH_DROP,
+    ECMP_IMBALANCE,
+    ECN_CONGESTION,
+    FABRIC_INCIDENT,
+    FLAKY_LINK,
+    PCIE_DOWNGRADE,
+    PFC_STORM,
+    PORT_ANOMALY,
+    QUEUE_BUILDUP,
+    ROCE_CONFIG_MISMATCH,
+    SLOW_EDGE,
+    SLOW_RANK,
+    STRAGGLER,
+    TRANSPORT_ERRORS,
+)
 from rocewatch.core.topology import Topology
 
 
@@ -46,26 +63,29 @@ class Entry:
 
 
 DETECTORS: dict[str, Entry] = {
-    "pfc_storm": Entry(PfcStormDetector, PfcStormConfig, "PFCStorm", domain_aware=True),
-    "ecn_congestion": Entry(EcnCongestionDetector, EcnCongestionConfig, "ECNCongestion"),
-    "queue_buildup": Entry(QueueBuildupDetector, QueueBuildupConfig, "QueueBuildup"),
-    "transport_errors": Entry(TransportErrorsDetector, TransportErrorsConfig, "TransportErrors"),
-    "flaky_link": Entry(FlakyLinkDetector, FlakyLinkConfig, "FlakyLink"),
-    "ecmp_imbalance": Entry(EcmpImbalanceDetector, EcmpImbalanceConfig, "ECMPImbalance"),
-    "pcie_downgrade": Entry(PcieDowngradeDetector, PcieDowngradeConfig, "PCIeDowngrade"),
-    "straggler": Entry(StragglerDetector, StragglerConfig, "Straggler"),
-    "slow_rank": Entry(SlowRankDetector, SlowRankConfig, "SlowRank", reads_alerts=True),
-    "slow_edge": Entry(SlowEdgeDetector, SlowEdgeConfig, "SlowEdge", reads_alerts=True),
+    "pfc_storm": Entry(PfcStormDetector, PfcStormConfig, PFC_STORM, domain_aware=True),
+    "ecn_congestion": Entry(EcnCongestionDetector, EcnCongestionConfig, ECN_CONGESTION),
+    "queue_buildup": Entry(QueueBuildupDetector, QueueBuildupConfig, QUEUE_BUILDUP),
+    "transport_errors": Entry(TransportErrorsDetector, TransportErrorsConfig, TRANSPORT_ERRORS),
+    "flaky_link": Entry(FlakyLinkDetector, FlakyLinkConfig, FLAKY_LINK),
+    "ecmp_imbalance": Entry(EcmpImbalanceDetector, EcmpImbalanceConfig, ECMP_IMBALANCE),
+    "pcie_downgrade": Entry(PcieDowngradeDetector, PcieDowngradeConfig, PCIE_DOWNGRADE),
+    "straggler": Entry(StragglerDetector, StragglerConfig, STRAGGLER),
+    "roce_config_mismatch": Entry(
+        RoceConfigMismatchDetector, RoceConfigMismatchConfig, ROCE_CONFIG_MISMATCH
+    ),
+    "slow_rank": Entry(SlowRankDetector, SlowRankConfig, SLOW_RANK, reads_alerts=True),
+    "slow_edge": Entry(SlowEdgeDetector, SlowEdgeConfig, SLOW_EDGE, reads_alerts=True),
     "bus_bandwidth_drop": Entry(
-        BusBandwidthDropDetector, BusBandwidthDropConfig, "BusBandwidthDrop", reads_alerts=True
+        BusBandwidthDropDetector, BusBandwidthDropConfig, BUS_BANDWIDTH_DROP, reads_alerts=True
     ),
     "fabric_incident": Entry(
-        FabricIncidentDetector, FabricIncidentConfig, "FabricIncident", reads_alerts=True
+        FabricIncidentDetector, FabricIncidentConfig, FABRIC_INCIDENT, reads_alerts=True
     ),
     "isolation_forest": Entry(
         IsolationForestDetector,
         IsolationForestConfig,
-        "PortAnomaly",
+        PORT_ANOMALY,
         reads_alerts=True,
         stage1_feed=True,
     ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -27,6 +28,29 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(out)
 
 
+def _feed_config(pipeline: Pipeline, sim: Any) -> str:
+    """The fabric's RoCE configuration into the pipeline, as the agents and gnmic would send it
+    (five minutes before the telemetry), plus the demo's configuration change: PFC moved to
+    priority 4 on the leaf port facing the storm's origin two minutes before the storm. Returns
+    the change in words ("" without a NIC storm)."""
+    from rocewatch.sim.faults import PfcStorm
+    from rocewatch.sim.roce_config import WRONG_PRIORITY, config_records, port_pfc_change
+
+    t0 = int(sim.cfg.start_ns)
+    nics, events, _ = config_records(sim.cfg, sim.fabric, ts=t0 - 300 * 1_000_000_000)
+    said = ""
+    storm = next((f for f in sim.faults if isinstance(f, PfcStorm) and f.node and f.nic), None)
+    nic = sim.topology.nics.get((storm.node, storm.nic)) if storm is not None else None
+    if storm is not None and nic is not None and nic.switch_port is not None:
+        at = t0 + int((storm.onset_s - 120) * 1e9)
+        sp = nic.switch_port
+        events.append(port_pfc_change(sp.switch, sp.port, at, WRONG_PRIORITY))
+        said = f"pfc_enable {WRONG_PRIORITY} on {sp} at {(at - t0) / 1e9:+.0f} s"
+    pipeline.ingest_config("nic", nics)
+    pipeline.ingest_config("switch", events)
+    return said
+
+
 def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None) -> int:
     from rocewatch.sim import Simulator
     from rocewatch.sim.scenarios import demo_scenario
@@ -39,6 +63,7 @@ def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None)
         cfg = dataclasses.replace(cfg, duration_s=duration)
     sim = Simulator(cfg)
     pipeline = Pipeline(sim.topology, Config(), rollup_s=10)
+    change = _feed_config(pipeline, sim)
     if db.exists():
         db.unlink()
     store = Store(f"sqlite:///{db}")
@@ -53,7 +78,9 @@ def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None)
 
     def sink(o: Output) -> None:
         nonlocal n_alerts
-        writer.write(o.alerts, o.inhibited, o.actions, o.rollups, o.ranks)
+        writer.write(
+            o.alerts, o.inhibited, o.actions, o.rollups, o.ranks, config_changes=o.config_changes
+        )
         n_alerts += sum(1 for a in o.alerts if a.status == "firing")
 
     print(
@@ -78,7 +105,7 @@ def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None)
     start = cfg.start_ns
 
     def rel(ns: int) -> str:
-        return f"+{(ns - start) / 1e9:.2f}s" if ns else "-"
+        return f"{(ns - start) / 1e9:+.2f}s" if ns else "-"
 
     rows = []
     victims = [a for a in alerts if a.labels.get("role") == "victim"]
@@ -154,6 +181,15 @@ def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None)
         f"{pipeline.samples_in:,} samples in {elapsed:.1f} s "
         f"({pipeline.samples_in / elapsed:,.0f} samples/s); SQLite: {db}"
     )
+    if change:
+        print()
+        print(f"CONFIGURATION CHANGE (the demo's own, in the stream): {change}")
+        for a in alerts:
+            if "config_changes" in a.annotations and a.labels.get("role") == "origin":
+                print(
+                    f"  on {a.name} {a.labels.get('node')}/{a.labels.get('nic')}: "
+                    f"{a.annotations['config_changes']}"
+                )
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_jsonl(out / "alerts.jsonl", [a.to_json() for a in alerts])

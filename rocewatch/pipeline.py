@@ -35,9 +35,11 @@ from rocewatch.core import rollups
 from rocewatch.core.checkpoint import StateTypes
 from rocewatch.core.errors import ConfigError
 from rocewatch.core.model import SERIES_KEY, Action, Alert
+from rocewatch.core.roce import ConfigChange
 from rocewatch.core.state import StateMismatch
 from rocewatch.core.stats import Stats
 from rocewatch.core.topology import Topology
+from rocewatch.roce.watch import ConfigWatch
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +64,12 @@ class Output:
     inhibited: list[Alert] = field(default_factory=list)
     # NCCL ranks newly placed or moved (rocewatch/alerting/job_paths.py), for storage
     ranks: list[dict[str, Any]] = field(default_factory=list)
+    # RoCE configuration changes the snapshots applied in these steps showed
+    config_changes: list[ConfigChange] = field(default_factory=list)
 
     def extend(self, other: Output) -> None:
         self.alerts += other.alerts
+        self.config_changes += other.config_changes
         self.actions += other.actions
         self.rollups += other.rollups
         self.steps += other.steps
@@ -172,6 +177,15 @@ class Rollups:
         return df
 
 
+def _lookback_s(config: Config) -> float:
+    """How long before an alert a configuration change on its entities is named in it
+    (``detectors.roce_config_mismatch.changes_lookback_s``)."""
+    from detectors.roce_config_mismatch import RoceConfigMismatchConfig
+
+    cfg = config.detectors.get("roce_config_mismatch") or RoceConfigMismatchConfig()
+    return float(cfg.changes_lookback_s)
+
+
 class Pipeline:
     def __init__(
         self,
@@ -224,6 +238,8 @@ class Pipeline:
         # the NCCL rank join on alerts: fabric alerts name the jobs behind them, job alerts the
         # fabric on their path (rocewatch/alerting/job_paths.py)
         self.job_paths = JobPaths(topology)
+        # RoCE configuration snapshots: change events, the checks' findings, alert annotations
+        self.roce = ConfigWatch(topology, _lookback_s(self.config), stats=self.stats)
         self.actions: list[Action] = []
         self.rollups: Rollups | None = None
         self.rollups_coarse: Rollups | None = None
@@ -249,12 +265,20 @@ class Pipeline:
         self.samples_in += samples.height
         self.engine.add(samples)
 
+    def ingest_config(self, kind: str, docs: list[Any]) -> None:
+        """RoCE configuration records (``kind`` nic: ``nic_config.jsonl`` snapshots; switch:
+        gnmic events of ``switch_config.jsonl``), applied on telemetry time as steps close."""
+        add = self.roce.add_nic if kind == "nic" else self.roce.add_switch
+        for d in docs:
+            add(d)
+
     def advance(self, watermark_ns: int) -> Output:
         """Close and evaluate every step the watermark has passed."""
         return self._run(self.engine.close_until(watermark_ns))
 
     def finish(self) -> Output:
         out = self._run(self.engine.finish())
+        out.config_changes += self.roce.advance(None)  # what came after the last step
         # the stream ended: alerts held for a late inhibiting source are decided now
         out.extend(self.decide_held())
         for level in self._rollup_levels():
@@ -285,8 +309,14 @@ class Pipeline:
         for step in steps:
             self.engine.enter(step)
             out.ranks += self.job_paths.learn(step.get(JOIN))
+            out.config_changes += self.roce.advance(step.end)
             ctx = StepContext(
-                self.engine, self.topology, step.start, step.end, firing=self._firing_labels
+                self.engine,
+                self.topology,
+                step.start,
+                step.end,
+                firing=self._firing_labels,
+                config_findings=self.roce.current,
             )
             events: list[Alert] = []
             if self._orphans:
@@ -310,6 +340,9 @@ class Pipeline:
                 events += self.lifecycle.update(det.name, step.end, found)
             if events:
                 self.job_paths.annotate(events, self.lifecycle.firing, self._firing_labels)
+            if self.roce.recent:  # the configuration changes seen before each new alert
+                self.roce.annotate(events, self.lifecycle.firing)
+                self.roce.prune(step.end)
             # inhibited alerts are stored, never notified nor drained on
             shown, hidden = inhibitor.update(step.end, events, self.lifecycle)
             for ev in shown:
@@ -360,6 +393,7 @@ class Pipeline:
             StormGrouper,
             Inhibitor,
             JobPaths,
+            ConfigWatch,
             *(e.detector for e in DETECTORS.values()),
         ]
         # (and the actions it retains, as the lifecycle retains its alerts)
@@ -378,6 +412,7 @@ class Pipeline:
             "interference": self.interference.state(),
             "job_paths": self.job_paths.state(),
             "policy": self.policy.state(),
+            "roce_config": self.roce.state(),
             "rollups": [r.state() for r in self._rollup_levels()],
             "stats": {
                 "counts": dict(self.stats.counts),
@@ -419,6 +454,8 @@ class Pipeline:
             self.job_paths.restore(data["job_paths"])
         else:  # written before the join on alerts: its firing alerts get what it adds
             self.job_paths.fill(self.lifecycle.firing, self._firing_labels)
+        if "roce_config" in data:  # (a state from before configuration was streamed has none)
+            self.roce.restore(data["roce_config"])
         try:
             self.policy.restore(data["policy"])
         except ConfigError as e:

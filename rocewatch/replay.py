@@ -2,7 +2,9 @@
 
 Writes ``alerts.jsonl`` (every alert that fired, final state), ``inhibited.jsonl`` (alerts an
 inhibit rule suppressed for their whole life, with ``annotations.inhibited_by``) and
-``actions.jsonl``: docs/formats/replay.md."""
+``actions.jsonl``: docs/formats/replay.md; ``config_changes.jsonl``: the RoCE configuration
+changes its ``nic_config.jsonl`` / ``switch_config.jsonl`` snapshots showed
+(docs/roce_config.md)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from rocewatch.core.progress import Progress
 from rocewatch.core.stats import Stats
 from rocewatch.core.topology import Topology
 from rocewatch.pipeline import ROLLUP_S, Output, Pipeline
+from rocewatch.roce.watch import load_recorded
 from rocewatch.runtime.outputs import OutputWriter
 from rocewatch.sources import merged, scenario_sources
 
@@ -35,6 +38,7 @@ class ReplayResult:
     seconds: float
     stats: dict[str, Any] = field(default_factory=dict)
     inhibited: list[dict[str, Any]] = field(default_factory=list)
+    config_changes: list[dict[str, Any]] = field(default_factory=list)
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -83,6 +87,8 @@ def replay(
     pipeline = Pipeline(
         topology, config, stats=stats, rollup_s=ROLLUP_S if store is not None else None
     )
+    # RoCE configuration snapshots, applied as telemetry time passes them
+    load_recorded(pipeline.roce, scenario)
     total = sum(s.bytes_total for s in sources)
     bar = Progress("replay", total, unit="B", enabled=show_progress)
     t0 = time.perf_counter()
@@ -95,9 +101,18 @@ def replay(
         notifier.start()
 
     writer = OutputWriter(store, notifier)
+    changes: list[dict[str, Any]] = []
 
     def sink(out: Output) -> None:
-        writer.write(out.alerts, out.inhibited, out.actions, out.rollups, out.ranks)
+        writer.write(
+            out.alerts,
+            out.inhibited,
+            out.actions,
+            out.rollups,
+            out.ranks,
+            config_changes=out.config_changes,
+        )
+        changes.extend(c.to_json() for c in out.config_changes)
 
     try:
         for df, wm in merged(sources, pipeline.engine.lateness_ns()):
@@ -128,6 +143,7 @@ def replay(
     write_jsonl(out_dir / "alerts.jsonl", alerts)
     write_jsonl(out_dir / "inhibited.jsonl", inhibited)
     write_jsonl(out_dir / "actions.jsonl", actions)
+    write_jsonl(out_dir / "config_changes.jsonl", changes)
     if store is not None:
         writer.store_final(pipeline.all_alerts() + pipeline.inhibited_alerts())
     return ReplayResult(
@@ -137,4 +153,5 @@ def replay(
         time.perf_counter() - t0,
         stats.as_dict(),
         inhibited,
+        changes,
     )

@@ -27,7 +27,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 7  # = the number of the newest migration (storage/migrations/versions)
+SCHEMA_VERSION = 8  # = the number of the newest migration (storage/migrations/versions)
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
@@ -186,6 +186,27 @@ class RollupRow(Base):
     min: Mapped[float | None] = mapped_column(Float)
     last: Mapped[float | None] = mapped_column(Float)
     count: Mapped[int] = mapped_column(BigInteger)
+
+
+class ConfigChangeRow(Base):
+    """One RoCE configuration setting of one cable end that changed between two snapshots
+    (rocewatch/roce/watch.py): Grafana's table and annotations of configuration changes."""
+
+    __tablename__ = "config_changes"
+    __table_args__ = (
+        UniqueConstraint("time", "device", "port", "field", name="uq_config_changes_event"),
+        Index("ix_config_changes_device_time", "device", "time"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    time: Mapped[dt.datetime] = mapped_column(UtcDateTime, index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # nic | switch
+    device: Mapped[str] = mapped_column(String(128))
+    port: Mapped[str] = mapped_column(String(128))
+    field: Mapped[str] = mapped_column(String(64))
+    old_value: Mapped[str] = mapped_column(Text)
+    new_value: Mapped[str] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(String(32))
 
 
 class OperatorCommandRow(Base):

@@ -30,6 +30,7 @@ from sqlalchemy.engine import URL, make_url
 from rocewatch.core import rollups
 from rocewatch.core.errors import ConfigError, PermanentError, RetryableError
 from rocewatch.core.model import Action, Alert
+from rocewatch.core.roce import ConfigChange
 from storage import incidents
 from storage.models import (
     ENTITY_LABELS,
@@ -37,6 +38,7 @@ from storage.models import (
     ActionRow,
     AlertRow,
     Base,
+    ConfigChangeRow,
     MetaRow,
     NcclRankRow,
     OperatorCommandRow,
@@ -57,6 +59,7 @@ ROLLUPS: Table = RollupRow.__table__  # type: ignore[assignment]
 META: Table = MetaRow.__table__  # type: ignore[assignment]
 COMMANDS: Table = OperatorCommandRow.__table__  # type: ignore[assignment]
 INTERFERENCE: Table = TenantInterferenceRow.__table__  # type: ignore[assignment]
+CHANGES: Table = ConfigChangeRow.__table__  # type: ignore[assignment]
 RANKS: Table = NcclRankRow.__table__  # type: ignore[assignment]
 
 _ALERT_UPDATED = [
@@ -303,6 +306,33 @@ class Store:
             incidents.record_actions(self, conn, actions)
         return len(rows)
 
+    def write_config_changes(self, changes: Sequence[ConfigChange]) -> int:
+        """Insert RoCE configuration changes, ignoring any already stored (same time, device,
+        port and field: a replayed stream stores each once). Returns the rows given."""
+        rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for c in changes:
+            row = {
+                "time": ns_to_datetime(c.ts),
+                "kind": c.kind,
+                "device": c.device,
+                "port": c.port,
+                "field": c.field,
+                "old_value": c.old,
+                "new_value": c.new,
+                "source": c.source,
+            }
+            rows[(row["time"], c.device, c.port, c.field)] = row
+        if not rows:
+            return 0
+        stmt = self._insert(CHANGES).on_conflict_do_nothing(
+            index_elements=["time", "device", "port", "field"]
+        )
+        with self._errors("write config changes"), self.engine.begin() as conn:
+            values = list(rows.values())
+            for i in range(0, len(values), self.batch_size):
+                conn.execute(stmt, values[i : i + self.batch_size])
+        return len(rows)
+
     def write_ranks(self, ranks: Sequence[Mapping[str, Any]]) -> int:
         """Upsert NCCL ranks (``job``, ``comm``, ``rank``, ``host``, ``gpu``, ``nic``,
         ``seen_ns``: telemetry time): a rank seen again moves its ``last_seen`` on and takes its
@@ -340,6 +370,27 @@ class Store:
             for i in range(0, len(values), self.batch_size):
                 conn.execute(stmt, values[i : i + self.batch_size])
         return len(rows)
+
+    def config_changes(self, device: str | None = None) -> list[ConfigChange]:
+        """Stored configuration changes, oldest first (of one device, if given)."""
+        q = select(CHANGES).order_by(CHANGES.c.time, CHANGES.c.id)
+        if device is not None:
+            q = q.where(CHANGES.c.device == device)
+        with self._errors("read config changes"), self.engine.connect() as conn:
+            rows = conn.execute(q).mappings().all()
+        return [
+            ConfigChange(
+                datetime_to_ns(r["time"]),
+                r["kind"],
+                r["device"],
+                r["port"],
+                r["field"],
+                r["old_value"],
+                r["new_value"],
+                r["source"],
+            )
+            for r in rows
+        ]
 
     def ranks(self) -> list[dict[str, Any]]:
         """Every stored NCCL rank (for tests and exports)."""
@@ -456,6 +507,9 @@ class Store:
             ).rowcount
             out["metric_rollups"] = conn.execute(
                 delete(ROLLUPS).where(ROLLUPS.c.bucket_start < cutoff)
+            ).rowcount
+            out["config_changes"] = conn.execute(
+                delete(CHANGES).where(CHANGES.c.time < cutoff)
             ).rowcount
             out["incidents"] = incidents.prune(conn, cutoff)
         log.info("storage: pruned %s before %s", out, cutoff.isoformat())

@@ -54,7 +54,21 @@ def test_demo_prints_origin_and_dry_run_drain_of_that_node_only(tmp_path: Path) 
     # (inhibited alerts are stored too, with inhibited_by, as replay stores them)
     n_alerts = con.execute("select count(*) from alerts where inhibited_by is null").fetchone()[0]
     acts = con.execute("select node, outcome from actions where action = 'drain'").fetchall()
+    changes = con.execute("select device, port, field, old_value, new_value from config_changes")
+    stored_changes = changes.fetchall()
     con.close()
     alerts = [json.loads(x) for x in (out / "alerts.jsonl").read_text().splitlines()]
     assert n_alerts == len(alerts) > 1
     assert sorted(a for a, o in acts if o == "dry-run") == sorted(drains)
+    # the demo's configuration change (PFC moved to priority 4 on the leaf port facing the
+    # storm's origin two minutes before it): stored, and named on the storm's alert
+    (port,) = [(d, p) for d, p, f, o, n in stored_changes if (f, o, n) == ("pfc", "3", "4")]
+    (alert,) = [
+        a
+        for a in alerts
+        if a["labels"]["alertname"] == "PFCStorm" and a["labels"]["role"] == "origin"
+    ]
+    assert alert["annotations"]["config_changes"] == (
+        f"pfc on {port[0]}/{port[1]} changed 3 -> 4, 2 min before this PFCStorm"
+    )
+    assert any(a["labels"]["alertname"] == "RoCEConfigMismatch" for a in alerts)

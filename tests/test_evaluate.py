@@ -52,6 +52,9 @@ def test_quick_suite_through_the_cli(tmp_path: Path) -> None:
     assert storm["faults"] >= 3  # default, overlap and the agentless origin
     assert storm["ttd_median_s"] is not None and storm["ttd_median_s"] <= 1.0
     assert rep["wrong_drains"] == 0
+    # each simulated RoCE configuration fault gives exactly its RoCEConfigMismatch alerts
+    rc = rep["roce_config"]
+    assert rc["exact"] == rc["of"] == 6 and rc["false_alerts"] == 0, rc
     # one progress line per scenario on stderr
     assert sum(1 for line in r.stderr.splitlines() if line.startswith("[")) == len(rep["runs"])
     # files

@@ -36,14 +36,18 @@ def dashboard_files() -> list[Path]:
 def queries(nccl: bool = False) -> list[tuple[str, str, str]]:
     """(dashboard file, panel title, rawSql) for every target of every panel: of the NCCL jobs
     dashboard (``nccl``: its rows come from a replay with NCCL jobs, tests/test_grafana_nccl.py)
-    or of the others."""
+    or of the others, with the others' SQL annotation queries ("annotation: <name>")."""
     out = []
     for f in dashboard_files():
         if (f.stem == "nccl-jobs") != nccl:
             continue
-        for p in json.loads(f.read_text())["panels"]:
+        dash = json.loads(f.read_text())
+        for p in dash["panels"]:
             for t in p.get("targets", []):
                 out.append((f.stem, p["title"], t["rawSql"]))
+        for a in dash.get("annotations", {}).get("list", []) if not nccl else []:
+            if "rawSql" in a.get("target", {}):
+                out.append((f.stem, f"annotation: {a['name']}", a["target"]["rawSql"]))
     return out
 
 
@@ -148,6 +152,26 @@ def test_provisioning_files() -> None:
     assert {"heatmap", "timeseries", "table", "state-timeline", "stat", "nodeGraph"} <= kinds
 
 
+CHANGED_NIC = ("gpu-003", "mlx5_0")
+
+
+def with_config_change(scenario: Path, factory: pytest.TempPathFactory) -> Path:
+    """The scenario (its files linked, not copied) with one NIC switched to PCP trust 5 s in:
+    a configuration change and a RoCEConfigMismatch for the dashboards to show."""
+    d = factory.mktemp("scenario-config-change")
+    for f in scenario.iterdir():
+        if f.name != "nic_config.jsonl":
+            (d / f.name).symlink_to(f)
+    lines = (scenario / "nic_config.jsonl").read_bytes().splitlines()
+    snaps = [json.loads(x) for x in lines if x.strip()]
+    (snap,) = [n for n in snaps if (n["node"], n["nic"]) == CHANGED_NIC]
+    pcp = json.loads(json.dumps(snap))
+    pcp["dcb"]["apptrust"] = {"order": ["pcp"]}
+    pcp["timestamp"] = snap["timestamp"] + 5_000_000_000
+    (d / "nic_config.jsonl").write_text("".join(json.dumps(n) + "\n" for n in [*snaps, pcp]))
+    return d
+
+
 @pytest.fixture(scope="module")
 def filled_pg(
     postgres_url: str, scenario_16n: Path, tmp_path_factory: pytest.TempPathFactory
@@ -162,7 +186,11 @@ def filled_pg(
     store = Store(base.set(database=name).render_as_string(hide_password=False))
     try:
         store.create_schema()
-        replay(scenario_16n, tmp_path_factory.mktemp("out"), store=store)
+        replay(
+            with_config_change(scenario_16n, tmp_path_factory),
+            tmp_path_factory.mktemp("out"),
+            store=store,
+        )
         truth = json.loads((scenario_16n / "truth.json").read_text())
         yield store, truth
     finally:
@@ -206,6 +234,9 @@ EXPECT = {
     "Straggler and PCIe alerts": ["gpu-016/mlx5_5"],
     "Congestion alerts": ["gpu-015/mlx5_4", "leaf-r6-p0/Ethernet1/9"],
     "Drain and resume decisions": ["'gpu-008'"],
+    "RoCE configuration changes": ["'gpu-003/mlx5_0', 'trust', 'dscp', 'pcp'"],
+    "RoCE configuration mismatches": ["gpu-003/mlx5_0", "'RoCEConfigMismatch'"],
+    "annotation: RoCE configuration changes": ["trust on gpu-003/mlx5_0 changed dscp -> pcp"],
     "Alerts timeline": ["PFCStorm gpu-008/mlx5_7", "FlakyLink leaf-r0-p0/Ethernet1/12"],
     # the incident dashboard, on the storm's incident ($incident)
     "Pause graph": ["gpu-008/mlx5_7"],

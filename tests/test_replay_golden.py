@@ -58,7 +58,24 @@ def test_golden_case(name: str, tmp_path: Path, recordings: SimCache) -> None:
     case = yaml.safe_load((GOLDEN / name / "case.yaml").read_text())
     key = (case["scenario"], case["nodes"], case["duration_s"], case["seed"])
     clean = recordings.scenario(*key)
-    if case.get("corrupt"):
+    scenario = clean
+    if case.get("config_faults"):
+        # the recording's configuration rewritten with the simulator's configuration faults
+        from rocewatch.sim.roce_config import parse_fault, write_roce_config
+        from rocewatch.sim.scenarios import SCENARIOS
+
+        scenario = tmp_path / "config"
+        scenario.mkdir()
+        for f in clean.iterdir():
+            if f.name not in ("nic_config.jsonl", "switch_config.jsonl", "config_truth.json"):
+                (scenario / f.name).symlink_to(f)
+        cfg = SCENARIOS[case["scenario"]](
+            nodes=case["nodes"], duration_s=case["duration_s"], seed=case["seed"]
+        )
+        write_roce_config(scenario, cfg, [parse_fault(f) for f in case["config_faults"]])
+        out = tmp_path / "out"
+        res = replay(scenario, out)
+    elif case.get("corrupt"):
         scenario = tmp_path / "corrupt"
         subprocess.run(["cp", "-r", str(clean), str(scenario)], check=True)
         corrupt(scenario, case["seed"])
@@ -154,6 +171,13 @@ def test_golden_case(name: str, tmp_path: Path, recordings: SimCache) -> None:
             and (a["outcome"] == "dry-run" or a["outcome"].startswith("refused"))
             for a in actions
         )
+    if expect.get("config_mismatch") == "exact":
+        from rocewatch.core.topology import Topology
+        from rocewatch.roce.score import score
+
+        faults = json.loads((scenario / "config_truth.json").read_text())["config_faults"]
+        s = score(Topology.load(scenario / "topology.yaml"), faults, alerts)
+        assert s["exact"] and s["expected"] >= len(faults), s
     if expect.get("same_as_clean"):
         _, ref = recordings.replay(*key)
         assert alerts == ref.alerts and actions == ref.actions

@@ -13,6 +13,7 @@ from sqlalchemy import text
 
 from rocewatch.core.errors import ConfigError, RetryableError
 from rocewatch.core.model import Action, Alert
+from rocewatch.core.roce import ConfigChange
 from storage import SCHEMA_VERSION, Store
 
 T0 = 1_795_946_400_000_000_000  # 2026-11-29T10:00:00Z
@@ -231,6 +232,12 @@ def test_prune(store: Store) -> None:
         for starts, pause in ((T0, "1.5"), (T0 + 100 * S, "0.25"))
     ]
     assert store.write_interference(interference) == 2
+    store.write_config_changes(
+        [
+            ConfigChange(T0 + 5 * S, "switch", "leaf-0", "Ethernet1", "pfc", "3", "4"),
+            ConfigChange(T0 + 95 * S, "switch", "leaf-0", "Ethernet1", "pfc", "4", "3"),
+        ]
+    )
 
     deleted = store.prune(T0 + 90 * S)
     assert deleted == {
@@ -238,9 +245,11 @@ def test_prune(store: Store) -> None:
         "actions": 1,
         "tenant_interference": 1,
         "metric_rollups": 2,
+        "config_changes": 1,
         "incidents": 1,
     }
     assert store.tenant_pause() == {("b", "a"): 0.25}
+    assert [c.ts for c in store.config_changes()] == [T0 + 95 * S]
     assert {(a.name, a.starts_at) for a in store.alerts()} == {
         ("Straggler", T0),
         ("PFCStorm", T0 + 100 * S),
@@ -311,6 +320,7 @@ def test_retention_by_age_includes_the_outbox(url: str) -> None:
             "actions": 1,
             "tenant_interference": 0,
             "metric_rollups": 0,
+            "config_changes": 0,
             "incidents": 1,
             "notify_outbox": 1,
         }
@@ -344,3 +354,13 @@ def test_rollups_with_awkward_names_and_nulls(store: Store) -> None:
     assert got["qual"].to_list() == ["", "", "3"]
     assert got["mean"].to_list() == [None, None, 1.5]
     assert got["max"].to_list() == [float("inf"), 2.0, 3.0]
+
+
+def test_config_changes_are_stored_once_and_read_back(store: Store) -> None:
+    """A configuration change written twice (a replayed stream) is one row; read back whole."""
+    c = ConfigChange(T0 + S, "switch", "leaf-0", "Ethernet1/1", "pfc", "3", "4", "CONFIG_DB")
+    d = ConfigChange(T0 + 2 * S, "nic", "gpu-1", "mlx5_0", "trust", "dscp", "pcp", "nic-agent")
+    store.write_config_changes([c, d])
+    store.write_config_changes([c])
+    assert store.config_changes() == [c, d]
+    assert store.config_changes(device="gpu-1") == [d]

@@ -40,10 +40,12 @@ from detectors.windows import Step
 from rocewatch.core.errors import ConfigError
 from rocewatch.core.model import (
     ECN_CONGESTION,
+    FABRIC_INCIDENT,
     PCIE_DOWNGRADE,
     PFC_STORM,
     PORT_ANOMALY,
     QUEUE_BUILDUP,
+    ROCE_CONFIG_MISMATCH,
     STRAGGLER,
 )
 from rocewatch.core.state import Stateful
@@ -572,7 +574,8 @@ class IsolationForestDetector(Stateful):
         congested: set[str] = set()
         for labels in ctx.firing():
             name = labels.get("alertname")
-            if name in (ALERTNAME, "FabricIncident"):
+            # a configuration mismatch explains no outlier (it names a setting, not a symptom)
+            if name in (ALERTNAME, FABRIC_INCIDENT, ROCE_CONFIG_MISMATCH):
                 continue
             ends: list[NicEnd | PortEnd] = []
             if "node" in labels and "nic" in labels:

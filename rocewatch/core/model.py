@@ -224,6 +224,7 @@ PORT_ANOMALY = "PortAnomaly"
 FABRIC_INCIDENT = "FabricIncident"
 SLOW_RANK = "SlowRank"
 BUS_BANDWIDTH_DROP = "BusBandwidthDrop"
+ROCE_CONFIG_MISMATCH = "RoCEConfigMismatch"
 ECMP_IMBALANCE = "ECMPImbalance"
 SLOW_EDGE = "SlowEdge"
 
@@ -239,6 +240,7 @@ ALERTNAMES = (
     "FabricIncident",
     "SlowRank",
     "BusBandwidthDrop",
+    "RoCEConfigMismatch",
     "ECMPImbalance",
     "SlowEdge",
 )

@@ -165,3 +165,84 @@ class RoceFabric:
             out.source = end.source
         out.merge(dflt)
         return out
+
+
+@dataclass(frozen=True)
+class ConfigChange:
+    """One setting of one cable end that differs between two consecutive configuration
+    snapshots of its device: ``entity`` is "device/port", ``field`` a :class:`RoceEnd` field
+    (``pfc``, ``trust``, ``mtu``, ...), ``old`` / ``new`` its values as short text, ``ts`` the
+    telemetry time of the snapshot that showed the new value (ns)."""
+
+    ts: int
+    kind: str  # nic | switch
+    device: str
+    port: str
+    field: str
+    old: str
+    new: str
+    source: str = ""
+
+    @property
+    def entity(self) -> str:
+        return f"{self.device}/{self.port}"
+
+    def to_json(self) -> dict[str, Any]:
+        from rocewatch.core.model import rfc3339
+
+        return {
+            "time": rfc3339(self.ts),
+            "kind": self.kind,
+            "entity": self.entity,
+            "device": self.device,
+            "port": self.port,
+            "field": self.field,
+            "old": self.old,
+            "new": self.new,
+            "source": self.source,
+        }
+
+
+def show_value(v: Any) -> str:
+    """A normalised value as the short text a change event and an annotation show
+    (``pfc`` {3} -> "3", a map -> "26:3 48:6", None -> "unknown")."""
+    if v is None:
+        return "unknown"
+    if isinstance(v, frozenset | set):
+        return ",".join(str(x) for x in sorted(v)) or "none"
+    if isinstance(v, dict):
+        if not v:
+            return "none"
+        return " ".join(
+            f"{k}:{show_value(x)}" for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))
+        )
+    if isinstance(v, list):
+        return " ".join(show_value(x) for x in v) or "none"
+    if hasattr(v, "__dataclass_fields__"):
+        return "/".join(show_value(getattr(v, f.name)) for f in fields(v))
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return str(v)
+
+
+# fields of a RoceEnd that are bookkeeping, not configuration: never a change
+NOT_CONFIG = frozenset({"kind", "device", "port", "source", "timestamp"})
+
+
+def diff_ends(old: RoceEnd, new: RoceEnd, ts: int) -> list[ConfigChange]:
+    """The configuration fields that differ between two snapshots of one end. A value that
+    became unknown is not a change (unknown is never wrong: the tool or path was missing), nor
+    is one known for the first time (a snapshot that arrived in parts: its baseline)."""
+    out = []
+    for f in fields(new):
+        if f.name in NOT_CONFIG:
+            continue
+        a, b = getattr(old, f.name), getattr(new, f.name)
+        if a is None or b is None or a == b:
+            continue
+        out.append(
+            ConfigChange(
+                ts, new.kind, new.device, new.port, f.name, show_value(a), show_value(b), new.source
+            )
+        )
+    return out

@@ -11,6 +11,7 @@ from typing import Any
 
 from rocewatch.evaluate.matrix import MATRIX, Cell, run_matrix
 from rocewatch.evaluate.report import matrix_table, summary_lines, text_table, write_outputs
+from rocewatch.evaluate.roce_config import config_lines, evaluate_config_faults
 from rocewatch.evaluate.suite import FULL_SUITE, QUICK_SUITE, RunResult, evaluate
 
 
@@ -82,6 +83,8 @@ def run_evaluate(
         )
 
     rep = {"suite": "quick" if quick else "full", **evaluate(cases, config, progress)}
+    # the simulator's RoCE configuration faults: exactly their RoCEConfigMismatch alerts
+    rep["roce_config"] = evaluate_config_faults(config)
     write_outputs(rep, out)
     if as_json:
         print(json.dumps(rep, indent=2))
@@ -89,6 +92,7 @@ def run_evaluate(
         print(text_table(rep))
         print()
         print("\n".join(summary_lines(rep)))
+        print("\n".join(config_lines(rep["roce_config"])))
         files = ", ".join(f"evaluation.{x}" for x in ("json", "md", "png"))
         print(f"\n{len(cases)} runs in {rep['runtime_s']} s; wrote {files} to {out}")
     return 0

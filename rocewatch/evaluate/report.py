@@ -204,6 +204,24 @@ def markdown(rep: Mapping[str, Any]) -> str:
     ]
     if fps:
         out += ["", "## False positives", ""] + [f"- {m}" for m in fps]
+    if "roce_config" in rep:  # rocewatch/evaluate/roce_config.py
+        rc = rep["roce_config"]
+        out += [
+            "",
+            "## RoCE configuration faults",
+            "",
+            f"{rc['exact']} of {rc['of']} runs gave exactly their RoCEConfigMismatch alerts "
+            "(the fault's check on every cable it touches, both ends named, nothing else).",
+            "",
+            "| fault | target | cables found | alerts | false | precision | recall | exact |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rc["runs"]:
+            out.append(
+                f"| {r['kind']} | {r['target'] or '-'} | {r['hits']}/{r['expected']} | "
+                f"{r['alerts']} | {r['false']} | {r['precision']:.2f} | {r['recall']:.2f} | "
+                f"{'yes' if r['exact'] else 'no'} |"
+            )
     return "\n".join(out) + "\n"
 
 

@@ -4,7 +4,7 @@ and notify the same things in the same order.
 
 Notified alerts are queued in the outbox first (durable before anything else sees them), then
 stored with the inhibited ones (kept, never notified), then the interference between tenants
-they name, the actions, the rollups and the NCCL jobs' ranks.
+they name, the actions, the rollups, the NCCL jobs' ranks and the RoCE configuration changes.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from rocewatch.core.model import Action, Alert
+from rocewatch.core.roce import ConfigChange
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Written:
     rollups: int = 0
     interference: int = 0
     ranks: int = 0
+    config_changes: int = 0
 
 
 class OutputWriter:
@@ -45,6 +47,7 @@ class OutputWriter:
         actions: Sequence[Action] = (),
         rollups: Sequence[pl.DataFrame] = (),
         ranks: Sequence[Mapping[str, Any]] = (),
+        config_changes: Sequence[ConfigChange] = (),
     ) -> Written:
         w = Written()
         if self.notifier is not None and alerts:
@@ -61,6 +64,8 @@ class OutputWriter:
             w.rollups = int(self.store.write_rollups(pl.concat(list(rollups))) or 0)
         if ranks:  # NCCL jobs' ranks (storage.store.Store.write_ranks): what maps series to jobs
             w.ranks = int(self.store.write_ranks(list(ranks)) or 0)
+        if config_changes:
+            w.config_changes = int(self.store.write_config_changes(list(config_changes)) or 0)
         return w
 
     def store_final(self, alerts: Sequence[Alert]) -> Written:

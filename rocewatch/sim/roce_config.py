@@ -279,6 +279,49 @@ def switch_events(fab: Fabric, ts: int, faults: list[ConfigFault], prio: int) ->
     return out
 
 
+def config_records(
+    cfg: SimConfig, fab: Fabric, faults: Iterable[ConfigFault] = (), ts: int | None = None
+) -> tuple[list[dict[str, Any]], list[Any], list[ConfigFault]]:
+    """The NIC snapshots and switch events of the fabric's configuration at ``ts`` (the run's
+    start by default), faults applied, and the faults with their targets resolved: what
+    ``write_roce_config`` writes, for a caller that feeds a pipeline in process (the demo)."""
+    resolved = _resolve(fab, faults, int(getattr(cfg, "seed", 0)))
+    ts = int(cfg.start_ns) if ts is None else ts
+    prio = fab.priority
+    by_nic: dict[str, set[str]] = {}
+    for f in resolved:
+        if f.kind in ("nic_pcp_trust", "no_roce_v2_gid") and f.target:
+            by_nic.setdefault(f.target, set()).add(f.kind)
+    nics = []
+    for e in range(fab.n_nics):
+        i, r = int(fab.nic_node[e]), int(fab.nic_rail[e])
+        node, nic = fab.nodes[i], fab.rail_nics[r]
+        nics.append(
+            nic_snapshot(
+                node,
+                nic,
+                fab.rail_netdevs[r],
+                i,
+                r,
+                ts,
+                by_nic.get(f"{node}/{nic}", set()),
+                prio,
+            )
+        )
+    return nics, switch_events(fab, ts, resolved, prio), resolved
+
+
+def port_pfc_change(switch: str, port: str, ts: int, pfc: int) -> dict[str, Any]:
+    """The CONFIG_DB update of one switch port's ``PORT_QOS_MAP`` moving PFC to priority
+    ``pfc``, as gnmic writes a Subscribe's update (the demo's configuration change)."""
+    return _event(
+        switch,
+        ts,
+        f"/PORT_QOS_MAP/{port}",
+        {"pfc_enable": str(pfc), "pfcwd_sw_enable": str(pfc)},
+    )
+
+
 def write_roce_config(
     out_dir: str | Path,
     cfg: SimConfig,
@@ -289,30 +332,12 @@ def write_roce_config(
     fabric ``cfg`` describes; returns the faults with their targets resolved."""
     out = Path(out_dir)
     fab = fabric if fabric is not None else Fabric(cfg)
-    resolved = _resolve(fab, faults, int(getattr(cfg, "seed", 0)))
-    ts = int(cfg.start_ns)
-    prio = fab.priority
-    by_nic: dict[str, set[str]] = {}
-    for f in resolved:
-        if f.kind in ("nic_pcp_trust", "no_roce_v2_gid") and f.target:
-            by_nic.setdefault(f.target, set()).add(f.kind)
+    nics, events, resolved = config_records(cfg, fab, faults)
     with (out / NIC_CONFIG).open("wb") as fh:
-        for e in range(fab.n_nics):
-            i, r = int(fab.nic_node[e]), int(fab.nic_rail[e])
-            node, nic = fab.nodes[i], fab.rail_nics[r]
-            snap = nic_snapshot(
-                node,
-                nic,
-                fab.rail_netdevs[r],
-                i,
-                r,
-                ts,
-                by_nic.get(f"{node}/{nic}", set()),
-                prio,
-            )
+        for snap in nics:
             fh.write(orjson.dumps(snap) + b"\n")
     with (out / SWITCH_CONFIG).open("wb") as fh:
-        for ev in switch_events(fab, ts, resolved, prio):
+        for ev in events:
             fh.write(orjson.dumps(ev) + b"\n")
     truth = {
         "generator": "rocewatch.sim.roce_config",
@@ -325,6 +350,8 @@ def write_roce_config(
 __all__ = [
     "CONFIG_FAULTS",
     "ConfigFault",
+    "config_records",
     "parse_fault",
+    "port_pfc_change",
     "write_roce_config",
 ]

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rocewatch.core.model import ALERTNAMES
+from rocewatch.core.model import ALERTNAMES, ROCE_CONFIG_MISMATCH
 from storage.grafana.nccl import nccl_dashboard
 
 OUT = Path(__file__).parent / "provisioning" / "dashboards" / "rocewatch"
@@ -119,9 +119,70 @@ def panel(
     return p
 
 
-def dashboard(uid: str, title: str, panels: list[dict[str, Any]], hours: int = 6) -> dict[str, Any]:
+# RoCE configuration changes (rocewatch/roce/watch.py): one row per setting of one cable end
+CONFIG_CHANGES_SQL = """SELECT time AS "time", kind, device || '/' || port AS entity, field,
+       old_value AS "old", new_value AS "new", source
+FROM config_changes
+WHERE $__timeFilter(time)
+ORDER BY time DESC, device, port, field
+LIMIT 500"""
+
+# the same as annotations on the fabric dashboards' graphs: one marker per device, setting and
+# change (a leaf whose PFC changed on every port is one marker naming the number of ports)
+CONFIG_ANNOTATION_SQL = """SELECT time AS "time",
+       field || ' on ' || device
+         || CASE WHEN count(*) > 1 THEN ' (' || count(*) || ' ports)' ELSE '/' || min(port) END
+         || ' changed ' || old_value || ' -> ' || new_value AS text,
+       'roce-config,' || field AS tags
+FROM config_changes
+WHERE $__timeFilter(time)
+GROUP BY time, device, field, old_value, new_value
+ORDER BY 1"""
+
+
+def config_annotations() -> dict[str, Any]:
+    """Grafana's built-in annotations plus the RoCE configuration changes from the store."""
+    return {
+        "list": [
+            {
+                "builtIn": 1,
+                "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                "enable": True,
+                "hide": True,
+                "iconColor": "rgba(0, 211, 255, 1)",
+                "name": "Annotations & Alerts",
+                "type": "dashboard",
+            },
+            {
+                "datasource": DS,
+                "enable": True,
+                "hide": False,
+                "iconColor": "orange",
+                "name": "RoCE configuration changes",
+                "target": {
+                    "refId": "Anno",
+                    "datasource": DS,
+                    "editorMode": "code",
+                    "format": "table",
+                    "rawQuery": True,
+                    "rawSql": CONFIG_ANNOTATION_SQL,
+                },
+            },
+        ]
+    }
+
+
+def dashboard(
+    uid: str,
+    title: str,
+    panels: list[dict[str, Any]],
+    hours: int = 6,
+    config_changes: bool = False,
+) -> dict[str, Any]:
+    """``config_changes``: RoCE configuration changes shown as annotations on its graphs."""
     for i, p in enumerate(panels, 1):
         p["id"] = i
+    extra: dict[str, Any] = {"annotations": config_annotations()} if config_changes else {}
     return {
         "uid": uid,
         "title": title,
@@ -136,6 +197,7 @@ def dashboard(uid: str, title: str, panels: list[dict[str, Any]], hours: int = 6
         "links": [
             {"type": "dashboards", "tags": ["rocewatch"], "asDropdown": True, "title": "rocewatch"}
         ],
+        **extra,
     }
 
 
@@ -224,7 +286,28 @@ def build() -> dict[str, dict[str, Any]]:
                 8,
                 fmt="table",
             ),
+            panel(
+                "RoCE configuration changes",
+                "table",
+                CONFIG_CHANGES_SQL,
+                0,
+                20,
+                24,
+                8,
+                fmt="table",
+            ),
+            panel(
+                "RoCE configuration mismatches",
+                "table",
+                alerts_table([ROCE_CONFIG_MISMATCH]),
+                0,
+                28,
+                24,
+                8,
+                fmt="table",
+            ),
         ],
+        config_changes=True,
     )
     d["pfc"] = dashboard(
         "rw-pfc",
@@ -273,6 +356,7 @@ def build() -> dict[str, dict[str, Any]]:
                 fmt="table",
             ),
         ],
+        config_changes=True,
     )
     d["congestion"] = dashboard(
         "rw-congestion",
@@ -349,6 +433,7 @@ def build() -> dict[str, dict[str, Any]]:
                 fmt="table",
             ),
         ],
+        config_changes=True,
     )
     d["link-health"] = dashboard(
         "rw-links",
@@ -429,6 +514,7 @@ ORDER BY 1, 2""",
             ),
             panel("Flaky links", "table", alerts_table(["FlakyLink"]), 0, 16, 24, 8, fmt="table"),
         ],
+        config_changes=True,
     )
     d["stragglers"] = dashboard(
         "rw-stragglers",

@@ -1,8 +1,8 @@
-"""Schema version 7: tenant_interference, the pause time each tenant suffered from others
+"""Schema version 8: tenant_interference, the pause time each tenant suffered from others
 (rocewatch/alerting/interference.py).
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
