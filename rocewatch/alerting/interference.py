@@ -44,7 +44,7 @@ import numpy as np
 import polars as pl
 
 from rocewatch.core.errors import ConfigError
-from rocewatch.core.model import Finding, fingerprint
+from rocewatch.core.model import ECN_CONGESTION, QUEUE_BUILDUP, Finding, fingerprint
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
@@ -55,7 +55,7 @@ AGGRESSOR_JOB = "aggressor_job"
 VICTIM_PAUSE_S = "victim_pause_s"
 EVIDENCE = "interference"
 # the alerts about congested switch queues that get attributed
-ATTRIBUTED = frozenset({"ECNCongestion", "QueueBuildup"})
+ATTRIBUTED = frozenset({ECN_CONGESTION, QUEUE_BUILDUP})
 TX = "nic_tx_rdma_bytes"  # the RDMA bytes a NIC sent (tx_vport_rdma_unicast_bytes)
 HELD = "nic_rx_pause_us"
 # the metrics it reads from the window engine (the scale-out aggregate stage sends them)

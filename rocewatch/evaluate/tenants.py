@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rocewatch.core.model import Alert
+from rocewatch.core.model import ECN_CONGESTION, QUEUE_BUILDUP, Alert
 from rocewatch.evaluate.scoring import hits, late_window_ns
 from rocewatch.sim.fabric import JobSpec, node_name
 from rocewatch.sim.faults import TenantIncast
@@ -55,7 +55,7 @@ def attribution(truth: Mapping[str, Any], alerts: Sequence[Alert]) -> dict[str, 
         out["faults"] += 1
         want = {k: f.get(k) for k in NAMES}
         for a in alerts:
-            if a.name not in ("ECNCongestion", "QueueBuildup") or not hits(a, f, late_ns):
+            if a.name not in (ECN_CONGESTION, QUEUE_BUILDUP) or not hits(a, f, late_ns):
                 continue
             out["alerts"] += 1
             got = {k: a.annotations.get(k) for k in NAMES}
