@@ -8,7 +8,6 @@ does to a tick); its description, resolution and truth stay in ``rocewatch/sim/f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,6 +27,7 @@ from rocewatch.sim.faults import (
     TransportErrors,
     storm_hops,
 )
+from rocewatch.sim.tenants import TenantPhysics
 
 if TYPE_CHECKING:
     from rocewatch.sim.config import SimConfig
@@ -51,7 +51,7 @@ class FaultPlan:
         self,
         cfg: SimConfig,
         fab: Fabric,
-        faults: Sequence[Fault],
+        faults: list[Fault],
         ber: np.ndarray,
         act: np.ndarray,
         nic_job_row: np.ndarray,
@@ -136,6 +136,7 @@ class FaultPlan:
                     self.clears.append((t0, "nic", np.array([e])))
             elif isinstance(f, AgentGap):
                 self.gaps.append((t0, t1, fab.node_index[str(f.node)]))
+        self.tenant_physics = TenantPhysics(fab, faults, run)  # rocewatch/sim/tenants.py
         silent = np.zeros(fab.n_nodes, dtype=bool)
         for n in cfg.no_agent_nodes:
             silent[fab.node_index[n]] = True

@@ -157,6 +157,9 @@ class Physics:
                     tx[snd] += extra / len(snd)
                 incast_now.append((y, snd, fill, f))
                 incast_ecn.append(ecn)
+        tenants = plan.tenant_physics.begin(t0, t1)  # one tenant's traffic into another's
+        if tenants:
+            plan.tenant_physics.transmit(tx, line)
         tx = np.clip(tx, 0, line * 0.99)
         rx = np.clip(rx, 0, line * 0.99)
         by = np.empty(D)
@@ -192,6 +195,8 @@ class Physics:
         pf = healthy_pauses(rng, moe, b.dir_switch_rx, load)
         stuck = storm_pauses(rng, plan, pf, t0, t1)
         fault_pauses(rng, fab, b.group, pf, pcie_int, thermal_int, incast_now)
+        if tenants:
+            plan.tenant_physics.pauses(pf, rng)
         pf *= 1 - down_dir
         # a queue paused for (nearly) the whole interval sends nothing at all
         passed = np.where(pf >= 0.99, 0.0, 1.0 - pf)
@@ -219,6 +224,8 @@ class Physics:
             pm[d] = f * mark + (1 - f) * pm[d]
             if fill > 0.95:
                 drops[d] = rng.poisson(f * pkts[d] * 2e-5)
+        if tenants:
+            plan.tenant_physics.queues(depth, peak, pm, B, rng)
         for e, inten, sev in pcie_int:
             d = 2 * e + 1
             depth[d] = max(depth[d], inten * sev * rng.uniform(0.1, 0.2) * B)
