@@ -3,11 +3,13 @@
 ``Simulator`` wires the simulator's parts together, one job per module of ``rocewatch/sim``:
 ``config`` (``SimConfig``), ``fabric`` (the topology), ``faults`` (what a fault is, where it
 lands, the truth), ``faultplan`` (the faults compiled for the tick engine), ``noise`` (the
-workload's rhythm, healthy noise), ``physics`` (one tick of traffic, PFC, queues, the
-physical layer, transport), ``counters`` (what each device counts, read off the physics),
-``clock`` (a default run's reads, a few ms into each tick), ``cadence`` (a cadenced run's
-reads on each source's own schedule), ``readings`` (what was read, as arrays) and ``frames``
-(as SAMPLE_SCHEMA frames).
+workload's rhythm, healthy noise), ``physics`` (one tick: capacity, traffic, queues) with
+``pfc`` (pauses, storms), ``links`` (the physical layer), ``transport`` (at the NICs) and
+``tenants`` (one tenant's traffic into another's), ``counters`` (what each device counts, read
+off the physics), ``clock`` (a default run's reads, a few ms into each tick), ``cadence`` (a
+cadenced run's reads on each source's own schedule), ``readings`` (what was read, as arrays)
+and ``frames`` (as SAMPLE_SCHEMA frames). A new fault kind is compiled in ``faultplan`` and
+acts in ``physics`` or the module of the layer it hits.
 
 Every tick (one sampling period) the engine computes, with numpy over whole arrays, what each
 cable direction carried in that interval (bytes, packets), how long its sender was paused by
