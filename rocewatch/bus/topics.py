@@ -192,6 +192,9 @@ def ensure_topics(k: KafkaConfig, extra: Sequence[NewTopic] = ()) -> None:
             NewTopic(t.alerts, 1, 1),
             NewTopic(t.actions, 1, 1),
             NewTopic(t.dead_letter, 1, 1),
+            # configuration is small and read whole by every detect stage: one partition keeps
+            # every device's records in the order they were published
+            NewTopic(t.config, 1, 1),
             *extra,
         ]
         missing = [n for n in want if n.name not in existing]

@@ -1,0 +1,143 @@
+"""RoCE configuration over Kafka (issue 35, the live path): the agents' NIC snapshots and the
+switches' configuration events on the configuration topic reach the detect stage, which gives
+what replay gives from the same records, across a restart.
+
+Against a real broker: the two-node PFC-storm scenario of tests/test_roce_watch.py (PFC moved
+from priority 3 to 4 on the leaf two minutes before the storm; gpu-002's NIC on PCP trust from
+1 s to 3 s) published in two halves around a graceful restart of `rocewatch detect` (in
+process). The NIC snapshots go out through the agent's own sender (``KafkaConfigOutput``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import orjson
+from kafka import KafkaProducer
+
+from collector.nic.kafka_output import KafkaConfigOutput
+from rocewatch.bus.topics import ensure_topics
+from rocewatch.config import Config
+from rocewatch.replay import ReplayResult
+from rocewatch.runtime.config_feed import classify
+from rocewatch.runtime.publish import publish_scenario
+from rocewatch.runtime.service import DetectService
+from tests.support.until_done import run_service, stop_when_done
+from tests.test_kafka_pipeline import comparable, kafka_cfg, read_topic
+from tests.test_roce_watch import replayed, scenario  # noqa: F401  (the module's fixtures)
+
+S = 1_000_000_000
+T0 = 1795946400_000_000_000  # the simulator's start
+SPLIT_S = 2.5  # telemetry and configuration before it, then the restart, then the rest
+
+
+def _lines(path: Path) -> list[bytes]:
+    return [x for x in path.read_bytes().splitlines() if x.strip()]
+
+
+def _ts(line: bytes) -> int:
+    v = orjson.loads(line)
+    return int((v[0] if isinstance(v, list) else v)["timestamp"])
+
+
+def _half(src: Path, out: Path, first: bool) -> Path:
+    """The scenario's telemetry and configuration before ``SPLIT_S`` (or from it on)."""
+    cut = T0 + int(SPLIT_S * S)
+    out.mkdir()
+    (out / "topology.yaml").write_bytes((src / "topology.yaml").read_bytes())
+    for name in ("switch.jsonl", "nic.jsonl", "nic_config.jsonl", "switch_config.jsonl"):
+        keep = [x for x in _lines(src / name) if (_ts(x) < cut) == first]
+        (out / name).write_bytes(b"".join(x + b"\n" for x in keep))
+    return out
+
+
+def _publish_config(cfg: Config, part: Path) -> int:
+    """The half's NIC snapshots through each node's agent sender, and its switch events as the
+    gNMI collector sends them (one record per gnmic event, keyed by switch); plus a record that
+    is not JSON and one that is neither kind, which are counted and skipped."""
+    k = cfg.kafka
+    n = 0
+    by_node: dict[str, list[bytes]] = {}
+    for line in _lines(part / "nic_config.jsonl"):
+        by_node.setdefault(orjson.loads(line)["node"], []).append(line + b"\n")
+    for node, lines in by_node.items():
+        out = KafkaConfigOutput(k, node)
+        out(lines)
+        assert out.stats.counts.get("agent_config_sent") == len(lines), out.stats.counts
+        out.close()
+        n += len(lines)
+    prod = KafkaProducer(bootstrap_servers=[k.bootstrap_servers])
+    for line in _lines(part / "switch_config.jsonl"):
+        ev = orjson.loads(line)
+        assert classify(ev) == "switch"
+        prod.send(k.topics.config, key=ev["tags"]["source"].encode(), value=line)
+        n += 1
+    prod.send(k.topics.config, key=b"leaf-r0-p0", value=b"\x00not json")
+    prod.send(k.topics.config, key=b"leaf-r0-p0", value=b'{"neither": "kind"}')
+    prod.flush()
+    prod.close()
+    return n
+
+
+def _run(cfg: Config) -> dict[str, Any]:
+    svc = DetectService(cfg)
+    worker, errors = run_service(svc, 10.0)
+    stop_when_done(svc, worker)
+    assert not errors, errors
+    (stage,) = svc.det.shards
+    st = stage.state
+    assert st is not None
+    roce = st.pipeline.roce
+    return {
+        "applied": roce.applied,
+        "pending": len(roce.pending),
+        "changes": roce.changes,
+        "offsets": dict(st.config_offsets),
+        "stats": svc.summary()["stats"],
+    }
+
+
+def test_configuration_on_kafka_reaches_the_detect_stage_across_a_restart(
+    kafka_bootstrap: str,
+    kafka_topics: Any,
+    tmp_path: Path,
+    scenario: Path,  # noqa: F811
+    replayed: ReplayResult,  # noqa: F811
+) -> None:
+    cfg = kafka_cfg(kafka_bootstrap, kafka_topics, tmp_path, scenario)
+    cfg = dataclasses.replace(
+        cfg,
+        kafka=dataclasses.replace(
+            cfg.kafka, topics=dataclasses.replace(cfg.kafka.topics, config=kafka_topics("config"))
+        ),
+    )
+    ensure_topics(cfg.kafka)
+    first, second = (_half(scenario, tmp_path / f"part{i}", i == 1) for i in (1, 2))
+    records = 0
+    for i, part in enumerate((first, second)):
+        records += _publish_config(cfg, part)
+        publish_scenario(part, cfg)
+        got = _run(cfg)
+        # every record read once, two bad ones a half counted and skipped: the offsets are
+        # where the topic ends, and the records applied or still waiting for their step are
+        # exactly those published (none lost at the restart, none applied twice)
+        assert got["offsets"] == {0: records + 2 * (i + 1)}
+        assert got["applied"] + got["pending"] == records
+        # (the pipeline's counters are part of its state: the second run goes on counting)
+        assert got["stats"].get("config_record_skipped") == 2 * (i + 1)
+    total = sum(len(_lines(scenario / n)) for n in ("nic_config.jsonl", "switch_config.jsonl"))
+    assert records == total
+    # what replay made of the same records: the same change events, the same alerts
+    assert got["changes"] == len(replayed.config_changes) == 5
+    events = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, cfg.kafka.topics.alerts)]
+    assert comparable(events) == comparable(replayed.alerts)
+    mismatch = [e for e in events if e["labels"]["alertname"] == "RoCEConfigMismatch"]
+    assert {e["labels"]["check"] for e in mismatch} >= {"pfc", "trust"}
+    (origin,) = {
+        e["annotations"]["config_changes"]
+        for e in events
+        if e["labels"]["alertname"] == "PFCStorm" and e["labels"].get("role") == "origin"
+    }
+    assert origin == "pfc on leaf-r0-p0/Ethernet1/1 changed 3 -> 4, 2 min before this PFCStorm"
