@@ -141,3 +141,35 @@ def test_configuration_on_kafka_reaches_the_detect_stage_across_a_restart(
         if e["labels"]["alertname"] == "PFCStorm" and e["labels"].get("role") == "origin"
     }
     assert origin == "pfc on leaf-r0-p0/Ethernet1/1 changed 3 -> 4, 2 min before this PFCStorm"
+
+
+def test_the_agent_sending_to_kafka_sends_its_nic_configuration(
+    kafka_bootstrap: str, kafka_topics: Any, tmp_path: Path
+) -> None:
+    """`rocewatch-agent` sending to Kafka (no --out, no --config-out) also sends each NIC's
+    configuration snapshot on the configuration topic, keyed by node, in nic_config.jsonl's
+    layout; its telemetry goes on the telemetry topic as before."""
+    from rocewatch.agent_cli import main
+
+    telemetry, config = kafka_topics("telemetry"), kafka_topics("config")
+    conf = tmp_path / "agent.yaml"
+    conf.write_text(
+        f"kafka: {{bootstrap_servers: '{kafka_bootstrap}', "
+        f"topics: {{telemetry: '{telemetry}', config: '{config}'}}}}\n"
+        f"agent: {{ethtool: 'off', mlxlink: 'off', interval_s: 0.5, "
+        f"spool_dir: '{tmp_path / 'spool'}'}}\n"
+    )
+    fix = Path(__file__).parent / "fixtures" / "mlx5" / "sys"
+    argv = ["--config", str(conf), "--node", "n1", "--sysfs-root", str(fix), "--duration", "1.2"]
+    assert main(argv) == 0
+    recs = read_topic(kafka_bootstrap, config)
+    assert [(m.key, orjson.loads(m.value)["nic"]) for m in recs] == [
+        (b"n1", "mlx5_0"),
+        (b"n1", "mlx5_1"),
+    ]
+    snap = orjson.loads(recs[0].value)
+    assert classify(snap) == "nic" and snap["node"] == "n1" and isinstance(snap["timestamp"], int)
+    assert read_topic(kafka_bootstrap, telemetry)  # the counters still go out
+    # --no-config: nothing more on the configuration topic
+    assert main([*argv, "--no-config"]) == 0
+    assert len(read_topic(kafka_bootstrap, config)) == 2
