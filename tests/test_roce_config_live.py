@@ -173,3 +173,91 @@ def test_the_agent_sending_to_kafka_sends_its_nic_configuration(
     # --no-config: nothing more on the configuration topic
     assert main([*argv, "--no-config"]) == 0
     assert len(read_topic(kafka_bootstrap, config)) == 2
+
+
+def test_the_gnmi_collector_sends_switch_configuration_changes(
+    kafka_bootstrap: str, kafka_topics: Any
+) -> None:
+    """`rocewatch collect` with ``gnmi.config_subscription`` subscribes to a switch's CONFIG_DB
+    tables (the simulated SONiC target, STREAM SAMPLE) and publishes each notification as gnmic
+    events on the configuration topic, keyed by switch; the detect stage's reader hands them to
+    a pipeline, which sees the fabric's correct configuration and then the PFC change made on
+    the switch meanwhile: one change event, on that port."""
+    import itertools
+    import time
+
+    from collector.gnmi.config import TargetConfig, gnmi_config
+    from collector.gnmi.config_events import config_collector
+    from rocewatch.bus.config import KafkaConfig, TopicsConfig
+    from rocewatch.core.topology import Topology
+    from rocewatch.pipeline import Pipeline
+    from rocewatch.runtime.config_feed import ConfigFeed
+    from rocewatch.sim import SimConfig
+    from rocewatch.sim.config_target import ConfigDbTarget
+    from rocewatch.sim.fabric import Fabric
+    from rocewatch.sim.roce_config import config_db
+
+    fab = Fabric(SimConfig(nodes=2, nics_per_node=1, spines=2, naming="sonic"))
+    db = config_db(fab, [], 3)["leaf-r0-p0"]
+    k = KafkaConfig(bootstrap_servers=kafka_bootstrap, topics=TopicsConfig(config=kafka_topics()))
+    gcfg = gnmi_config(
+        {
+            "config_subscription": {
+                "name": "config",
+                "target": "CONFIG_DB",
+                "encoding": "json_ietf",
+                "stream_mode": "sample",
+                "sample_interval_s": 0.2,
+                "paths": sorted(db),
+            }
+        }
+    )
+
+    def sent_at_least(out: Any, n: int) -> int:
+        deadline = time.monotonic() + 30
+        while out.stats.counts.get("gnmi_config_sent", 0) < n:
+            assert time.monotonic() < deadline, out.stats.counts
+            time.sleep(0.05)
+        return int(out.stats.counts["gnmi_config_sent"])
+
+    # the switch's notification timestamps a minute apart, as at a real configuration cadence
+    # (a switch's events within a second of each other are one snapshot)
+    clock = itertools.count(T0, 60 * S).__next__
+    with ConfigDbTarget(db, clock=clock) as target:
+        col, out = config_collector(
+            gcfg, [TargetConfig("leaf-r0-p0", f"127.0.0.1:{target.port}")], k
+        )
+        col.start()
+        try:
+            before = sent_at_least(out, 1)
+            db["PORT_QOS_MAP"]["Ethernet0"]["pfc_enable"] = "4"  # an operator's edit
+            sent_at_least(out, before + 2)  # a whole sample taken after it
+        finally:
+            col.stop()
+            out.close()
+    assert not out.stats.counts.get("gnmi_config_unsent"), out.stats.counts
+    recs = read_topic(kafka_bootstrap, k.topics.config)
+    assert recs and {m.key for m in recs} == {b"leaf-r0-p0"}
+    events = orjson.loads(recs[0].value)
+    assert classify(events) == "switch"
+    assert all(ev["tags"]["target"] == "CONFIG_DB" for ev in events)
+    assert events[0]["values"]  # leaves, as gnmic's event format has them
+    assert all(p.count("/") >= 3 for ev in events for p in ev["values"])
+
+    pipe = Pipeline(Topology.from_dict(fab.topology_dict()))
+    feed = ConfigFeed(k, pipe.topology, None)
+    offsets: dict[int, int] = {}
+    feed.start(offsets)
+    try:
+        deadline = time.monotonic() + 30
+        while sum(offsets.values()) < len(recs):  # (the topic as the broker made it)
+            assert time.monotonic() < deadline, offsets
+            feed.poll(pipe, offsets)
+            time.sleep(0.05)
+    finally:
+        feed.close()
+    changes = pipe.roce.advance(None)
+    assert [(c.device, c.port, c.field, c.old, c.new) for c in changes] == [
+        ("leaf-r0-p0", "Ethernet0", "pfc", "3", "4")
+    ]
+    assert not pipe.stats.counts.get("roce_config_skipped"), pipe.stats.counts

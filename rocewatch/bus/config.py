@@ -24,7 +24,7 @@ class TopicsConfig:
     state: str = "rocewatch.state"  # detect: compacted per-partition and detect-stage state
     rollups: str = "rocewatch.rollups"  # detect with storage: metric rollups for the sink
     # RoCE configuration records (CONTRACTS.md section 5: nic_config.jsonl snapshots from the
-    # agents, switch_config.jsonl events from the gNMI collector), keyed by device
+    # agents, switch_config.jsonl events from the gNMI collector or gnmic), keyed by device
     config: str = "rocewatch.config"
 
 
