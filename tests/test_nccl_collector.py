@@ -316,10 +316,18 @@ def test_nccl_collect_command_writes_json_lines(tmp_path: Path) -> None:
     import sys
 
     shutil.copytree(JOB, tmp_path / "job")
+    # the job's other outputs: CoMMA's exports where a recording keeps them (comma/), the
+    # Prometheus textfiles and a RAS document where the flags say (tests/test_nccl_follow.py
+    # follows each live)
+    (tmp_path / "job" / "comma").mkdir()
+    shutil.copy(FIX / "comma_otlp.jsonl", tmp_path / "job" / "comma" / "gpu-002.jsonl")
+    shutil.copytree(FIX / "prom", tmp_path / "textfiles")
+    shutil.copy(FIX / "ras.json", tmp_path / "ras.json")
     out = tmp_path / "out.jsonl"
     res = subprocess.run(
         [sys.executable, "-m", "rocewatch.cli", "nccl-collect", str(tmp_path / "job"),
-         "--job", "job-a", "--out", str(out), "--duration", "0.01", "--interval", "0.01"],
+         "--job", "job-a", "--out", str(out), "--duration", "0.01", "--interval", "0.01",
+         "--prom-dir", str(tmp_path / "textfiles"), "--ras-file", str(tmp_path / "ras.json")],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
@@ -327,6 +335,21 @@ def test_nccl_collect_command_writes_json_lines(tmp_path: Path) -> None:
     lag = [r for r in rows if r["metric"] == "nccl_kernel_start_lag_us" and r["port"] == "rank3"]
     assert len(lag) == 6 and min(r["value"] for r in lag) > 250
     assert "nccl_malformed_lines=2" in res.stdout and "nccl_debug_unparsed=1" in res.stdout
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["metric"], []).append(r)
+    assert len(by["nccl_net_send_latency_ns"]) == 2 and len(by["nccl_coll_duration_ns"]) == 2
+    assert [r["qual"] for r in by["nccl_coll_exec_us"] if r["port"] == "GPU0"] == [
+        "DP Group 0/AllReduce/4-5GB"
+    ]
+    # RAS knows rank 3's host as 10.0.1.2; the join (Inspector's records) places it on gpu-002
+    assert [(r["device"], r["port"], r["value"]) for r in by["nccl_rank_missing"]] == [
+        ("gpu-002", "rank3", 1.0)
+    ]
+    # CoMMA: a point without time or sum, a cut line; the textfile: an unclosed label set, a
+    # value "NaNx"; RAS: a missing rank "x"
+    for n in ("nccl_comma_malformed=2", "nccl_prom_malformed=2", "nccl_ras_malformed=1"):
+        assert n in res.stdout
 
 
 def test_a_collective_a_rank_lost_is_given_up_once_every_rank_moved_on() -> None:
@@ -360,7 +383,7 @@ def test_nccl_telemetry_is_keyed_by_job_and_communicator(
 ) -> None:
     """Published to a real broker with the NCCL key: every record's key is
     ``nccl/<job>/<comm>``, holds only that communicator's samples (every rank's, from both
-    hosts), and all of them travel in one partition."""
+    hosts, Inspector's, CoMMA's and RAS's), and all of them travel in one partition."""
     from collector.nccl.service import NcclCollector
     from rocewatch import wire
     from rocewatch.bus.publish import TelemetryPublisher, nccl_key
@@ -368,10 +391,13 @@ def test_nccl_telemetry_is_keyed_by_job_and_communicator(
     from tests.test_kafka_pipeline import kafka_cfg, read_topic
 
     shutil.copytree(JOB, tmp_path / "job")
+    # the communicator's CoMMA edges and RAS findings travel with its Inspector samples
+    (tmp_path / "job" / "comma").mkdir()
+    shutil.copy(FIX / "comma_otlp.jsonl", tmp_path / "job" / "comma" / "gpu-002.jsonl")
     cfg = kafka_cfg(kafka_bootstrap, kafka_topics, tmp_path, tmp_path)
     ensure_topics(cfg.kafka)
     pub = TelemetryPublisher(cfg.kafka, source="nccl-collect:job-a", key=nccl_key("job-a"))
-    coll = NcclCollector(tmp_path / "job", "job-a", topo(), pub)
+    coll = NcclCollector(tmp_path / "job", "job-a", topo(), pub, ras_file=FIX / "ras.json")
     coll.poll(final=True)
     coll.close()
     pub.close()
@@ -379,5 +405,7 @@ def test_nccl_telemetry_is_keyed_by_job_and_communicator(
     assert msgs and {m.key for m in msgs} == {f"nccl/job-a/{COMM}".encode()}
     assert len({m.partition for m in msgs}) == 1
     rows = pl.concat([wire.decode(m.value) for m in msgs])
+    # RAS's missing rank 3 (host "10.0.1.2" to RAS) is placed on its node by the join
     assert set(rows["device"]) == {"gpu-001", "gpu-002"}
+    assert {"nccl_net_send_latency_ns", "nccl_rank_missing"} <= set(rows["metric"])
     assert rows.height == coll.sent

@@ -12,6 +12,10 @@ node_exporter's textfile collector, in the Prometheus text exposition format::
 (the topology's node where it names one), port the ``gpu`` label, qual
 ``<comm_name>/<collective>/<message_size>`` (a bucket such as ``4-5GB``: these are aggregates,
 not single operations). The file carries no timestamps: the caller gives the file's time.
+The plugin's source (``inspector_prom.cc``: files ``nccl_inspector_metrics_<GPU UUID>.prom``
+in ``NCCL_INSPECTOR_DUMP_DIR``) labels the same series ``hostname``, ``gpu_device_id`` and
+``comm_id`` (the communicator hash) and adds ``nccl_algorithm_bandwidth_gbs``
+(``nccl_coll_algobw_gbs``): either label set is read (``node``/``gpu``/``comm_name`` first).
 P2P and the per-device stats metrics are read past; ``# HELP``/``# TYPE`` lines too. A line
 that does not parse (or a value that is not a number) is counted (``nccl_prom_malformed``).
 """
@@ -31,6 +35,7 @@ from rocewatch.core.topology import Topology
 
 METRICS = {
     "nccl_bus_bandwidth_gbs": "nccl_coll_busbw_gbs",
+    "nccl_algorithm_bandwidth_gbs": "nccl_coll_algobw_gbs",
     "nccl_collective_exec_time_microseconds": "nccl_coll_exec_us",
 }
 _LINE = re.compile(
@@ -76,13 +81,16 @@ def parse_textfile(
         except ValueError:
             stats.inc("nccl_prom_malformed", detail="value")
             continue
-        if not math.isfinite(v) or "node" not in labels or "gpu" not in labels:
+        node = labels.get("node", labels.get("hostname"))
+        gpu = labels.get("gpu", labels.get("gpu_device_id"))
+        if not math.isfinite(v) or node is None or gpu is None:
             stats.inc("nccl_prom_malformed", detail="value or labels")
             continue
-        qual = "/".join(labels.get(k, "?") for k in ("comm_name", "collective", "message_size"))
+        comm = labels.get("comm_name", labels.get("comm_id", "?"))
+        qual = "/".join([comm, labels.get("collective", "?"), labels.get("message_size", "?")])
         cols["ts"].append(int(m["ts"]) * 1_000_000 if m["ts"] else ts)
-        cols["device"].append(node_of(topology, labels["node"]))
-        cols["port"].append(labels["gpu"])
+        cols["device"].append(node_of(topology, node))
+        cols["port"].append(gpu)
         cols["qual"].append(qual)
         cols["metric"].append(metric)
         cols["value"].append(v)

@@ -5,7 +5,11 @@ Every ``interval_s`` the collector reads what the job's Inspector files gained
 the directory, or ``--debug-dir``), lays the ranks seen over the job's join (``RankJoin``:
 a restart replaces the map) and hands the samples, with the join's ``nccl_rank_gpu`` samples
 whenever the map changed, to its output (collector.output: Kafka's telemetry topic, a file or
-stdout). When it stops it judges the collectives still waiting and sends them too.
+stdout). When it stops it judges the collectives still waiting and sends them too. Beside
+Inspector's NDJSON it follows the job's CoMMA exports (``comma/*.jsonl`` under the directory,
+or ``comma_dir``), Inspector's Prometheus textfiles (``*.prom`` in the directory, or
+``prom_dir``) and, when given, a file of ``ncclras -f json`` output (collector/nccl/follow.py);
+their samples go to the same output.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 import polars as pl
 
 from collector.nccl.debug import DebugLog
+from collector.nccl.follow import CommaTail, PromTextfiles, RasFile
 from collector.nccl.join import RankJoin
 from collector.nccl.tail import InspectorTail
 from collector.output import Output
@@ -37,6 +42,9 @@ class NcclCollector:
         sink: Output[pl.DataFrame],
         debug_dir: Path | None = None,
         stats: Stats | None = None,
+        comma_dir: Path | None = None,
+        prom_dir: Path | None = None,
+        ras_file: Path | None = None,
     ) -> None:
         self.job = job
         self.sink = sink
@@ -48,6 +56,11 @@ class NcclCollector:
         self.sent = 0
         self.debug = DebugLog(self.stats)
         self._debug_read: dict[str, int] = {}  # debug log -> bytes of whole lines read
+        # the job's other outputs (collector/nccl/follow.py): CoMMA's exports where a recording
+        # keeps them, Inspector's Prometheus textfiles beside its NDJSON, RAS when given
+        self.comma = CommaTail(comma_dir or directory / "comma", topology, self.stats)
+        self.prom = PromTextfiles(prom_dir or directory, topology, self.stats)
+        self.ras = RasFile(ras_file, self.stats) if ras_file is not None else None
 
     def _debug(self) -> DebugLog:
         """The debug logs' new whole lines laid over what was read before."""
@@ -77,11 +90,26 @@ class NcclCollector:
                 self._placed = now  # type: ignore[assignment]
                 frames.append(self.join.samples(int(df["ts"].min())))  # type: ignore[arg-type]
         frames.append(df)
+        frames.append(self.comma.finish() if final else self.comma.poll())
+        frames.append(self.prom.poll(final))
+        if self.ras is not None:
+            frames.append(self._ras_hosts(self.ras.poll()))
         out = pl.concat([f for f in frames if f.height]) if any(f.height for f in frames) else df
         if out.height:
             self.sink(out.sort("ts"))
             self.sent += out.height
         return int(out.height)
+
+    def _ras_hosts(self, df: pl.DataFrame) -> pl.DataFrame:
+        """RAS names a missing rank's host by its address: where the join places that rank of
+        that communicator, the rank's host (the topology's node) replaces it."""
+        if not df.height:
+            return df
+        hosts = []
+        for dev, port, comm in df.select("device", "port", "qual").iter_rows():
+            place = self.join.place(self.job, comm, int(port.removeprefix("rank")))
+            hosts.append(place.host if place is not None else dev)
+        return df.with_columns(pl.Series("device", hosts, dtype=df.schema["device"]))
 
     def run(
         self,
@@ -98,3 +126,4 @@ class NcclCollector:
 
     def close(self) -> None:
         self.tail.close()
+        self.comma.close()

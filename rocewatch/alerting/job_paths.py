@@ -27,13 +27,13 @@ from typing import Any, ClassVar
 
 import polars as pl
 
-from rocewatch.core.model import Alert
+from rocewatch.core.model import BUS_BANDWIDTH_DROP, SLOW_EDGE, SLOW_RANK, Alert
 from rocewatch.core.paths import FABRIC_ALERTS, Path, alerts_on, nic_path, path_between, say
 from rocewatch.core.state import Stateful
 from rocewatch.core.topology import NicEnd, PortEnd, Topology
 
 JOIN = "nccl_rank_gpu"
-JOB_ALERTS = ("SlowRank", "SlowEdge", "BusBandwidthDrop")
+JOB_ALERTS = (SLOW_RANK, SLOW_EDGE, BUS_BANDWIDTH_DROP)
 MAX_LISTED = 20  # ranks, NICs, ports or alerts listed in one annotation
 MAX_PLACES = 200_000
 STORE_EVERY_NS = 60 * 1_000_000_000  # a rank still placed is stored again (last_seen) this often
@@ -117,11 +117,11 @@ class JobPaths(Stateful):
     def path_of(self, labels: Mapping[str, str]) -> Path:
         """The fabric a job alert's ranks use."""
         name, comm = labels.get("alertname"), labels.get("comm", "")
-        if name == "SlowEdge" and labels.get("peer_node") and labels.get("peer_nic"):
+        if name == SLOW_EDGE and labels.get("peer_node") and labels.get("peer_nic"):
             a = (labels.get("node", ""), labels.get("nic", ""))
             b = (labels["peer_node"], labels["peer_nic"])
             return path_between(self.topology, a, b)
-        if name == "SlowRank" and labels.get("node") and labels.get("nic"):
+        if name == SLOW_RANK and labels.get("node") and labels.get("nic"):
             return nic_path(self.topology, labels["node"], labels["nic"])
         p = Path()
         for (c, _), (host, nic, _, _) in sorted(self.places.items()):

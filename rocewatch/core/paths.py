@@ -22,18 +22,28 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from rocewatch.core.model import (
+    ECN_CONGESTION,
+    FLAKY_LINK,
+    PCIE_DOWNGRADE,
+    PFC_STORM,
+    PORT_ANOMALY,
+    QUEUE_BUILDUP,
+    STRAGGLER,
+    TRANSPORT_ERRORS,
+)
 from rocewatch.core.topology import PortEnd, Topology
 
 # fabric alerts that can slow NCCL traffic through a NIC or a port
 FABRIC_ALERTS = (
-    "PCIeDowngrade",
-    "FlakyLink",
-    "PFCStorm",
-    "Straggler",
-    "TransportErrors",
-    "ECNCongestion",
-    "QueueBuildup",
-    "PortAnomaly",
+    PCIE_DOWNGRADE,
+    FLAKY_LINK,
+    PFC_STORM,
+    STRAGGLER,
+    TRANSPORT_ERRORS,
+    ECN_CONGESTION,
+    QUEUE_BUILDUP,
+    PORT_ANOMALY,
 )
 
 

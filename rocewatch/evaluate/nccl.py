@@ -30,7 +30,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rocewatch.core.model import Action, Alert
+from rocewatch.core.model import (
+    BUS_BANDWIDTH_DROP,
+    ECN_CONGESTION,
+    FABRIC_INCIDENT,
+    FLAKY_LINK,
+    PCIE_DOWNGRADE,
+    PFC_STORM,
+    PORT_ANOMALY,
+    QUEUE_BUILDUP,
+    SLOW_EDGE,
+    SLOW_RANK,
+    STRAGGLER,
+    TRANSPORT_ERRORS,
+    Action,
+    Alert,
+)
 from rocewatch.evaluate.scoring import S, aggregate, score_run
 
 if TYPE_CHECKING:
@@ -38,17 +53,17 @@ if TYPE_CHECKING:
     from rocewatch.sim.simulator import SimConfig
 
 HOST_SIDE = "host or GPU side"  # detectors/slow_rank.py: the cause of a late rank on a clean path
-JOB_ALERTS = ("SlowRank", "SlowEdge", "BusBandwidthDrop")
+JOB_ALERTS = (SLOW_RANK, SLOW_EDGE, BUS_BANDWIDTH_DROP)
 FABRIC = (
-    "PFCStorm",
-    "FlakyLink",
-    "Straggler",
-    "PCIeDowngrade",
-    "ECNCongestion",
-    "QueueBuildup",
-    "TransportErrors",
-    "PortAnomaly",
-    "FabricIncident",
+    PFC_STORM,
+    FLAKY_LINK,
+    STRAGGLER,
+    PCIE_DOWNGRADE,
+    ECN_CONGESTION,
+    QUEUE_BUILDUP,
+    TRANSPORT_ERRORS,
+    PORT_ANOMALY,
+    FABRIC_INCIDENT,
 )
 
 
@@ -130,29 +145,29 @@ def _check_pcie(
     gpu = nic.removeprefix("mlx5_")
     onset = int(fault["onset_ns"])
     out: list[tuple[str, bool, str]] = []
-    slow = _named(alerts, "SlowRank")
+    slow = _named(alerts, SLOW_RANK)
     who = [(a.labels.get("node"), a.labels.get("nic"), a.labels.get("gpu")) for a in slow]
     out.append(("SlowRank names the rank's host, GPU and NIC", who == [(node, nic, gpu)], str(who)))
     causes = [a.annotations.get("cause") for a in slow]
-    out.append(("SlowRank's cause is the PCIeDowngrade", causes == ["PCIeDowngrade"], str(causes)))
+    out.append(("SlowRank's cause is the PCIeDowngrade", causes == [PCIE_DOWNGRADE], str(causes)))
     ttd = [round((a.starts_at - onset) / S, 2) for a in slow]
     out.append(("SlowRank within 6 s of the onset", bool(ttd) and 0 < ttd[0] <= 6, f"{ttd} s"))
-    drops = _named(alerts, "BusBandwidthDrop")
+    drops = _named(alerts, BUS_BANDWIDTH_DROP)
     comms = {a.labels.get("comm") for a in slow}
     seen = [(a.labels.get("comm"), a.annotations.get("cause")) for a in drops]
     out.append(
         (
             "BusBandwidthDrop on the rank's communicator, caused by the PCIeDowngrade",
-            len(drops) == 1 and seen[0][0] in comms and seen[0][1] == "PCIeDowngrade",
+            len(drops) == 1 and seen[0][0] in comms and seen[0][1] == PCIE_DOWNGRADE,
             str(seen),
         )
     )
-    edges = _named(alerts, "SlowEdge")
+    edges = _named(alerts, SLOW_EDGE)
     e = [(a.labels.get("node"), a.labels.get("nic"), a.annotations.get("cause")) for a in edges]
     out.append(
         (
             "SlowEdge on the NIC's edges, caused by the PCIeDowngrade",
-            bool(e) and all(x == (node, nic, "PCIeDowngrade") for x in e),
+            bool(e) and all(x == (node, nic, PCIE_DOWNGRADE) for x in e),
             str(e),
         )
     )
@@ -175,7 +190,7 @@ def _check_pcie(
             str(paths),
         )
     )
-    pcie = _named(alerts, "PCIeDowngrade")
+    pcie = _named(alerts, PCIE_DOWNGRADE)
     ranks = [a.annotations.get("ranks", "") for a in pcie]
     out.append(
         (
@@ -191,7 +206,7 @@ def _check_slow_gpu(
     fault: dict[str, Any], alerts: list[Alert], held: list[Alert], actions: list[Action]
 ) -> list[tuple[str, bool, str]]:
     node, nic = fault["labels"]["node"], fault["labels"]["nic"]
-    slow = _named(alerts, "SlowRank")
+    slow = _named(alerts, SLOW_RANK)
     seen = [(a.labels.get("node"), a.labels.get("nic"), a.annotations.get("cause")) for a in slow]
     fabric = [a.name for a in alerts if a.name in FABRIC]
     drains = [x.node for x in actions if x.action == "drain"]
@@ -199,7 +214,7 @@ def _check_slow_gpu(
         ("SlowRank on the slow GPU's rank, host or GPU side",
          seen == [(node, nic, HOST_SIDE)], str(seen)),
         ("no fabric alert", fabric == [], str(fabric)),
-        ("no SlowEdge (the wire is clean)", not _named(alerts, "SlowEdge"), ""),
+        ("no SlowEdge (the wire is clean)", not _named(alerts, SLOW_EDGE), ""),
         ("no drain", drains == [], str(drains)),
     ]  # fmt: skip
 
@@ -207,7 +222,7 @@ def _check_slow_gpu(
 def _check_storm(
     fault: dict[str, Any], alerts: list[Alert], held: list[Alert], actions: list[Action]
 ) -> list[tuple[str, bool, str]]:
-    storms = [a for a in alerts if a.name == "PFCStorm" and a.labels.get("role") == "origin"]
+    storms = [a for a in alerts if a.name == PFC_STORM and a.labels.get("role") == "origin"]
     shown = [a.name for a in alerts if a.name in JOB_ALERTS]
     job_held = [a for a in held if a.name in JOB_ALERTS]
     by = [a.annotations.get("inhibited_by", "") for a in job_held]
@@ -216,7 +231,7 @@ def _check_storm(
         ("the storm's origin pages", bool(storms), str(len(storms))),
         ("no job alert is notified", shown == [], str(shown)),
         ("the job's alerts are held by the storm", bool(job_held) and all(by), str(by)),
-        ("and name it as their cause", bool(causes) and set(causes) == {"PFCStorm"}, str(causes)),
+        ("and name it as their cause", bool(causes) and set(causes) == {PFC_STORM}, str(causes)),
     ]
 
 

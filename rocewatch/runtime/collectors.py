@@ -107,7 +107,16 @@ def nccl_collect(args: argparse.Namespace) -> int:
         sink = TelemetryPublisher(cfg.kafka, source=f"nccl-collect:{args.job}", key=key)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    coll = NcclCollector(args.dir, args.job, topology, sink, args.debug_dir)
+    coll = NcclCollector(
+        args.dir,
+        args.job,
+        topology,
+        sink,
+        args.debug_dir,
+        comma_dir=args.comma_dir,
+        prom_dir=args.prom_dir,
+        ras_file=args.ras_file,
+    )
     try:
         coll.run(args.interval, stop, args.duration)
     except KeyboardInterrupt:
