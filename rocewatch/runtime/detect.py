@@ -627,3 +627,4 @@ class DetectStage:
     def close_writers(self) -> None:
         for d in self.shards:
             d.writer.close()
+            d.config_feed.close()
