@@ -247,7 +247,7 @@ def test_the_gnmi_collector_sends_switch_configuration_changes(
     pipe = Pipeline(Topology.from_dict(fab.topology_dict()))
     feed = ConfigFeed(k, pipe.topology, None)
     offsets: dict[int, int] = {}
-    feed.start(offsets)
+    feed.start()
     try:
         deadline = time.monotonic() + 30
         while sum(offsets.values()) < len(recs):  # (the topic as the broker made it)
@@ -261,3 +261,49 @@ def test_the_gnmi_collector_sends_switch_configuration_changes(
         ("leaf-r0-p0", "Ethernet0", "pfc", "3", "4")
     ]
     assert not pipe.stats.counts.get("roce_config_skipped"), pipe.stats.counts
+
+
+def test_rocewatch_collect_runs_the_configuration_subscription(
+    kafka_bootstrap: str, kafka_topics: Any
+) -> None:
+    """`rocewatch collect` (its runner) with ``gnmi.config_subscription``: the switch's tables
+    reach the configuration topic, which it created with one partition, keyed by switch."""
+    from kafka import KafkaConsumer
+
+    from rocewatch.config import config_from_dict
+    from rocewatch.runtime.collect import run_collect
+    from rocewatch.sim import SimConfig
+    from rocewatch.sim.config_target import ConfigDbTarget
+    from rocewatch.sim.fabric import Fabric
+    from rocewatch.sim.roce_config import config_db
+
+    db = config_db(Fabric(SimConfig(nodes=2, nics_per_node=1, spines=2, naming="sonic")), [], 3)
+    topics = {n: kafka_topics(n) for n in ("telemetry", "alerts", "actions", "dead_letter")}
+    topics["config"] = kafka_topics("config")
+    with ConfigDbTarget(db["leaf-r0-p0"]) as target:
+        cfg = config_from_dict(
+            {
+                "kafka": {"bootstrap_servers": kafka_bootstrap, "topics": topics},
+                "gnmi": {
+                    "targets": [{"name": "leaf-r0-p0", "address": f"127.0.0.1:{target.port}"}],
+                    # (the counters' subscription finds no counters on this target: it retries)
+                    "config_subscription": {
+                        "name": "config",
+                        "target": "CONFIG_DB",
+                        "encoding": "json_ietf",
+                        "sample_interval_s": 60,
+                        "paths": ["PORT_QOS_MAP", "PFC_WD"],
+                    },
+                },
+            }
+        )
+        assert run_collect(cfg, None, [], None, duration=1.5) == 0
+    recs = read_topic(kafka_bootstrap, topics["config"])
+    assert recs and {m.key for m in recs} == {b"leaf-r0-p0"}
+    paths = {p for m in recs for ev in orjson.loads(m.value) for p in ev["values"]}
+    assert "/PORT_QOS_MAP/Ethernet0/pfc_enable" in paths
+    c = KafkaConsumer(bootstrap_servers=[kafka_bootstrap])
+    try:
+        assert c.partitions_for_topic(topics["config"]) == {0}
+    finally:
+        c.close()

@@ -15,6 +15,7 @@ counted (``config_record_skipped``) and skipped.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 NIC = "nic"
 SWITCH = "switch"
 PARTITIONS_RECHECK_S = 30.0  # how often partitions added to the topic are looked for
+OPEN_TIMEOUT_MS = 10_000  # a consumer's wait for its first broker
+RETRY_S = 10.0  # after a consumer could not be opened
 
 
 def classify(doc: Any) -> str | None:
@@ -65,23 +68,53 @@ class ConfigFeed:
             for (dev, _), doms in topology.cross_domain_ends().items():
                 self.facing.setdefault(dev, set()).update(doms)
         self.consumer: Any = None
+        self.lock = threading.Lock()  # the consumer is handed over from the opening thread
+        self.gen = 0  # a consumer opened for an earlier start (closed since) is not used
+        self.started = False
+        self.opening = False
+        self.failed_at: float | None = None
         self.assigned: set[int] = set()
         self.checked = 0.0
         self.records = 0  # records handed to the pipeline since the start
 
-    def start(self, offsets: dict[int, int]) -> None:
-        """Open the consumer; each partition is read from ``offsets`` (none: its beginning)."""
+    def start(self) -> None:
+        """Open the consumer, on a thread of its own: the stage does not wait for the broker
+        (a consumer's first connection waits for it). Each partition is read from the
+        offsets ``poll`` is given (none: its beginning)."""
         self.close()
-        self.consumer = KafkaConsumer(
-            **self.k.client_kwargs(),
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=500,
-        )
-        self.assigned = set()
-        self.checked = 0.0
-        self._assign(offsets)
+        with self.lock:
+            self.started = True
+            self.opening = True
+            gen = self.gen
+        threading.Thread(
+            target=self._open, args=(gen,), name="config-feed-open", daemon=True
+        ).start()
+
+    def _open(self, gen: int) -> None:
+        try:
+            consumer = KafkaConsumer(
+                **self.k.client_kwargs(),
+                group_id=None,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                max_poll_records=500,
+                bootstrap_timeout_ms=OPEN_TIMEOUT_MS,
+            )
+        except Exception as e:  # a broker away, a certificate missing: tried again later
+            log.warning("configuration topic: no consumer (%s); trying again", e)
+            with self.lock:
+                self.opening = False
+                self.failed_at = time.monotonic()
+            return
+        with self.lock:
+            self.opening = False
+            stale = gen != self.gen  # closed (or started again) meanwhile
+            if not stale:
+                self.consumer = consumer
+                self.assigned = set()
+                self.checked = 0.0
+        if stale:
+            consumer.close()
 
     def _assign(self, offsets: dict[int, int]) -> None:
         now = time.monotonic()
@@ -119,6 +152,16 @@ class ConfigFeed:
         """Hand the records fetched since the last poll (waiting for none) to ``pipe`` and
         advance ``offsets``; returns the records handed over."""
         if self.consumer is None:
+            with self.lock:
+                retry = (
+                    self.started
+                    and not self.opening
+                    and self.failed_at is not None
+                    and time.monotonic() - self.failed_at >= RETRY_S
+                )
+            if retry:
+                pipe.stats.inc("config_consumer_retries")
+                self.start()
             return 0
         try:
             self._assign(offsets)
@@ -158,9 +201,13 @@ class ConfigFeed:
         return 1
 
     def close(self) -> None:
-        if self.consumer is not None:
+        with self.lock:
+            self.gen += 1
+            self.started = False
+            self.failed_at = None
+            consumer, self.consumer = self.consumer, None
+        if consumer is not None:
             try:
-                self.consumer.close()
+                consumer.close()
             except Exception:  # closing only: nothing is lost
                 log.debug("closing the configuration consumer failed", exc_info=True)
-            self.consumer = None

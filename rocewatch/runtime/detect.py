@@ -200,7 +200,7 @@ class DomainStage:
             # watches, the drains (evictions) of an earlier holder, uncordons by hand
             routing.watch(kube_nodes(st.pipeline.topology, self.domain))
         self.routing = routing
-        self.config_feed.start(st.config_offsets)
+        self.config_feed.start()
         self.active = True
         self.assembly.restart(st)
         log.info("%s active (steps offset %d)", self.name, st.offset)
