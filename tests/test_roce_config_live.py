@@ -307,3 +307,41 @@ def test_rocewatch_collect_runs_the_configuration_subscription(
         assert c.partitions_for_topic(topics["config"]) == {0}
     finally:
         c.close()
+
+
+def test_each_record_goes_to_its_devices_domain_and_the_domains_facing_it() -> None:
+    """With fabric domains (each leaf and its nodes a pod, the spine in none), a NIC snapshot
+    goes to its node's domain only, a leaf's events to its pod and to the spine's domain
+    (the cables between them), the spine's to every domain; bad records are counted."""
+    from rocewatch.bus.config import KafkaConfig
+    from rocewatch.pipeline import Pipeline
+    from rocewatch.runtime.config_feed import ConfigFeed
+    from tests.test_grouping import PODS
+
+    pipes = {d: Pipeline(PODS, domain=d) for d in PODS.domains}
+    feeds = {d: ConfigFeed(KafkaConfig(), PODS, d) for d in PODS.domains}
+    nic = {"timestamp": T0, "node": "gpu-003", "nic": "mlx5_0", "mtu": 9000}
+
+    def event(switch: str) -> dict[str, Any]:
+        return {
+            "name": "config",
+            "timestamp": T0,
+            "tags": {"source": f"{switch}:8080", "target": "CONFIG_DB"},
+            "values": {"/PORT_QOS_MAP/Ethernet9/pfc_enable": "3"},
+        }
+
+    records = [("nic", nic), ("leaf-1", [event("leaf-1")]), ("spine-0", event("spine-0"))]
+    got: dict[str, set[str]] = {d: set() for d in PODS.domains}
+    for what, doc in records:
+        for d, feed in feeds.items():
+            if feed._take(pipes[d], orjson.dumps(doc)):
+                got[d].add(what)
+    assert got == {
+        "": {"leaf-1", "spine-0"},
+        "pod-0": {"spine-0"},
+        "pod-1": {"nic", "leaf-1", "spine-0"},
+    }
+    assert [len(p.roce.pending) for p in pipes.values()] == [2, 1, 3]
+    for bad in (b"{", b"[1, 2]", b'{"node": "gpu-003"}'):
+        assert feeds["pod-1"]._take(pipes["pod-1"], bad) == 0
+    assert pipes["pod-1"].stats.counts["config_record_skipped"] == 3
