@@ -19,7 +19,15 @@ from rocewatch.core.model import Alert, Finding, fingerprint
 from rocewatch.core.state import Stateful
 
 # annotations that follow the latest finding of a firing alert (rocewatch/alerting/group.py)
-LIVE_ANNOTATIONS = ("members", "ports", "victims", "tree", "cause", "cause_alert")
+LIVE_ANNOTATIONS = (
+    "members",
+    "ports",
+    "victims",
+    "tree",
+    "cause",
+    "cause_alert",
+    "victim_pause_s",  # the pause time an interference victim suffered so far (alerting/)
+)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from detectors.lifecycle import LifecycleConfig
     from detectors.windows import WindowConfig
     from rocewatch.alerting.inhibit import InhibitConfig
+    from rocewatch.alerting.interference import InterferenceConfig
     from rocewatch.notify.base import NotifyConfig
 
 T = TypeVar("T")
@@ -89,6 +90,10 @@ class Config:
     inhibit: InhibitConfig = field(
         default_factory=_section("rocewatch.alerting.inhibit", "InhibitConfig")
     )
+    # victims and aggressors of congestion between tenants: docs/alerting.md
+    interference: InterferenceConfig = field(
+        default_factory=_section("rocewatch.alerting.interference", "InterferenceConfig")
+    )
 
 
 # top-level keys config_from_dict reads by hand (not fields of Config)
@@ -119,6 +124,7 @@ _SECTION_MODULES: dict[str, str] = {
     "ApiConfig": "actions.api",
     "AgentConfig": "collector.nic.config",
     "RetryConfig": "rocewatch.notify.base",
+    "InterferenceConfig": "rocewatch.alerting.interference",
     "TlsConfig": "rocewatch.notify.base",
 }
 

@@ -99,7 +99,7 @@ def run_demo(nodes: int, duration: float, seed: int, db: Path, out: Path | None)
     sink(pipeline.finish())
     bar.close()
     alerts = pipeline.all_alerts()
-    store.write_alerts(alerts)
+    writer.store_final(alerts)
     store.close()
     elapsed = time.perf_counter() - t0
     start = cfg.start_ns

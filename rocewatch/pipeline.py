@@ -28,6 +28,7 @@ from detectors.registry import DETECTORS, build_detectors
 from detectors.windows import Step, WindowEngine
 from rocewatch.alerting.group import StormGrouper, views
 from rocewatch.alerting.inhibit import INHIBITED_BY, Inhibitor
+from rocewatch.alerting.interference import InterferenceAttributor
 from rocewatch.alerting.job_paths import JOIN, JobPaths
 from rocewatch.config import Config
 from rocewatch.core import rollups
@@ -230,6 +231,10 @@ class Pipeline:
                 det.domain = domain  # type: ignore[attr-defined]
         self.grouper = StormGrouper(topology, self.config.lifecycle.resolve_after_s)
         self.inhibitor = Inhibitor(self.config.inhibit)
+        # victims and aggressors of congestion between tenants (rocewatch/alerting/interference)
+        self.interference = InterferenceAttributor(
+            topology, self.config.interference, self.config.lifecycle.resolve_after_s
+        )
         # the NCCL rank join on alerts: fabric alerts name the jobs behind them, job alerts the
         # fabric on their path (rocewatch/alerting/job_paths.py)
         self.job_paths = JobPaths(topology)
@@ -329,6 +334,9 @@ class Pipeline:
                 found = grouper.group(step.end, det.evaluate(ctx))
                 if domain is not None:
                     found = self._in_domain(domain, found)
+                found = self.interference.annotate(
+                    self.engine, step.end, self.config.window.step_s, found
+                )
                 events += self.lifecycle.update(det.name, step.end, found)
             if events:
                 self.job_paths.annotate(events, self.lifecycle.firing, self._firing_labels)
@@ -401,6 +409,7 @@ class Pipeline:
             "lifecycle": self.lifecycle.state(),
             "grouper": self.grouper.state(),
             "inhibitor": self.inhibitor.state(),
+            "interference": self.interference.state(),
             "job_paths": self.job_paths.state(),
             "policy": self.policy.state(),
             "roce_config": self.roce.state(),
@@ -439,6 +448,8 @@ class Pipeline:
         self.lifecycle.restore(data["lifecycle"])
         self.grouper.restore(data["grouper"])
         self.inhibitor.restore(data["inhibitor"])
+        if "interference" in data:  # (a checkpoint from before it had none)
+            self.interference.restore(data["interference"])
         if "job_paths" in data:
             self.job_paths.restore(data["job_paths"])
         else:  # written before the join on alerts: its firing alerts get what it adds

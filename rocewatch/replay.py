@@ -145,7 +145,7 @@ def replay(
     write_jsonl(out_dir / "actions.jsonl", actions)
     write_jsonl(out_dir / "config_changes.jsonl", changes)
     if store is not None:
-        store.write_alerts(pipeline.all_alerts() + pipeline.inhibited_alerts())
+        writer.store_final(pipeline.all_alerts() + pipeline.inhibited_alerts())
     return ReplayResult(
         alerts,
         actions,

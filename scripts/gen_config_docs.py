@@ -461,6 +461,11 @@ def sections() -> tuple[Section, ...]:
         Section("api", "api", tuple(walk(_cls(Config, "api"), "api"))),
         Section("sink", "sink", tuple(walk(_cls(Config, "sink"), "sink"))),
         Section(
+            "interference: victims and aggressors between tenants",
+            "interference",
+            tuple(walk(_cls(Config, "interference"), "interference")),
+        ),
+        Section(
             "notify",
             "notify",
             (

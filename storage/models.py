@@ -27,7 +27,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-SCHEMA_VERSION = 7  # = the number of the newest migration (storage/migrations/versions)
+SCHEMA_VERSION = 8  # = the number of the newest migration (storage/migrations/versions)
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
@@ -109,6 +109,31 @@ class AlertRow(Base):
     # the fingerprint of the alert whose inhibit rule suppresses this one (its annotation
     # ``inhibited_by``); NULL for an alert that is notified (also once it outlived its source)
     inhibited_by: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
+
+
+class TenantInterferenceRow(Base):
+    """One congestion alert that named an aggressor of another tenant: who suffered, who
+    caused it, and the PFC pause time the victim's NICs suffered while it fired
+    (rocewatch/alerting/interference.py). Keyed as the alert event it comes from."""
+
+    __tablename__ = "tenant_interference"
+    __table_args__ = (
+        UniqueConstraint("fingerprint", "starts_at", name="uq_tenant_interference_event"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    starts_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, index=True)
+    ends_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    alertname: Mapped[str] = mapped_column(String(64))
+    switch: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    port: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    victim_tenant: Mapped[str] = mapped_column(String(128), index=True)
+    victim_job: Mapped[str] = mapped_column(String(256))
+    aggressor_tenant: Mapped[str] = mapped_column(String(128), index=True)
+    aggressor_job: Mapped[str] = mapped_column(String(256))
+    pause_s: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime)
 
 

@@ -43,6 +43,7 @@ from storage.models import (
     NcclRankRow,
     OperatorCommandRow,
     RollupRow,
+    TenantInterferenceRow,
     datetime_to_ns,
     ns_to_datetime,
 )
@@ -57,6 +58,7 @@ ACTIONS: Table = ActionRow.__table__  # type: ignore[assignment]
 ROLLUPS: Table = RollupRow.__table__  # type: ignore[assignment]
 META: Table = MetaRow.__table__  # type: ignore[assignment]
 COMMANDS: Table = OperatorCommandRow.__table__  # type: ignore[assignment]
+INTERFERENCE: Table = TenantInterferenceRow.__table__  # type: ignore[assignment]
 CHANGES: Table = ConfigChangeRow.__table__  # type: ignore[assignment]
 RANKS: Table = NcclRankRow.__table__  # type: ignore[assignment]
 
@@ -205,6 +207,61 @@ class Store:
             stored = [a for a in alerts if (a.fingerprint, ns_to_datetime(a.starts_at)) in rows]
             incidents.record_alerts(self, conn, _final(stored), now)
         return len(rows)
+
+    def write_interference(self, alerts: Sequence[Alert]) -> int:
+        """Upsert one ``tenant_interference`` row per alert event that names an aggressor
+        tenant (rocewatch/alerting/interference.py: its annotations), keyed as the event;
+        alerts inhibited by another are left out (their cause is paged and counted there).
+        A resolved event is final, as in ``write_alerts``. Returns the rows written."""
+        now = ns_to_datetime(self._clock())
+        rows: dict[tuple[str, dt.datetime], dict[str, Any]] = {}
+        for a in _final(alerts):
+            ann = a.annotations
+            if not ann.get("aggressor_tenant") or ann.get("inhibited_by"):
+                continue
+            try:
+                pause = float(ann.get("victim_pause_s") or 0.0)
+            except ValueError:
+                pause = 0.0
+            row = {
+                "fingerprint": a.fingerprint,
+                "starts_at": ns_to_datetime(a.starts_at),
+                "ends_at": ns_to_datetime(a.ends_at) if a.ends_at else None,
+                "alertname": a.labels.get("alertname", ""),
+                "switch": a.labels.get("switch"),
+                "port": a.labels.get("port"),
+                "victim_tenant": ann.get("victim_tenant", ""),
+                "victim_job": ann.get("victim_job", ""),
+                "aggressor_tenant": ann["aggressor_tenant"],
+                "aggressor_job": ann.get("aggressor_job", ""),
+                "pause_s": pause,
+                "updated_at": now,
+            }
+            rows[(a.fingerprint, ns_to_datetime(a.starts_at))] = row
+        if not rows:
+            return 0
+        ins = self._insert(INTERFERENCE)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["fingerprint", "starts_at"],
+            set_={c: ins.excluded[c] for c in ("ends_at", "pause_s", "updated_at")},
+            where=or_(ins.excluded.ends_at.is_not(None), INTERFERENCE.c.ends_at.is_(None)),
+        )
+        with self._errors("write tenant interference"), self.engine.begin() as conn:
+            values = list(rows.values())
+            for i in range(0, len(values), self.batch_size):
+                conn.execute(stmt, values[i : i + self.batch_size])
+        return len(rows)
+
+    def tenant_pause(self) -> dict[tuple[str, str], float]:
+        """(victim tenant, aggressor tenant) -> the pause time stored, in seconds."""
+        q = select(
+            INTERFERENCE.c.victim_tenant, INTERFERENCE.c.aggressor_tenant, INTERFERENCE.c.pause_s
+        )
+        out: dict[tuple[str, str], float] = {}
+        with self._errors("read tenant interference"), self.engine.connect() as conn:
+            for v, g, p in conn.execute(q):
+                out[(v, g)] = out.get((v, g), 0.0) + float(p)
+        return out
 
     def write_actions(self, actions: Sequence[Action]) -> int:
         """Insert actions, ignoring any already stored (same time, action, node, fingerprint),
@@ -443,6 +500,11 @@ class Store:
                 delete(ALERTS).where(ALERTS.c.ends_at.is_not(None), ALERTS.c.ends_at < cutoff)
             ).rowcount
             out["actions"] = conn.execute(delete(ACTIONS).where(ACTIONS.c.time < cutoff)).rowcount
+            out["tenant_interference"] = conn.execute(
+                delete(INTERFERENCE).where(
+                    INTERFERENCE.c.ends_at.is_not(None), INTERFERENCE.c.ends_at < cutoff
+                )
+            ).rowcount
             out["metric_rollups"] = conn.execute(
                 delete(ROLLUPS).where(ROLLUPS.c.bucket_start < cutoff)
             ).rowcount

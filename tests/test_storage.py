@@ -221,6 +221,17 @@ def test_prune(store: Store) -> None:
     store.write_alerts([old_resolved, old_firing, new_resolved])
     store.write_actions([drain(t=T0 + 3 * S), drain(t=T0 + 103 * S)])
     store.write_rollups(rollups(n=3))  # buckets at T0, T0+60s, T0+120s
+    ann = {"victim_tenant": "b", "victim_job": "rb", "aggressor_tenant": "a", "aggressor_job": "ra"}
+    interference = [
+        Alert(
+            {"alertname": "ECNCongestion", "severity": "warning", "switch": "leaf-0", "port": "e1"},
+            {**ann, "victim_pause_s": pause},
+            starts,
+            starts + 10 * S,
+        )
+        for starts, pause in ((T0, "1.5"), (T0 + 100 * S, "0.25"))
+    ]
+    assert store.write_interference(interference) == 2
     store.write_config_changes(
         [
             ConfigChange(T0 + 5 * S, "switch", "leaf-0", "Ethernet1", "pfc", "3", "4"),
@@ -232,10 +243,12 @@ def test_prune(store: Store) -> None:
     assert deleted == {
         "alerts": 1,
         "actions": 1,
+        "tenant_interference": 1,
         "metric_rollups": 2,
         "config_changes": 1,
         "incidents": 1,
     }
+    assert store.tenant_pause() == {("b", "a"): 0.25}
     assert [c.ts for c in store.config_changes()] == [T0 + 95 * S]
     assert {(a.name, a.starts_at) for a in store.alerts()} == {
         ("Straggler", T0),
@@ -305,6 +318,7 @@ def test_retention_by_age_includes_the_outbox(url: str) -> None:
         assert s.apply_retention(30) == {
             "alerts": 1,
             "actions": 1,
+            "tenant_interference": 0,
             "metric_rollups": 0,
             "config_changes": 0,
             "incidents": 1,

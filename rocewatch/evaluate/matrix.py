@@ -68,7 +68,12 @@ class Cell:
     one fault of every other kind at once on other nodes and rails, so each kind has
     ``rounds`` faults. ``storm_pairs``: a round whose storm starts at a NIC has a second,
     independent NIC storm (another job, another rail) two seconds later: both spread to the
-    spines, both origins are to be drained.
+    spines, both origins are to be drained. ``nodes_per_leaf``: nodes per pod (a pod has a leaf
+    per rail), so a fabric of two pods or more spreads each storm through the spines to the
+    other pods' leaves. ``tenants`` (``other`` or ``same``): team-a's MoE job and a ring on
+    every pod, and in each round the MoE job's all-to-all into the uplinks of a leaf the ring
+    crosses, the ring team-b's (``other``: the alerts name both tenants) or team-a's own
+    (``same``: no aggressor); rocewatch/evaluate/tenants.py.
     """
 
     name: str
@@ -85,6 +90,8 @@ class Cell:
     rounds: int = 5
     nics_per_node: int = 8
     storm_pairs: bool = False
+    nodes_per_leaf: int = 64
+    tenants: str = ""
     # "collision" / "adaptive": elephant flows over a leaf's uplinks instead of the rounds'
     # faults (rocewatch/evaluate/ecmp.py)
     ecmp: str = ""
@@ -133,6 +140,11 @@ MATRIX: tuple[Cell, ...] = (
     Cell("oc-1s-1s-400g-128n-middling", 1.0, 1.0, 400, 64, "openconfig", 128, "middling", 109),
     Cell("oc-500ms-1s-400g-storm-pairs", 0.5, 1.0, 400, 32, "openconfig", 16, "middling", 110,
          traffic="mixed", storm_pairs=True),
+    # two pods: storms spread through the spines to the other pod; a tenant's incast each round
+    Cell("oc-500ms-1s-400g-2pods-tenants", 0.5, 1.0, 400, 32, "openconfig", 16, "middling", 111,
+         rounds=3, nodes_per_leaf=8, tenants="other"),
+    Cell("sonic-1s-1s-400g-2pods-same-tenant", 1.0, 1.0, 400, 32, "sonic", 16, "mild", 112,
+         rounds=3, nodes_per_leaf=8, tenants="same"),
     Cell("healthy-oc-100ms-400g", 0.1, 0.1, 400, 64, "openconfig", 16, "healthy", 201,
          traffic="mixed"),
     Cell("healthy-sonic-1s-800g-moe", 1.0, 1.0, 800, 64, "sonic", 16, "healthy", 202,
@@ -153,6 +165,10 @@ MATRIX: tuple[Cell, ...] = (
 def _jobs(cell: Cell) -> tuple[JobSpec, ...]:
     from rocewatch.sim.fabric import JobSpec, node_name
 
+    if cell.tenants:
+        from rocewatch.evaluate.tenants import tenant_jobs
+
+        return tenant_jobs(cell.nodes, cell.nodes_per_leaf, same=cell.tenants == "same")
     if cell.traffic == "allreduce":
         return ()  # the simulator's two halves, all-reduce
     names = [node_name(i) for i in range(cell.nodes)]
@@ -264,6 +280,10 @@ def cell_config(cell: Cell) -> SimConfig:
             ),
             Straggler(onset_s=at(5), duration_s=fl, slow=draw("slow")),
         ]
+        if cell.tenants:
+            from rocewatch.evaluate.tenants import tenant_incast
+
+            faults.append(tenant_incast(at(6), fl))
     run = tl["duration_s"]
     gap = max(3.0, 3 * cell.nic_interval_s)
     if cell.healthy:
@@ -292,6 +312,7 @@ def cell_config(cell: Cell) -> SimConfig:
         no_agent_nodes=tuple(sorted(set(agentless))),
         traffic="moe" if cell.traffic == "moe" else "allreduce",
         name=cell.name,
+        nodes_per_leaf=cell.nodes_per_leaf,
         link_gbps=cell.link_gbps,
         buffer_mb=cell.buffer_mb,
         naming=cell.naming,
@@ -336,6 +357,10 @@ def run_cell(cell: Cell, config_path: Path | None = None) -> dict[str, Any]:
     actions = [Action.from_json(a) for a in res.actions]
     score = score_run(truth, alerts, actions, inhibited)
     rep = cell_report(cell, truth, score, time.perf_counter() - t0, res.samples)
+    if cell.tenants:  # the victims and aggressors the alerts name
+        from rocewatch.evaluate.tenants import attribution
+
+        rep["attribution"] = attribution(truth, alerts)
     rep["cpu_s"] = round(time.process_time() - c0, 1)  # every thread of this process
     return rep
 
@@ -432,12 +457,14 @@ def matrix_report(cells: Sequence[dict[str, Any]], seconds: float, workers: int)
         "healthy_alerts": sum(c["healthy_alerts"] for c in cells),
         "wrong_drains": sum(c["wrong_drains"] for c in cells),
         "late": sum(c["late"] for c in cells),
+        "attribution_wrong": sum(c.get("attribution", {}).get("wrong", 0) for c in cells),
         "goal": {
             "worst_precision": 0.95,
             "worst_recall": 0.95,
             "healthy_alerts": 0,
             "wrong_drains": 0,
             "late": 0,
+            "attribution_wrong": 0,
         },
         "rules": {
             "tp": "as the default suite (alertname or 'also', one 'match' label set, startsAt "
@@ -452,6 +479,9 @@ def matrix_report(cells: Sequence[dict[str, Any]], seconds: float, workers: int)
             "healthy_alerts": "every alert of a healthy cell; in a fault cell, alerts that start "
             "before its first fault",
             "worst": "precision ignores kinds with no alert of their name (their recall shows)",
+            "attribution": "tenant cells: each ECNCongestion or QueueBuildup alert that hits a "
+            "TenantIncast is right when its victim_tenant and aggressor_tenant annotations equal "
+            "the truth's (no aggressor where the truth has none)",
         },
         "runtime_s": round(seconds, 1),
         "cpu_s": round(sum(c.get("cpu_s", 0.0) for c in cells), 1),

@@ -22,6 +22,7 @@ from detectors.isolation_forest import (
 from detectors.registry import metrics_read
 from detectors.windows import Step, WindowEngine
 from rocewatch import wire
+from rocewatch.alerting.interference import READS as INTERFERENCE_READS
 from rocewatch.bus.poll import poll_group
 from rocewatch.bus.signing import SignatureError
 from rocewatch.bus.state_store import Signed, StateSnapshot, StateStore, state_record
@@ -202,6 +203,8 @@ class Aggregator:
         # so the steps carry only what the other detectors read (rollups cover the rest)
         self.forest_s = forest_window_s(cfg)
         self.detect_metrics = metrics_read(cfg.detectors, fed=self.forest_s is not None)
+        if cfg.interference.enabled:  # the attribution of congestion reads NIC counters too
+            self.detect_metrics |= INTERFERENCE_READS
         self.stats = Stats()
         self.parts: dict[int, _Part] = {}
         self.retired: dict[int, _Part] = {}

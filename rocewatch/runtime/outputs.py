@@ -3,8 +3,8 @@ the demo, the sink (`event_sink`) and the detect stage (its inhibited alerts), s
 and notify the same things in the same order.
 
 Notified alerts are queued in the outbox first (durable before anything else sees them), then
-stored with the inhibited ones (kept, never notified), then the actions, the rollups, the
-NCCL jobs' ranks and the RoCE configuration changes.
+stored with the inhibited ones (kept, never notified), then the interference between tenants
+they name, the actions, the rollups, the NCCL jobs' ranks and the RoCE configuration changes.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class Written:
     alerts: int = 0
     actions: int = 0
     rollups: int = 0
+    interference: int = 0
     ranks: int = 0
     config_changes: int = 0
 
@@ -55,6 +56,8 @@ class OutputWriter:
             return w
         if alerts or inhibited:
             w.alerts = int(self.store.write_alerts([*alerts, *inhibited]) or 0)
+        if alerts:  # the pause each tenant suffered from others (storage: tenant_interference)
+            w.interference = int(self.store.write_interference(list(alerts)) or 0)
         if actions:
             w.actions = int(self.store.write_actions(list(actions)) or 0)
         if rollups:  # in the order given: a complete bucket replaces a provisional one
@@ -63,4 +66,15 @@ class OutputWriter:
             w.ranks = int(self.store.write_ranks(list(ranks)) or 0)
         if config_changes:
             w.config_changes = int(self.store.write_config_changes(list(config_changes)) or 0)
+        return w
+
+    def store_final(self, alerts: Sequence[Alert]) -> Written:
+        """Store every alert instance in its final state (the end of a replay or the demo:
+        those still firing carry their latest annotations, such as the pause time an
+        interference victim suffered so far); nothing is notified."""
+        w = Written()
+        if self.store is None or not alerts:
+            return w
+        w.alerts = int(self.store.write_alerts(list(alerts)) or 0)
+        w.interference = int(self.store.write_interference(list(alerts)) or 0)
         return w

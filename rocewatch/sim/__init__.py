@@ -19,6 +19,7 @@ from rocewatch.sim.faults import (
     QueueBuildup,
     SlowGpu,
     Straggler,
+    TenantIncast,
     TransportErrors,
 )
 from rocewatch.sim.simulator import (
@@ -48,6 +49,7 @@ __all__ = [
     "Simulator",
     "SlowGpu",
     "Straggler",
+    "TenantIncast",
     "Tick",
     "TransportErrors",
     "build_topology",

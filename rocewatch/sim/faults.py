@@ -146,6 +146,27 @@ class QueueBuildup(EcnIncast):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TenantIncast(Fault):
+    """One job's all-to-all fills the uplink queues of a leaf that other jobs' rings cross:
+    the leaf marks and holds (PFC) every NIC below it, the other jobs' included. The victim
+    and aggressor jobs and tenants are in the truth; a leaf whose other jobs belong to the
+    aggressor's own tenant names no aggressor. Physics and truth: rocewatch/sim/tenants.py.
+
+    ``job`` is the aggressor (None: the config's first job); ``switch`` the leaf (None: the
+    first leaf with NICs of that job and of another).
+    """
+
+    job: str | None = None
+    switch: str | None = None
+    fill: float | None = None  # share of each uplink queue's buffer held, 0.85..0.95
+    ecn: float | None = None  # share of the queue's packets marked (None: 0.3..0.6)
+
+    kind: ClassVar[str] = "TenantIncast"
+    alertname: ClassVar[str | None] = "ECNCongestion"
+    also: ClassVar[tuple[str, ...]] = ("QueueBuildup", "PortAnomaly")
+
+
+@dataclass(frozen=True, kw_only=True)
 class TransportErrors(Fault):
     """RoCE transport trouble on one NIC: out-of-sequence, NAK sequence errors, ACK timeouts."""
 
@@ -248,6 +269,7 @@ FAULT_KINDS: dict[str, type[Fault]] = {
         PcieDowngrade,
         EcnIncast,
         QueueBuildup,
+        TenantIncast,
         TransportErrors,
         Straggler,
         SlowGpu,
@@ -444,6 +466,16 @@ def resolve_faults(cfg: SimConfig, fab: Fabric) -> list[Fault]:
             else:
                 senders = f.sender_nics
             f = dataclasses.replace(f, fill=fill, sender_nics=senders)
+        elif isinstance(f, TenantIncast):
+            from rocewatch.sim.tenants import resolve_incast  # (it imports this module)
+
+            if f.switch is None:  # a leaf on a rail no overlapping fault uses, where it fits
+                _, busy = pick._taken(t0, t1)
+                free = [lf for lf in range(fab.n_leaves) if lf // fab.n_pods not in busy]
+                f = resolve_incast(fab, f, rng, prefer=[int(x) for x in rng.permutation(free)])
+            else:
+                f = resolve_incast(fab, f, rng)
+            pick.claim(t0, t1, set(), {fab.leaves.index(str(f.switch)) // fab.n_pods})
         elif isinstance(f, EcmpCollision):
             if f.switch is not None and f.switch not in fab.leaves:
                 raise ConfigError(f"{f.kind}: {f.switch!r} is not a leaf")
@@ -686,6 +718,12 @@ def truth(
             a = fab.port_labels(fab.uplink_port(leaf, spine))
             b = fab.port_labels(fab.spine_port(leaf, spine))
             d.update(labels=a, match=[a, b], culprit_node=None, victims=[])
+        elif isinstance(f, TenantIncast):
+            from rocewatch.sim.tenants import incast_truth
+
+            fields = incast_truth(fab, f, prio)
+            details.update(fields.pop("details"))
+            d.update(fields)
         elif isinstance(f, PfcStorm) and f.origin == "switch":
             # no node to blame: the origin alert names the switch (and its ports)
             leaf = fab.leaves.index(str(f.switch))

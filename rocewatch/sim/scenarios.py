@@ -25,6 +25,7 @@ from rocewatch.sim.faults import (
     PcieDowngrade,
     PfcStorm,
     SprayedElephants,
+    TenantIncast,
     TransportErrors,
 )
 from rocewatch.sim.simulator import SimConfig
@@ -224,6 +225,36 @@ def two_storms_scenario(nodes: int = 16, duration_s: float = 30, seed: int = 1) 
     )
 
 
+def tenant_incast_scenario(
+    nodes: int = 8, duration_s: float = 30, seed: int = 1, same_tenant: bool = False
+) -> SimConfig:
+    """Two pods of ``nodes // 2`` nodes (2 NICs each, 2 spines): team-a's MoE job runs on all
+    but the last node of each pod, a ring job on those two (team-b's, or ``same_tenant``
+    team-a's own); 10-18 s (laid out for 30 s) the MoE job's all-to-all fills the uplinks
+    of its rail-0 leaf in pod 0 that the ring crosses (``TenantIncast``)."""
+    half = max(2, nodes // 2)
+    names = [node_name(i) for i in range(2 * half)]
+    ring = (names[half - 1], names[-1])
+    a2a = tuple(n for n in names if n not in ring)
+    jobs = (
+        JobSpec("moe-a", "team-a", a2a, traffic="moe"),
+        JobSpec("ring-b", "team-a" if same_tenant else "team-b", ring, traffic="allreduce"),
+    )
+    return laid_out(
+        "tenant_incast_same" if same_tenant else "tenant_incast",
+        2 * half,
+        duration_s,
+        seed,
+        lambda at: (
+            TenantIncast(onset_s=at(10.0), duration_s=at(8.0), job="moe-a", switch="leaf-r0-p0"),
+        ),
+        nics_per_node=2,
+        spines=2,
+        nodes_per_leaf=half,
+        jobs=jobs,
+    )
+
+
 def _renamed(cfg: SimConfig, name: str) -> SimConfig:
     return dataclasses.replace(cfg, name=name)
 
@@ -241,4 +272,5 @@ SCENARIOS: dict[str, Callable[..., SimConfig]] = {
     "mixed_tenants": mixed_tenants_scenario,
     "two_storms": two_storms_scenario,
     "subtle": subtle_scenario,
+    "tenant_incast": tenant_incast_scenario,
 }

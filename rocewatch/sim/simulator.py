@@ -51,6 +51,7 @@ from rocewatch.sim.faults import (
     storm_hops,
     truth,
 )
+from rocewatch.sim.tenants import TenantPhysics
 
 NS = 1_000_000_000
 LINE_BPS = LINE_GBPS * 1e9 / 8  # bytes per second at line rate
@@ -660,6 +661,7 @@ class Simulator:
                     self.clears.append((t0, "nic", np.array([e])))
             elif isinstance(f, AgentGap):
                 self.gaps.append((t0, t1, fab.node_index[str(f.node)]))
+        self.tenant_physics = TenantPhysics(fab, self.faults, run)
         silent = np.zeros(fab.n_nodes, dtype=bool)
         for n in self.cfg.no_agent_nodes:
             silent[fab.node_index[n]] = True
@@ -1178,6 +1180,9 @@ class Simulator:
                     tx[snd] += extra / len(snd)
                 incast_now.append((y, snd, fill, f))
                 incast_ecn.append(ecn)
+        tenants = self.tenant_physics.begin(t0, t1)  # one tenant's traffic into another's
+        if tenants:
+            self.tenant_physics.transmit(tx, line)
         tx = np.clip(tx, 0, line * 0.99)
         rx = np.clip(rx, 0, line * 0.99)
         by = np.empty(D)
@@ -1245,6 +1250,8 @@ class Simulator:
             pf[2 * e + 1] = max(pf[2 * e + 1], inten * short * rng.uniform(0.8, 1.2))
         for _y, snd, _fill, f in incast_now:
             pf[2 * snd] = np.maximum(pf[2 * snd], f * rng.uniform(0.02, 0.12, len(snd)))
+        if tenants:
+            self.tenant_physics.pauses(pf, rng)
         pf *= 1 - down_dir
         # a queue paused for (nearly) the whole interval sends nothing at all
         passed = np.where(pf >= 0.99, 0.0, 1.0 - pf)
@@ -1272,6 +1279,8 @@ class Simulator:
             pm[d] = f * mark + (1 - f) * pm[d]
             if fill > 0.95:
                 drops[d] = rng.poisson(f * pkts[d] * 2e-5)
+        if tenants:
+            self.tenant_physics.queues(depth, peak, pm, B, rng)
         for e, inten, sev in pcie_int:
             d = 2 * e + 1
             depth[d] = max(depth[d], inten * sev * rng.uniform(0.1, 0.2) * B)

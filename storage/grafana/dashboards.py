@@ -72,6 +72,17 @@ ORDER BY starts_at DESC"""
 
 ENTITY = "coalesce(switch || '/' || port, node || '/' || nic, labels->>'scope', '')"
 
+# per victim tenant and the tenant that caused it: the PFC pause time its NICs suffered while
+# congestion alerts named another tenant's job as the aggressor (rocewatch/alerting/interference)
+TENANT_PAUSE = """SELECT victim_tenant AS "victim tenant", aggressor_tenant AS "caused by tenant",
+       sum(pause_s) AS "pause suffered (s)", count(*) AS alerts,
+       string_agg(DISTINCT victim_job, ', ') AS "victim jobs",
+       string_agg(DISTINCT aggressor_job, ', ') AS "aggressor jobs"
+FROM tenant_interference
+WHERE starts_at <= $__timeTo() AND (ends_at IS NULL OR ends_at >= $__timeFrom())
+GROUP BY 1, 2
+ORDER BY 3 DESC"""
+
 
 def panel(
     title: str,
@@ -408,6 +419,16 @@ def build() -> dict[str, dict[str, Any]]:
                 12,
                 16,
                 12,
+                8,
+                fmt="table",
+            ),
+            panel(
+                "Pause time suffered from other tenants",
+                "table",
+                TENANT_PAUSE,
+                0,
+                24,
+                24,
                 8,
                 fmt="table",
             ),
