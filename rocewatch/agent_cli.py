@@ -44,7 +44,13 @@ def add_arguments(ag: argparse.ArgumentParser) -> None:
         type=Path,
         help="also append each NIC's RoCE configuration (nic_config.jsonl lines: dcb, ethtool -a, "
         "ecn and GID sysfs) to this file (- for stdout): at start, every --config-interval, "
-        "and at once when sysfs shows a change",
+        "and at once when sysfs shows a change (without it, an agent sending to Kafka sends "
+        "them on the configuration topic, kafka.topics.config)",
+    )
+    ag.add_argument(
+        "--no-config",
+        action="store_true",
+        help="do not read nor send the NICs' RoCE configuration to Kafka",
     )
     ag.add_argument(
         "--config-interval", type=float, default=60.0, help="seconds between configuration reads"
@@ -84,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         over["spool_dir"] = args.spool_dir
     acfg = dataclasses.replace(cfg.agent, **over)  # type: ignore[arg-type]
     agent = NicAgent(acfg)
-    config_out = None
+    config_out: Output[list[bytes]] | None = None
     if args.config_out is not None:
         config_out = LinesOutput(args.config_out, joined)
         agent.watch_config(config_out, interval_s=max(1.0, args.config_interval))
@@ -104,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
             sink = KafkaSnapshotOutput(
                 cfg.kafka, agent.node, acfg.kafka_format, acfg.kafka_topic or None
             )
+            if config_out is None and not args.no_config:
+                from collector.nic.kafka_output import KafkaConfigOutput
+
+                config_out = KafkaConfigOutput(cfg.kafka, agent.node)
+                agent.watch_config(config_out, interval_s=max(1.0, args.config_interval))
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())

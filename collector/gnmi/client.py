@@ -47,6 +47,7 @@ _STREAM_MODE = {
     "on_change": pb.ON_CHANGE,
     "target_defined": pb.TARGET_DEFINED,
 }
+_ENCODING = {"proto": pb.PROTO, "json_ietf": pb.JSON_IETF, "json": pb.JSON}
 _LIST_MODE = {
     "stream": pb.SubscriptionList.STREAM,
     "once": pb.SubscriptionList.ONCE,
@@ -240,10 +241,10 @@ def subscribe_request(sub: SubscriptionConfig, target: str | None) -> Any:
         for p in sub.paths
     ]
     sl = pb.SubscriptionList(
-        prefix=pb.Path(target=target or ""),
+        prefix=pb.Path(target=sub.target or target or ""),
         subscription=subs,
         mode=_LIST_MODE[sub.mode],
-        encoding=pb.PROTO,
+        encoding=_ENCODING[sub.encoding],
         updates_only=sub.updates_only,
     )
     return pb.SubscribeRequest(subscribe=sl)
@@ -353,7 +354,7 @@ class _Session:
                                 metrics.updates.labels(target=h.name).inc(n)
                             if o.event_sink is not None:
                                 o._emit_events(
-                                    notification_events(
+                                    o.make_events(
                                         self.source, self.sub.name, resp.update, time.time_ns()
                                     )
                                 )
@@ -435,6 +436,9 @@ class Collector:
         self.config = config
         self.sink = sink
         self.event_sink = event_sink
+        # a notification -> the gnmic events ``event_sink`` gets (the configuration
+        # collector's flatten JSON values: collector/gnmi/config_events.py)
+        self.make_events: Callable[[str, str, Any, int], list[dict[str, Any]]] = notification_events
         self.stats = stats or Stats()
         self.mapper = mapper
         self.lldp = LldpTable()

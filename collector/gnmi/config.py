@@ -39,6 +39,7 @@ DEFAULT_PATHS = (
     "/lldp/interfaces/interface/neighbors",
 )
 MODES = ("stream", "once", "poll")
+ENCODINGS = ("proto", "json_ietf", "json")
 STREAM_MODES = ("sample", "on_change", "target_defined")
 
 
@@ -53,8 +54,16 @@ class SubscriptionConfig:
     suppress_redundant: bool = False
     updates_only: bool = False
     poll_interval_s: float = 1.0
+    # the gNMI prefix target of this subscription (default: the target's own ``target``);
+    # SONiC's tables: CONFIG_DB
+    target: str | None = None
+    encoding: str = "proto"  # proto | json_ietf (SONiC's CONFIG_DB) | json
 
     def validate(self) -> None:
+        if self.encoding not in ENCODINGS:
+            raise ConfigError(
+                f"gnmi.subscription.encoding: {self.encoding!r} is not one of {ENCODINGS}"
+            )
         if self.mode not in MODES:
             raise ConfigError(f"gnmi.subscription.mode: {self.mode!r} is not one of {MODES}")
         if self.stream_mode not in STREAM_MODES:
@@ -119,6 +128,11 @@ class GnmiConfig:
     password: str | None = field(default=None, repr=False)
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
+    # the switches' RoCE configuration (docs/roce_config.md): a second subscription per target,
+    # its notifications published as gnmic events on kafka.topics.config; none: not collected.
+    # E.g. SONiC: {name: config, target: CONFIG_DB, encoding: json_ietf, stream_mode: sample,
+    # sample_interval_s: 60, paths: [PORT_QOS_MAP, DSCP_TO_TC_MAP, WRED_PROFILE, PFC_WD, ...]}
+    config_subscription: SubscriptionConfig | None = None
     batch_updates: int = 50_000  # flush a batch at this many samples...
     batch_interval_s: float = 0.2  # ...or after this long
     seed: int = 0
@@ -183,6 +197,7 @@ def gnmi_config(doc: Any) -> GnmiConfig:
     d = dict(doc)
     targets = d.pop("targets", None) or []
     sub = d.pop("subscription", None)
+    config_sub = d.pop("config_subscription", None)
     tls = d.pop("tls", None)
     if not isinstance(targets, list):
         raise ConfigError("gnmi.targets: must be a list")
@@ -192,6 +207,9 @@ def gnmi_config(doc: Any) -> GnmiConfig:
         targets=tuple(_target(t, i) for i, t in enumerate(targets)),
         subscription=_sub(sub, "gnmi.subscription"),
         tls=build(TlsConfig, tls, "gnmi.tls"),
+        config_subscription=None
+        if config_sub is None
+        else _sub(config_sub, "gnmi.config_subscription"),
     )
     cfg.validate()
     return cfg

@@ -5,6 +5,10 @@ sent as TelemetryBatch messages (collector/nic/batch.py) on the telemetry topic,
 what the detector service consumes. Neither needs Polars or NumPy (the lean agent has neither).
 ``json``: each snapshot line is sent unchanged (docs/formats.md section 3), keyed by node, for
 consumers that want the agent's own format.
+
+:class:`KafkaConfigOutput` sends the agent's RoCE configuration snapshots (``nic_config.jsonl``
+lines, CONTRACTS.md section 5) unchanged on the configuration topic, keyed by node: the detect
+stage reads them (rocewatch/runtime/config_feed.py).
 """
 
 from __future__ import annotations
@@ -108,3 +112,22 @@ class KafkaSnapshotOutput:
             self.producer.flush(timeout=10)
             self.producer.close(timeout=10)
             self.producer = None
+
+
+class KafkaConfigOutput(KafkaSnapshotOutput):
+    """``nic_config.jsonl`` lines -> the configuration topic (``kafka.topics.config``), each
+    line one record as it is, keyed by node. A send the broker does not acknowledge is counted
+    (``agent_config_unsent``) and dropped, never raised: the agent sends every NIC's whole
+    snapshot again at its configuration cadence, and the detect stage compares each snapshot
+    with the last one it had, so a change sent late is still a change."""
+
+    def __init__(self, k: KafkaConfig, node: str) -> None:
+        super().__init__(k, node, "json", k.topics.config)
+
+    def __call__(self, lines: list[bytes]) -> None:
+        try:
+            super().__call__(lines)
+            self.stats.inc("agent_config_sent", len(lines))
+        except RetryableError as e:
+            self.stats.inc("agent_config_unsent", len(lines))
+            log.warning("%d configuration snapshots not sent: %s", len(lines), e)

@@ -23,6 +23,9 @@ class TopicsConfig:
     steps: str = "rocewatch.steps"  # detect: closed steps per telemetry partition
     state: str = "rocewatch.state"  # detect: compacted per-partition and detect-stage state
     rollups: str = "rocewatch.rollups"  # detect with storage: metric rollups for the sink
+    # RoCE configuration records (CONTRACTS.md section 5: nic_config.jsonl snapshots from the
+    # agents, switch_config.jsonl events from the gNMI collector or gnmic), keyed by device
+    config: str = "rocewatch.config"
 
 
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")

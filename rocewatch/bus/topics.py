@@ -192,6 +192,11 @@ def ensure_topics(k: KafkaConfig, extra: Sequence[NewTopic] = ()) -> None:
             NewTopic(t.alerts, 1, 1),
             NewTopic(t.actions, 1, 1),
             NewTopic(t.dead_letter, 1, 1),
+            # configuration is small and read whole by every detect stage: one partition keeps
+            # every device's records in the order they were published; a day of it (the agents
+            # and a sampled subscription send everything again every minute), so a detect stage
+            # starting afresh reads a day at most
+            NewTopic(t.config, 1, 1, topic_configs={"retention.ms": "86400000"}),
             *extra,
         ]
         missing = [n for n in want if n.name not in existing]

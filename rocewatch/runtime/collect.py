@@ -103,6 +103,16 @@ def run_collect(
         shard = KafkaSharding(cfg.kafka, col, targets, shard_group)
     else:
         col = Collector(gcfg, sink, targets, event_sink=events, registry=registry)
+    # the switches' RoCE configuration, on a subscription of its own, to kafka.topics.config
+    config_col: Any = None
+    config_out: Any = None
+    if gcfg.config_subscription is not None:
+        if out is not None or shard is not None:
+            log.warning("gnmi.config_subscription: sent to Kafka only, and not with --shard-group")
+        else:
+            from collector.gnmi.config_events import config_collector
+
+            config_col, config_out = config_collector(gcfg, targets, cfg.kafka)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -110,6 +120,8 @@ def run_collect(
     t_end = time.monotonic() + duration if duration > 0 else None
     log.info("collecting from %d gNMI targets", len(targets))
     col.start()
+    if config_col is not None:
+        config_col.start()
     try:
         next_check = time.monotonic() + min(cabling_every_s, 1.0)
         while not stop.wait(0.0 if shard is not None else 0.5):
@@ -130,6 +142,9 @@ def run_collect(
         if shard is not None:
             shard.close()
         col.stop()
+        if config_col is not None:
+            config_col.stop()
+            config_out.close()
         if publisher is not None:
             publisher.close()
         if events is not None:

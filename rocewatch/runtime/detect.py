@@ -31,6 +31,7 @@ from rocewatch.pipeline import Output, Pipeline
 from rocewatch.runtime import stage1_feed
 from rocewatch.runtime.aggregate import STATE_VERSION
 from rocewatch.runtime.assembly import StepAssembly
+from rocewatch.runtime.config_feed import ConfigFeed
 from rocewatch.runtime.delivery import Published, output_partitions, send_events
 from rocewatch.runtime.detect_checkpoint import StageCheckpoints
 from rocewatch.runtime.detect_state import DETECT_STATE_KIND, DetectState, load_detect_state
@@ -121,6 +122,8 @@ class DomainStage:
         # instance (nobody else holds it: the fence came from a transaction timeout, say)
         self.retake_at: float | None = None
         self.routing: RoutingExecutor | None = None
+        # the RoCE configuration records of this domain's devices (the configuration topic)
+        self.config_feed = ConfigFeed(self.k, topology, self.domain)
         self.checkpoints = StageCheckpoints(
             self.writer,
             store,
@@ -197,6 +200,7 @@ class DomainStage:
             # watches, the drains (evictions) of an earlier holder, uncordons by hand
             routing.watch(kube_nodes(st.pipeline.topology, self.domain))
         self.routing = routing
+        self.config_feed.start()
         self.active = True
         self.assembly.restart(st)
         log.info("%s active (steps offset %d)", self.name, st.offset)
@@ -259,6 +263,7 @@ class DomainStage:
             self.routing.close()  # its evictions go on with the next holder
             self.routing = None
         self.state = None
+        self.config_feed.close()
         self.checkpoints.saving = None
         self.pending_snapshot = None
         self.live_jobs = None
@@ -343,6 +348,8 @@ class DomainStage:
             return 0
         if self.live_jobs is not None:  # answers are applied here, in the stage's thread
             self.live_jobs.maybe_refresh()
+        # the configuration read so far, before the steps it may concern close
+        self.config_feed.poll(st.pipeline, st.config_offsets)
         n = 0
         now = self.clock.monotonic()
         if msgs:
@@ -421,6 +428,12 @@ class DomainStage:
             except RetryableError as e:
                 self.stats.inc("ranks_not_stored", len(out.ranks))
                 log.warning("NCCL ranks not stored: %s", e)
+        if out.config_changes and self.outputs is not None:  # an idempotent upsert, as ranks
+            try:
+                self.outputs.write(config_changes=out.config_changes)
+            except RetryableError as e:
+                self.stats.inc("config_changes_not_stored", len(out.config_changes))
+                log.warning("configuration changes not stored: %s", e)
         self.alerts_sent += n_alerts
         self.actions_sent += n_actions
 
@@ -614,3 +627,4 @@ class DetectStage:
     def close_writers(self) -> None:
         for d in self.shards:
             d.writer.close()
+            d.config_feed.close()

@@ -4,7 +4,7 @@ from today's configuration on a takeover."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,9 @@ class DetectState:
     closed_ns: int | None  # every step ending at or before this has been evaluated
     offset: int  # next steps-topic offset
     out_ends: dict[tuple[str, int], int]  # end offsets of the output topics at checkpoint time
+    # next offset per partition of the configuration topic (rocewatch/runtime/config_feed.py);
+    # the records read before it are in the pipeline's state (a state from before: none read)
+    config_offsets: dict[int, int] = field(default_factory=dict)
 
     def state(self) -> dict[str, Any]:
         """What its state record holds (``restore`` takes it back)."""
@@ -82,7 +85,10 @@ class DetectState:
             raise CheckpointError(f"not a detect stage's state: {e}") from e
         if not (
             isinstance(st.offset, int)
-            and all(isinstance(x, dict) for x in (st.part_closed, st.part_idle, st.out_ends))
+            and all(
+                isinstance(x, dict)
+                for x in (st.part_closed, st.part_idle, st.out_ends, st.config_offsets)
+            )
         ):
             raise CheckpointError("a detect stage's state of the wrong shape")
         return st

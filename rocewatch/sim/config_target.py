@@ -1,7 +1,8 @@
 """A gNMI target serving one simulated switch's CONFIG_DB RoCE tables as SONiC's gNMI server
 does: target ``CONFIG_DB``, paths ``TABLE``, ``TABLE/KEY`` or ``TABLE/KEY/FIELD``, values as
 JSON_IETF (an entry's fields as an object, a table as an object of entries). Get, and Subscribe
-ONCE (the updates, then ``sync_response``). Enough for gnmic (or any gNMI client) to read the
+ONCE (the updates, then ``sync_response``) or STREAM (SAMPLE: all of it again every
+sample_interval, as the tables are then). Enough for gnmic (or any gNMI client) to read the
 configuration rocewatch's simulator writes to ``switch_config.jsonl``; loopback only.
 
 >>> from rocewatch.sim.roce_config import config_db
@@ -77,11 +78,25 @@ class _Servicer(pb_grpc.gNMIServicer):  # type: ignore[misc]
     ) -> Iterator[Any]:
         req = next(request_iterator)
         sl = req.subscribe
-        if sl.mode != pb.SubscriptionList.ONCE:
-            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this target serves ONCE only")
-        n = self._notification(sl.prefix, [s.path for s in sl.subscription], context)
-        yield pb.SubscribeResponse(update=n)
+        if sl.mode == pb.SubscriptionList.POLL:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this target serves ONCE and STREAM")
+        paths = [s.path for s in sl.subscription]
+        yield pb.SubscribeResponse(update=self._notification(sl.prefix, paths, context))
         yield pb.SubscribeResponse(sync_response=True)
+        if sl.mode == pb.SubscriptionList.ONCE:
+            return
+        # STREAM: SAMPLE sends everything again every sample_interval (the shortest asked;
+        # the tables as they are then: a test may change them); ON_CHANGE holds the stream
+        # open (nothing here changes by itself)
+        every = [s.sample_interval for s in sl.subscription if s.mode == pb.SAMPLE]
+        interval_s = max(0.05, min(every) / 1e9) if every and min(every) > 0 else None
+        while context.is_active():
+            if interval_s is None:
+                time.sleep(0.1)
+                continue
+            time.sleep(interval_s)
+            if context.is_active():
+                yield pb.SubscribeResponse(update=self._notification(sl.prefix, paths, context))
 
 
 class ConfigDbTarget:
