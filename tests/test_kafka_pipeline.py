@@ -99,12 +99,15 @@ def wait_for_outputs(
         time.sleep(0.5)
 
 
-def detect_state_end(bootstrap: str, topic: str) -> int:
-    """The end offset of the state topic's last partition (the detect stage's checkpoints)."""
+def detect_state_end(bootstrap: str, topic: str, committed: bool = False) -> int:
+    """The end offset of the state topic's last partition (the detect stage's checkpoints).
+    ``committed``: the last stable offset, which a state record still in its open transaction
+    (one a kill -9 would abort) does not move."""
     from kafka import KafkaConsumer
     from kafka.structs import TopicPartition
 
-    c = KafkaConsumer(bootstrap_servers=[bootstrap], group_id=None)
+    isolation = "read_committed" if committed else "read_uncommitted"
+    c = KafkaConsumer(bootstrap_servers=[bootstrap], group_id=None, isolation_level=isolation)
     try:
         parts = c.partitions_for_topic(topic) or {0}
         tp = TopicPartition(topic, max(parts))
