@@ -330,8 +330,9 @@ def test_the_detector_keeps_up_with_its_stream_while_its_api_is_attacked(
             assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.1)
         threads_before = proc_threads(proc.pid)
-        # at twice telemetry time: the same stream in ten seconds (the attack lasts as long)
-        pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 3.0), daemon=True)
+        # at 1.5x telemetry time, so the attack lasts long enough to see the stream consumed
+        # throughout (at 3x a loaded machine took two scrapes before the stream ended)
+        pub = threading.Thread(target=publish_scenario, args=(scenario, cfg, 1.5), daemon=True)
         pub.start()
 
         class Target:  # what ask() and raw() need of an OperatorApi
