@@ -41,6 +41,7 @@ import polars as pl
 from collector.nccl.comma import CommaDecoder
 from collector.nccl.prometheus import parse_textfile
 from collector.nccl.ras import parse_ras, ras_samples
+from collector.nccl.tail import read_new
 from rocewatch.core.model import empty_samples
 from rocewatch.core.stats import Stats
 from rocewatch.core.topology import Topology
@@ -77,16 +78,11 @@ class LineFollower:
         self.files: dict[tuple[int, int], _Open] = {}
 
     def _read(self, f: _Open) -> list[bytes]:
-        chunks = []
-        while True:
-            b = os.pread(f.fd, 1 << 20, f.offset)
-            if not b:
-                break
-            f.offset += len(b)
-            chunks.append(b)
-        if not chunks:
+        new = read_new(f.fd, f.offset)
+        if not new:
             return []
-        data = f.partial + b"".join(chunks)
+        f.offset += len(new)
+        data = f.partial + new
         cut = data.rfind(b"\n") + 1
         whole, f.partial = data[:cut], data[cut:]
         if len(f.partial) > self.max_line_bytes:

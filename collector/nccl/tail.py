@@ -25,6 +25,15 @@ from rocewatch.core.topology import Topology
 MAX_LINE_BYTES = 4 << 20
 
 
+def read_new(fd: int, offset: int) -> bytes:
+    """Every byte of the file ``fd`` from ``offset`` to its end now (b"" when none)."""
+    chunks = []
+    while b := os.pread(fd, 1 << 20, offset):
+        chunks.append(b)
+        offset += len(b)
+    return b"".join(chunks)
+
+
 @dataclass
 class _File:
     fd: int
@@ -48,16 +57,11 @@ class InspectorTail:
         self.files: dict[str, _File] = {}
 
     def _read(self, key: str, f: _File) -> None:
-        chunks = []
-        while True:
-            b = os.pread(f.fd, 1 << 20, f.offset)
-            if not b:
-                break
-            f.offset += len(b)
-            chunks.append(b)
-        if not chunks:
+        new = read_new(f.fd, f.offset)
+        if not new:
             return
-        data = f.partial + b"".join(chunks)
+        f.offset += len(new)
+        data = f.partial + new
         cut = data.rfind(b"\n")
         if cut < 0:
             whole, f.partial = b"", data
